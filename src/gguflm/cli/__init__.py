@@ -1,0 +1,64 @@
+"""The ``gguflm`` command line. The only package that prints.
+
+Each command lives in its own module here and exposes ``register(subparsers)``, which
+adds its parser and sets ``func(args) -> int``. Modules import heavy dependencies inside
+their functions so that ``gguflm --help`` and ``gguflm inspect`` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ..gguf.errors import GGUFError
+
+# order = order shown in --help; a module that does not exist yet is skipped
+COMMAND_MODULES = [
+    "pull", "inspect", "tensor", "edit", "tokenize", "run", "chat",
+    "perplexity", "bench", "serve",
+]
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as one ``error: ...`` line, exit status 1."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="gguflm", description="Read, check, write and run GGUF model files.")
+    parser.add_argument("--version", action="version", version=f"gguflm {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name == f"{__name__}.{name}":
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (GGUFError, CLIError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,537 @@
+"""Zero-copy GGUF reader: ``open(path) -> GGUFFile``.
+
+The whole file is memory-mapped once. Metadata is parsed into plain Python values
+(numeric arrays as numpy views, string arrays as a lazy sequence); tensor bytes are
+never touched until a tensor's ``data`` is asked for. Every length, count and product
+is bounds-checked against the bytes left before anything is allocated, and every
+problem raises a ``GGUFError`` subclass naming the offset, key or tensor.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import warnings
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import (
+    GGUFError,
+    GGUFWarning,
+    MagicError,
+    MetadataError,
+    TensorDataError,
+    TensorInfoError,
+    TruncatedError,
+    VersionError,
+)
+from .types import (
+    DEFAULT_ALIGNMENT,
+    GGUF_MAGIC,
+    LEGACY_MAGICS,
+    MAX_DIMS,
+    MAX_NAME_BYTES,
+    MAX_STRING_BYTES,
+    PLAIN_DTYPES,
+    SCALAR_DTYPES,
+    SCALAR_FORMATS,
+    ArrayType,
+    GGMLType,
+    MetaType,
+    ValueType,
+)
+
+INT64_MAX = (1 << 63) - 1
+# smallest possible encodings, used to bound counts before allocating anything
+_MIN_KV_BYTES = {1: 4 + 4 + 1, 2: 8 + 4 + 1, 3: 8 + 4 + 1}
+_MIN_TENSOR_BYTES = {1: 4 + 4 + 4 + 8, 2: 8 + 4 + 4 + 8, 3: 8 + 4 + 4 + 8}
+
+
+class StringArray(Sequence[str]):
+    """A metadata array of strings, decoded on access (vocabularies hold 262k of them).
+
+    Strings decode as UTF-8 with ``surrogateescape`` so that any bytes survive a round trip.
+    """
+
+    def __init__(self, buf: memoryview, starts: np.ndarray, lengths: np.ndarray,
+                 raw_span: tuple[int, int]) -> None:
+        self._buf = buf
+        self._starts = starts
+        self._lengths = lengths
+        self.raw_span = raw_span  # (start, end) of the encoded elements in the file
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError("string array index out of range")
+        s = int(self._starts[i])
+        return str(self._buf[s:s + int(self._lengths[i])], "utf-8", "surrogateescape")
+
+    def __iter__(self) -> Iterator[str]:
+        buf = self._buf
+        for s, n in zip(self._starts.tolist(), self._lengths.tolist()):
+            yield str(buf[s:s + n], "utf-8", "surrogateescape")
+
+    def tolist(self) -> list[str]:
+        return list(self)
+
+    def raw_bytes(self, i: int) -> bytes:
+        s = int(self._starts[i])
+        return bytes(self._buf[s:s + int(self._lengths[i])])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        head = ", ".join(repr(s) for s in self[:5])
+        more = f", ... +{len(self) - 5} more" if len(self) > 5 else ""
+        return f"StringArray([{head}{more}])"
+
+
+@dataclass
+class TensorInfo:
+    """One tensor: name, ggml type, shape and where its bytes are.
+
+    ``shape`` is in ggml order (``shape[0]`` is the row length); ``np_shape`` is the
+    numpy order (reversed). ``offset`` is relative to the data section, as in the file;
+    ``file_offset`` is absolute. ``data`` is a zero-copy numpy view: typed for plain
+    types, ``uint8`` of shape ``(*np_shape[:-1], row_bytes)`` for block-quantized types.
+    """
+
+    name: str
+    type: GGMLType
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    file_offset: int
+    info_offset: int = 0  # where the tensor info starts in the file (for error messages)
+    _file: GGUFFile | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def np_shape(self) -> tuple[int, ...]:
+        return tuple(reversed(self.shape))
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def n_rows(self) -> int:
+        return self.n_elements // self.shape[0] if self.shape and self.shape[0] else 0
+
+    @property
+    def row_bytes(self) -> int:
+        return self.type.row_bytes(self.shape[0]) if self.shape else self.type.type_size
+
+    @property
+    def data(self) -> np.ndarray:
+        if self._file is None:
+            raise TensorDataError("file is closed", tensor=self.name)
+        return self._file._tensor_view(self)
+
+
+class GGUFFile(Mapping[str, Any]):
+    """An open GGUF file. A mapping of metadata key -> value, plus tensors.
+
+    Use as a context manager, or call ``close()``; views handed out keep the
+    mapping alive until they are dropped.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self.version = 0
+        self.byte_order = "<"
+        self.alignment = DEFAULT_ALIGNMENT
+        self.data_offset = 0
+        self.metadata: dict[str, Any] = {}
+        self.types: dict[str, MetaType] = {}
+        self.tensors: dict[str, TensorInfo] = {}
+        self.warnings: list[str] = []
+        self.file_size = 0
+        self._mm: mmap.mmap | None = None
+        self._buf: memoryview | None = None
+        try:
+            with builtin_open(self.path, "rb") as f:
+                self.file_size = os.fstat(f.fileno()).st_size
+                if self.file_size == 0:
+                    raise TruncatedError("empty file: wanted 4 bytes of magic, 0 left", offset=0)
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self._buf = memoryview(self._mm)
+            _Parser(self).parse()
+        except GGUFError as e:
+            self.close()
+            raise e.with_path(self.path) from None
+        except OSError as e:
+            self.close()
+            raise GGUFError(f"cannot read file: {e.strerror or e}", path=self.path) from None
+
+    # -- Mapping protocol over metadata --------------------------------------------------
+    def __getitem__(self, key: str) -> Any:
+        return self.metadata[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.metadata)
+
+    def __len__(self) -> int:
+        return len(self.metadata)
+
+    def get_arch_value(self, name: str, default: Any = None) -> Any:
+        """``{general.architecture}.name`` or ``default``."""
+        arch = self.metadata.get("general.architecture", "")
+        return self.metadata.get(f"{arch}.{name}", default)
+
+    # -- tensors ---------------------------------------------------------------------------
+    def _tensor_view(self, t: TensorInfo) -> np.ndarray:
+        if self._mm is None:
+            raise TensorDataError("file is closed", tensor=t.name)
+        if t.type in PLAIN_DTYPES:
+            dt = np.dtype(PLAIN_DTYPES[t.type]).newbyteorder(self.byte_order)
+            arr = np.frombuffer(self._mm, dtype=dt, count=t.n_elements, offset=t.file_offset)
+            return arr.reshape(t.np_shape)
+        arr = np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.file_offset)
+        return arr.reshape(*t.np_shape[:-1], t.row_bytes)
+
+    def raw_bytes(self, start: int, end: int) -> memoryview:
+        """A zero-copy view of file bytes ``[start, end)``."""
+        if self._buf is None:
+            raise GGUFError("file is closed", path=self.path)
+        return self._buf[start:end]
+
+    # -- lifetime --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the mapping. Views handed out (tensor data, numeric arrays) keep it
+        mapped until they are dropped; everything else is released now."""
+        if self._buf is not None:
+            try:
+                self._buf.release()
+            except BufferError:
+                pass  # numpy views of metadata still use it
+            self._buf = None
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass  # live numpy views still reference it; unmapped when they go
+            self._mm = None
+        for t in self.tensors.values():
+            t._file = None
+
+    def __enter__(self) -> GGUFFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"GGUFFile({self.path!r}, version={self.version}, "
+                f"{len(self.metadata)} keys, {len(self.tensors)} tensors)")
+
+
+builtin_open = open
+
+
+def open(path: str | os.PathLike[str]) -> GGUFFile:  # noqa: A001 - the natural name here
+    """Open and validate a GGUF file; raises a ``GGUFError`` subclass if it is malformed."""
+    return GGUFFile(path)
+
+
+class _Parser:
+    """Walks the header once, filling a GGUFFile. Every read is bounds-checked."""
+
+    def __init__(self, f: GGUFFile) -> None:
+        self.f = f
+        self.buf = f._buf
+        self.size = f.file_size
+        self.pos = 0
+        self.bo = "<"
+        self.v1 = False
+        self.key: str | None = None
+        self.tensor: str | None = None
+
+    # -- primitives ------------------------------------------------------------------------
+    def need(self, n: int, what: str) -> None:
+        left = self.size - self.pos
+        if n > left:
+            raise TruncatedError(f"{what}: wanted {n} bytes, {max(left, 0)} left",
+                                 offset=self.pos, key=self.key, tensor=self.tensor)
+
+    def scalar(self, fmt: str, size: int, what: str) -> Any:
+        self.need(size, what)
+        (v,) = struct.unpack_from(self.bo + fmt, self.buf, self.pos)
+        self.pos += size
+        return v
+
+    def u32(self, what: str) -> int:
+        return self.scalar("I", 4, what)
+
+    def count(self, what: str) -> int:
+        """A u64 count (u32 in v1)."""
+        return self.scalar("I", 4, what) if self.v1 else self.scalar("Q", 8, what)
+
+    def string_bytes(self, what: str) -> bytes:
+        start = self.pos
+        n = self.count(f"{what} length")
+        if n > MAX_STRING_BYTES:
+            raise MetadataError(f"{what} length {n} exceeds the 1 GiB limit",
+                                offset=start, key=self.key, tensor=self.tensor)
+        self.need(n, f"{what} bytes")
+        b = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return b
+
+    def string(self, what: str) -> str:
+        return self.string_bytes(what).decode("utf-8", "surrogateescape")
+
+    def error(self, cls: type[GGUFError], reason: str, offset: int | None = None) -> GGUFError:
+        return cls(reason, offset=self.pos if offset is None else offset,
+                   key=self.key, tensor=self.tensor)
+
+    # -- header ----------------------------------------------------------------------------
+    def parse(self) -> None:
+        f = self.f
+        self.need(4, "magic")
+        magic = bytes(self.buf[0:4])
+        if magic != GGUF_MAGIC:
+            if magic in LEGACY_MAGICS:
+                raise MagicError(f"this is an old {LEGACY_MAGICS[magic]} model file, not GGUF; "
+                                 "convert it with llama.cpp's conversion scripts", offset=0)
+            raise MagicError(f"bad magic {magic!r}: expected b'GGUF'", offset=0)
+        self.pos = 4
+        self.need(4, "version")
+        version = struct.unpack_from("<I", self.buf, 4)[0]
+        if version & 0xFFFF == 0 and version != 0:
+            self.bo = ">"  # a big-endian file: the version reads byte-swapped
+            version = struct.unpack_from(">I", self.buf, 4)[0]
+        self.pos = 8
+        if version not in (1, 2, 3):
+            raise VersionError(f"unsupported GGUF version {version} (supported: 1, 2, 3)",
+                               offset=4)
+        f.version = version
+        f.byte_order = self.bo
+        self.v1 = version == 1
+
+        n_tensors = self.count("tensor count")
+        n_kv = self.count("metadata kv count")
+        left = self.size - self.pos
+        if n_kv * _MIN_KV_BYTES[version] > left:
+            raise self.error(TruncatedError, f"metadata kv count {n_kv} cannot fit in the "
+                             f"{left} bytes left", offset=self.pos - (4 if self.v1 else 8))
+        for _ in range(n_kv):
+            self.read_kv()
+        self.key = None
+
+        left = self.size - self.pos
+        if n_tensors * _MIN_TENSOR_BYTES[version] > left:
+            raise TruncatedError(f"tensor count {n_tensors} cannot fit in the {left} bytes left",
+                                 offset=8)
+        self.read_alignment()
+        infos = [self.read_tensor_info() for _ in range(n_tensors)]
+        self.tensor = None
+        self.layout_tensors(infos)
+
+    def read_kv(self) -> None:
+        start = self.pos
+        key_b = self.string_bytes("key")
+        try:
+            key = key_b.decode("utf-8")
+        except UnicodeDecodeError:
+            raise MetadataError(f"key is not valid UTF-8: {key_b[:64]!r}", offset=start) from None
+        if not key:
+            raise MetadataError("empty key", offset=start)
+        if key in self.f.metadata:
+            raise MetadataError("duplicate key", offset=start, key=key)
+        self.key = key
+        vtype = self.value_type("value type")
+        value, mtype = self.read_value(vtype, depth=0)
+        self.f.metadata[key] = value
+        self.f.types[key] = mtype
+
+    def value_type(self, what: str) -> ValueType:
+        at = self.pos
+        t = self.u32(what)
+        try:
+            return ValueType(t)
+        except ValueError:
+            raise self.error(MetadataError, f"unknown {what} {t} (valid: 0-12)", at) from None
+
+    def read_value(self, vtype: ValueType, depth: int) -> tuple[Any, MetaType]:
+        if vtype == ValueType.STRING:
+            return self.string("string value"), vtype
+        if vtype != ValueType.ARRAY:
+            fmt, size = SCALAR_FORMATS[vtype]
+            v = self.scalar(fmt, size, f"{vtype.name.lower()} value")
+            return (v != 0 if vtype == ValueType.BOOL else v), vtype
+        return self.read_array(depth)
+
+    def read_array(self, depth: int) -> tuple[Any, MetaType]:
+        at = self.pos
+        etype = self.value_type("array element type")
+        n = self.count("array length")
+        left = self.size - self.pos
+        if etype in SCALAR_FORMATS:
+            size = SCALAR_FORMATS[etype][1]
+            if n * size > left:
+                raise self.error(TruncatedError, f"array of {n} {etype.name.lower()} needs "
+                                 f"{n * size} bytes, {left} left", at)
+            dt = np.dtype(SCALAR_DTYPES[etype]).newbyteorder(self.bo)
+            arr = np.frombuffer(self.buf, dtype=dt, count=n, offset=self.pos)
+            self.pos += n * size
+            if etype == ValueType.BOOL:
+                arr = arr != 0
+            return arr, ArrayType(etype)
+        min_elem = 4 if self.v1 else 8  # a string or nested array needs at least its length
+        if n * min_elem > left:
+            raise self.error(TruncatedError, f"array of {n} {etype.name.lower()} needs at least "
+                             f"{n * min_elem} bytes, {left} left", at)
+        if etype == ValueType.STRING:
+            return self.read_string_array(n), ArrayType(etype)
+        # arrays of arrays: allowed by the spec, refused by ggml; read them and warn
+        if depth == 0:
+            msg = (f"key {self.key!r} holds an array of arrays: valid GGUF, but llama.cpp "
+                   "will refuse this file")
+            self.f.warnings.append(msg)
+            warnings.warn(msg, GGUFWarning, stacklevel=4)
+        if depth > 64:
+            raise self.error(MetadataError, "arrays nested more than 64 deep", at)
+        items = []
+        inner: MetaType = ArrayType(ValueType.UINT8)
+        for _ in range(n):
+            sub = self.value_type("nested array element type")
+            if sub != ValueType.ARRAY:
+                raise self.error(MetadataError, f"nested array element of type {sub.name} "
+                                 "where an array was declared")
+            v, inner = self.read_array(depth + 1)
+            items.append(v)
+        return items, ArrayType(inner)
+
+    def read_string_array(self, n: int) -> StringArray:
+        """Walk n length-prefixed strings, recording where each starts; decode nothing."""
+        buf, size, pos0 = self.buf, self.size, self.pos
+        fmt = struct.Struct(self.bo + ("I" if self.v1 else "Q"))
+        width = fmt.size
+        unpack = fmt.unpack_from
+        starts = array("q")
+        lengths = array("q")
+        push_s, push_l = starts.append, lengths.append
+        pos = pos0
+        for i in range(n):
+            if pos + width > size:
+                self.pos = pos
+                raise self.error(TruncatedError, f"string {i} of {n}: wanted {width} bytes of "
+                                 f"length, {size - pos} left")
+            (ln,) = unpack(buf, pos)
+            pos += width
+            if ln > size - pos:
+                self.pos = pos - width
+                if ln > MAX_STRING_BYTES:
+                    raise self.error(MetadataError, f"string {i} of {n}: length {ln} exceeds "
+                                     "the 1 GiB limit")
+                raise self.error(TruncatedError, f"string {i} of {n}: wanted {ln} bytes, "
+                                 f"{size - pos} left")
+            push_s(pos)
+            push_l(ln)
+            pos += ln
+        self.pos = pos
+        return StringArray(buf, np.frombuffer(starts, dtype=np.int64),
+                           np.frombuffer(lengths, dtype=np.int64), (pos0, pos))
+
+    def read_alignment(self) -> None:
+        md, types = self.f.metadata, self.f.types
+        if "general.alignment" not in md:
+            return
+        a, t = md["general.alignment"], types["general.alignment"]
+        if t != ValueType.UINT32:
+            raise MetadataError(f"general.alignment must be uint32, found {t}",
+                                key="general.alignment")
+        if a == 0 or a & (a - 1):
+            raise MetadataError(f"general.alignment must be a non-zero power of two, found {a}",
+                                key="general.alignment")
+        self.f.alignment = a
+
+    def read_tensor_info(self) -> TensorInfo:
+        start = self.pos
+        self.tensor = None
+        name_b = self.string_bytes("tensor name")
+        try:
+            name = name_b.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TensorInfoError(f"tensor name is not valid UTF-8: {name_b[:64]!r}",
+                                  offset=start) from None
+        self.tensor = name
+        if len(name_b) > MAX_NAME_BYTES:
+            raise self.error(TensorInfoError, f"name is {len(name_b)} bytes; ggml allows at most "
+                             f"{MAX_NAME_BYTES}", start)
+        if name in self.f.tensors:
+            raise self.error(TensorInfoError, "duplicate tensor name", start)
+        at = self.pos
+        n_dims = self.u32("n_dims")
+        if n_dims > MAX_DIMS:
+            raise self.error(TensorInfoError, f"n_dims {n_dims} exceeds {MAX_DIMS}", at)
+        shape = []
+        for d in range(n_dims):
+            at = self.pos
+            ne = self.scalar("I", 4, f"ne[{d}]") if self.v1 else self.scalar("q", 8, f"ne[{d}]")
+            if ne < 0:
+                raise self.error(TensorInfoError, f"ne[{d}] = {ne} is negative", at)
+            shape.append(ne)
+        full = shape + [1] * (MAX_DIMS - len(shape))
+        # ggml: INT64_MAX/ne[1] <= ne[0] etc. means the element count overflows int64
+        if (full[1] and INT64_MAX // full[1] <= full[0]) or \
+           (full[2] and INT64_MAX // full[2] <= full[0] * full[1]) or \
+           (full[3] and INT64_MAX // full[3] <= full[0] * full[1] * full[2]):
+            raise self.error(TensorInfoError, f"element count of shape {shape} overflows int64", at)
+        at = self.pos
+        tid = self.u32("tensor type")
+        try:
+            gtype = GGMLType(tid)
+        except ValueError:
+            raise self.error(TensorInfoError, f"unknown ggml type id {tid}", at) from None
+        if gtype.removed:
+            raise self.error(TensorInfoError, f"ggml type id {tid} ({gtype.ggml_name}) was "
+                             "removed from ggml and cannot be loaded", at)
+        if full[0] % gtype.block_size:
+            raise self.error(TensorInfoError, f"row length ne[0] = {full[0]} is not a multiple "
+                             f"of {gtype.ggml_name}'s block size {gtype.block_size}", at)
+        offset = self.scalar("Q", 8, "tensor data offset")
+        nbytes = gtype.row_bytes(full[0]) * full[1] * full[2] * full[3]
+        t = TensorInfo(name=name, type=gtype, shape=tuple(shape), offset=offset, nbytes=nbytes,
+                       file_offset=0, info_offset=start)
+        self.f.tensors[name] = t
+        return t
+
+    def layout_tensors(self, infos: list[TensorInfo]) -> None:
+        f = self.f
+        align = f.alignment
+        f.data_offset = self.pos
+        if infos:
+            f.data_offset = -(-self.pos // align) * align
+        expected = 0
+        for t in infos:
+            if t.offset != expected:
+                raise TensorInfoError(f"data offset {t.offset} is not the expected {expected} "
+                                      "(offsets must be the aligned running sum of tensor sizes)",
+                                      offset=t.info_offset, tensor=t.name)
+            expected += -(-t.nbytes // align) * align
+            t.file_offset = f.data_offset + t.offset
+            end = t.file_offset + t.nbytes
+            if end > self.size:
+                raise TensorDataError(f"data [{t.file_offset}, {end}) runs past the end of the "
+                                      f"file ({self.size} bytes): {end - self.size} bytes missing",
+                                      offset=t.file_offset, tensor=t.name)
+            t._file = f

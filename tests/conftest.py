@@ -1,0 +1,49 @@
+"""Shared fixtures: where the reference data and the pulled models are.
+
+Reference data lives in ../shared/reference (override with GGUFLM_REFERENCE); models in
+the cache ($GGUFLM_HOME, else ~/.cache/gguflm), put there by `gguflm pull` (the test
+command pulls them first). Missing data skips the tests that need it, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+REFERENCE = Path(os.environ.get("GGUFLM_REFERENCE", REPO.parent / "shared" / "reference"))
+
+MODEL_FILES = {
+    "smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "gemma3-270m": "gemma-3-270m-q4_k_m.gguf",
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GGUFLM_HOME", Path.home() / ".cache" / "gguflm"))
+
+
+@pytest.fixture(scope="session")
+def reference() -> Path:
+    if not REFERENCE.is_dir():
+        pytest.skip(f"reference data not found at {REFERENCE} (set GGUFLM_REFERENCE)")
+    return REFERENCE
+
+
+def _model(name: str) -> Path:
+    path = cache_dir() / MODEL_FILES[name]
+    if not path.is_file():
+        pytest.skip(f"model {name} not in the cache ({path}); run `gguflm pull {name}`")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return _model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    return _model("gemma3-270m")
