@@ -1,0 +1,121 @@
+"""QMatrix: a 2-D weight kept in its ggml encoding, multiplied without a float32 copy.
+
+The model holds every weight as a QMatrix over the memory-mapped tensor bytes, so resident
+memory stays near the file size. Products go to a numba kernel that works on the quantized
+blocks directly when one exists for the type (``quant/kernels.py``); every other type takes
+a correct fallback that dequantizes a bounded tile of rows at a time and hands it to BLAS.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gguflm.gguf.types import GGMLType
+
+# Rows per dequantized fallback tile: at most this many float32 bytes live at once.
+_TILE_BYTES = 8 << 20
+
+
+class QMatrix:
+    """A ``(d_out, d_in)`` weight matrix (numpy order) in its ggml encoding.
+
+    ``raw`` is the tensor's zero-copy view: ``uint8 (d_out, row_bytes)`` for block types,
+    a typed ``(d_out, d_in)`` array for F32/F16 (BF16 as ``uint16``).
+    """
+
+    __slots__ = ("type", "shape", "raw", "name")
+
+    def __init__(self, type: GGMLType, raw: np.ndarray, shape: tuple[int, int], name: str = ""):
+        d_out, d_in = (int(s) for s in shape)
+        type = GGMLType(type)
+        if d_in % type.block_size:
+            raise ValueError(f"{name or 'matrix'}: row length {d_in} is not a multiple of "
+                             f"the {type.ggml_name} block size {type.block_size}")
+        if type.quantized:
+            raw = raw.reshape(d_out, type.row_bytes(d_in))
+        else:
+            raw = raw.reshape(d_out, d_in)
+        self.type = type
+        self.shape = (d_out, d_in)
+        self.raw = raw
+        self.name = name
+
+    @classmethod
+    def from_tensor(cls, t: Any) -> QMatrix:
+        """Wrap a 2-D ``TensorInfo`` (from ``gguflm.gguf.open``) without copying its bytes."""
+        shape = tuple(t.np_shape)
+        if len(shape) != 2:
+            raise ValueError(f"{t.name}: expected a 2-D tensor, got shape {shape}")
+        return cls(t.type, t.data, shape, name=t.name)
+
+    def __repr__(self) -> str:
+        return f"QMatrix({self.name or '?'}, {self.type.ggml_name}, {self.shape})"
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes)
+
+    # -- products --------------------------------------------------------------------------
+    def matmul(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``x (n, d_in) f32 @ W.T -> (n, d_out) f32``; writes into ``out`` when given."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != self.shape[1]:
+            raise ValueError(f"{self!r}: matmul wants (n, {self.shape[1]}), got {x.shape}")
+        n = x.shape[0]
+        if out is None:
+            out = np.empty((n, self.shape[0]), dtype=np.float32)
+        if n == 0:
+            return out
+        if self.type == GGMLType.F32:
+            np.matmul(x, self.raw.T, out=out)
+            return out
+        fast = _fast_path(self.type)
+        if fast is not None and fast(self, x, out):
+            return out
+        self._matmul_tiles(x, out)
+        return out
+
+    def matvec(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``W (d_out, d_in) @ x (d_in,) -> (d_out,)`` f32."""
+        x = np.asarray(x, dtype=np.float32)
+        if x.ndim != 1:
+            raise ValueError(f"{self!r}: matvec wants a vector of {self.shape[1]}, got {x.shape}")
+        res = self.matmul(x[None, :], None if out is None else out.reshape(1, -1))
+        return res[0]
+
+    def rows(self, ids: Any) -> np.ndarray:
+        """Rows ``ids`` as float32 ``(len(ids), d_in)``: an embedding lookup that
+        dequantizes only the rows asked for."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.shape[0]):
+            bad = ids[(ids < 0) | (ids >= self.shape[0])][0]
+            raise IndexError(f"{self!r}: row {int(bad)} out of range")
+        return self.dequantize_rows(self.raw[ids])
+
+    def dequantize_rows(self, raw_rows: np.ndarray) -> np.ndarray:
+        """Float32 ``(k, d_in)`` from ``k`` rows of this matrix's raw encoding."""
+        k, d_in = raw_rows.shape[0], self.shape[1]
+        if self.type == GGMLType.F32:
+            return np.array(raw_rows, dtype=np.float32)
+        if self.type == GGMLType.F16:
+            return raw_rows.astype(np.float32)
+        from gguflm.quant import dequantize_raw  # the quant package; imported late on purpose
+
+        out = dequantize_raw(self.type, np.ascontiguousarray(raw_rows), (k, d_in))
+        return np.asarray(out, dtype=np.float32).reshape(k, d_in)
+
+    def _matmul_tiles(self, x: np.ndarray, out: np.ndarray) -> None:
+        """Fallback: dequantize ``tile`` rows at a time and let BLAS do ``x @ tile.T``."""
+        d_out, d_in = self.shape
+        tile = max(16, _TILE_BYTES // (4 * d_in))
+        for r0 in range(0, d_out, tile):
+            r1 = min(d_out, r0 + tile)
+            w = self.dequantize_rows(self.raw[r0:r1])
+            np.matmul(x, w.T, out=out[:, r0:r1])
+
+
+def _fast_path(t: GGMLType):  # noqa: ANN202 - returns a private dispatcher or None
+    """The kernel dispatcher for type ``t``, or None when only the fallback exists."""
+    return None
