@@ -1,0 +1,140 @@
+"""Block layouts of every ggml tensor type: which bytes of a block hold what.
+
+One small ``BlockFormat`` per type, transcribed from the ``block_*`` structs of ggml's
+``ggml-common.h``: the fields in file order (name, byte offset, element kind, count), the
+elements per block and the bytes per block. The dequantizers (``simple.py``, ``kquants.py``,
+``iquants.py``) read fields through ``BlockFormat.field`` so that every byte offset is written
+down once, here. All multi-byte fields are little-endian, as ggml lays them out on disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..gguf.types import PLAIN_DTYPES, TYPE_TRAITS, GGMLType
+
+QK_K = 256  # elements per super-block of the K-, IQ- and TQ-quants
+
+# element kinds of a field and their numpy dtypes (explicitly little-endian)
+_KIND_DTYPES = {
+    "f16": np.dtype("<f2"),  # ggml_half
+    "u8": np.dtype("u1"),
+    "i8": np.dtype("i1"),
+    "u16": np.dtype("<u2"),
+    "u32": np.dtype("<u4"),
+}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One member of a block struct: ``count`` elements of ``kind`` at byte ``offset``."""
+
+    name: str
+    kind: str
+    count: int
+    offset: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return _KIND_DTYPES[self.kind].itemsize * self.count
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    """The layout of one quantized block type (``block_size`` elements in ``type_size`` bytes)."""
+
+    type: GGMLType
+    block_size: int
+    fields: tuple[Field, ...]
+
+    @property
+    def type_size(self) -> int:
+        return sum(f.nbytes for f in self.fields)
+
+    def __getitem__(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"{self.type.ggml_name} blocks have no field {name!r}")
+
+    def field(self, blocks: np.ndarray, name: str) -> np.ndarray:
+        """Field ``name`` of every block: ``(n_blocks, count)`` (``(n_blocks,)`` if count is 1).
+
+        ``blocks`` is ``(n_blocks, type_size)`` uint8. Byte fields come back as strided
+        views; wider fields are copied once so that they can be reinterpreted.
+        """
+        f = self[name]
+        raw = blocks[:, f.offset:f.offset + f.nbytes]
+        dt = _KIND_DTYPES[f.kind]
+        if dt.itemsize == 1:
+            out = raw.view(dt) if dt != raw.dtype else raw
+        else:
+            out = np.ascontiguousarray(raw).view(dt)
+        return out[:, 0] if f.count == 1 else out
+
+    def scale(self, blocks: np.ndarray, name: str = "d") -> np.ndarray:
+        """An f16 scale field as float32 ``(n_blocks, 1)``, ready to broadcast over a block.
+
+        The f16 -> f32 conversion is exact, as ggml's ``GGML_FP16_TO_FP32`` is.
+        """
+        return self.field(blocks, name).astype(np.float32)[:, None]
+
+
+def _fmt(t: GGMLType, block_size: int, *fields: tuple[str, str, int]) -> BlockFormat:
+    placed, offset = [], 0
+    for name, kind, count in fields:
+        f = Field(name, kind, count, offset)
+        placed.append(f)
+        offset += f.nbytes
+    return BlockFormat(t, block_size, tuple(placed))
+
+
+T = GGMLType
+# Field order and sizes follow the structs in ggml-common.h.
+FORMATS: dict[GGMLType, BlockFormat] = {f.type: f for f in [
+    _fmt(T.Q4_0, 32, ("d", "f16", 1), ("qs", "u8", 16)),
+    _fmt(T.Q4_1, 32, ("d", "f16", 1), ("m", "f16", 1), ("qs", "u8", 16)),
+    _fmt(T.Q5_0, 32, ("d", "f16", 1), ("qh", "u8", 4), ("qs", "u8", 16)),
+    _fmt(T.Q5_1, 32, ("d", "f16", 1), ("m", "f16", 1), ("qh", "u8", 4), ("qs", "u8", 16)),
+    _fmt(T.Q8_0, 32, ("d", "f16", 1), ("qs", "i8", 32)),
+    _fmt(T.Q8_1, 32, ("d", "f16", 1), ("s", "f16", 1), ("qs", "i8", 32)),
+    _fmt(T.Q1_0, 128, ("d", "f16", 1), ("qs", "u8", 16)),
+    _fmt(T.Q2_0, 64, ("d", "f16", 1), ("qs", "u8", 16)),
+    _fmt(T.MXFP4, 32, ("e", "u8", 1), ("qs", "u8", 16)),  # e: E8M0 shared exponent
+    _fmt(T.NVFP4, 64, ("d", "u8", 4), ("qs", "u8", 32)),  # d: UE4M3 scale per 16 values
+    _fmt(T.IQ4_NL, 32, ("d", "f16", 1), ("qs", "u8", 16)),
+    _fmt(T.Q2_K, QK_K, ("scales", "u8", 16), ("qs", "u8", 64), ("d", "f16", 1),
+         ("dmin", "f16", 1)),
+    _fmt(T.Q3_K, QK_K, ("hmask", "u8", 32), ("qs", "u8", 64), ("scales", "u8", 12),
+         ("d", "f16", 1)),
+    _fmt(T.Q4_K, QK_K, ("d", "f16", 1), ("dmin", "f16", 1), ("scales", "u8", 12),
+         ("qs", "u8", 128)),
+    _fmt(T.Q5_K, QK_K, ("d", "f16", 1), ("dmin", "f16", 1), ("scales", "u8", 12),
+         ("qh", "u8", 32), ("qs", "u8", 128)),
+    _fmt(T.Q6_K, QK_K, ("ql", "u8", 128), ("qh", "u8", 64), ("scales", "i8", 16),
+         ("d", "f16", 1)),
+    _fmt(T.Q8_K, QK_K, ("d", "u8", 4), ("qs", "i8", 256), ("bsums", "u8", 32)),  # d is f32
+    _fmt(T.IQ2_XXS, QK_K, ("d", "f16", 1), ("qs", "u8", 64)),
+    _fmt(T.IQ2_XS, QK_K, ("d", "f16", 1), ("qs", "u16", 32), ("scales", "u8", 8)),
+    _fmt(T.IQ2_S, QK_K, ("d", "f16", 1), ("qs", "u8", 64), ("qh", "u8", 8),
+         ("scales", "u8", 8)),
+    _fmt(T.IQ3_XXS, QK_K, ("d", "f16", 1), ("qs", "u8", 96)),
+    _fmt(T.IQ3_S, QK_K, ("d", "f16", 1), ("qs", "u8", 64), ("qh", "u8", 8),
+         ("signs", "u8", 32), ("scales", "u8", 4)),
+    _fmt(T.IQ1_S, QK_K, ("d", "f16", 1), ("qs", "u8", 32), ("qh", "u16", 8)),
+    _fmt(T.IQ1_M, QK_K, ("qs", "u8", 32), ("qh", "u8", 16), ("scales", "u16", 4)),
+    _fmt(T.IQ4_XS, QK_K, ("d", "f16", 1), ("scales_h", "u16", 1), ("scales_l", "u8", 4),
+         ("qs", "u8", 128)),
+    _fmt(T.TQ1_0, QK_K, ("qs", "u8", 48), ("qh", "u8", 4), ("d", "f16", 1)),
+    _fmt(T.TQ2_0, QK_K, ("qs", "u8", 64), ("d", "f16", 1)),
+]}
+del T
+
+# The layouts must agree with the type table the reader uses (a typo here would misread
+# every tensor of that type), so check once at import.
+for _t, _f in FORMATS.items():
+    assert (_f.block_size, _f.type_size) == TYPE_TRAITS[_t], _t
+
+PLAIN_TYPES = frozenset(PLAIN_DTYPES)
