@@ -10,6 +10,7 @@ problem raises a ``GGUFError`` subclass naming the offset, key or tensor.
 from __future__ import annotations
 
 import mmap
+import operator
 import os
 import struct
 import warnings
@@ -47,6 +48,9 @@ from .types import (
 )
 
 INT64_MAX = (1 << 63) - 1
+SIZE_MAX = (1 << 64) - 1
+MAX_ARRAY_ELEMENTS = 1 << 30  # GGUF_MAX_ARRAY_ELEMENTS in ggml
+MAX_NESTING = 64  # arrays of arrays: deeper is surely corrupt (and would exhaust the stack)
 # smallest possible encodings, used to bound counts before allocating anything
 _MIN_KV_BYTES = {1: 4 + 4 + 1, 2: 8 + 4 + 1, 3: 8 + 4 + 1}
 _MIN_TENSOR_BYTES = {1: 4 + 4 + 4 + 8, 2: 8 + 4 + 4 + 8, 3: 8 + 4 + 4 + 8}
@@ -56,14 +60,19 @@ class StringArray(Sequence[str]):
     """A metadata array of strings, decoded on access (vocabularies hold 262k of them).
 
     Strings decode as UTF-8 with ``surrogateescape`` so that any bytes survive a round trip.
+    ``raw_span`` is the (start, end) of the encoded elements in the file, ``width`` the byte
+    width of each length prefix and ``byte_order`` its byte order: a writer using the same
+    encoding can copy the span verbatim instead of re-encoding every string.
     """
 
     def __init__(self, buf: memoryview, starts: np.ndarray, lengths: np.ndarray,
-                 raw_span: tuple[int, int]) -> None:
+                 raw_span: tuple[int, int], width: int = 8, byte_order: str = "<") -> None:
         self._buf = buf
         self._starts = starts
         self._lengths = lengths
-        self.raw_span = raw_span  # (start, end) of the encoded elements in the file
+        self.raw_span = raw_span
+        self.width = width
+        self.byte_order = byte_order
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -71,6 +80,7 @@ class StringArray(Sequence[str]):
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
+        i = operator.index(i)
         if i < 0:
             i += len(self)
         if not 0 <= i < len(self):
@@ -79,21 +89,31 @@ class StringArray(Sequence[str]):
         return str(self._buf[s:s + int(self._lengths[i])], "utf-8", "surrogateescape")
 
     def __iter__(self) -> Iterator[str]:
-        buf = self._buf
-        for s, n in zip(self._starts.tolist(), self._lengths.tolist()):
-            yield str(buf[s:s + n], "utf-8", "surrogateescape")
+        return iter(self.tolist())
 
     def tolist(self) -> list[str]:
-        return list(self)
+        """Every element decoded: one copy of the span, then one slice+decode per string."""
+        a, b = self.raw_span
+        raw = self._buf[a:b].tobytes()
+        starts = (self._starts - a).tolist()
+        ends = (self._starts + self._lengths - a).tolist()
+        return [raw[s:e].decode("utf-8", "surrogateescape") for s, e in zip(starts, ends)]
 
     def raw_bytes(self, i: int) -> bytes:
+        """Element ``i`` as the exact bytes in the file."""
         s = int(self._starts[i])
         return bytes(self._buf[s:s + int(self._lengths[i])])
+
+    def encoded(self) -> memoryview:
+        """The elements exactly as encoded in the file (length prefixes included)."""
+        return self._buf[self.raw_span[0]:self.raw_span[1]]
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Sequence) and not isinstance(other, str):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other))
         return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-equality semantics, like list
 
     def __repr__(self) -> str:
         head = ", ".join(repr(s) for s in self[:5])
@@ -380,9 +400,16 @@ class _Parser:
         return self.read_array(depth)
 
     def read_array(self, depth: int) -> tuple[Any, MetaType]:
+        """An array value: u32 element type, count, then ``count`` values of that type.
+
+        Elements carry no type tag of their own, also when they are arrays themselves.
+        """
         at = self.pos
         etype = self.value_type("array element type")
         n = self.count("array length")
+        if n > MAX_ARRAY_ELEMENTS:
+            raise self.error(MetadataError, f"array length {n} exceeds ggml's limit of "
+                             f"{MAX_ARRAY_ELEMENTS} elements", at)
         left = self.size - self.pos
         if etype in SCALAR_FORMATS:
             size = SCALAR_FORMATS[etype][1]
@@ -395,7 +422,9 @@ class _Parser:
             if etype == ValueType.BOOL:
                 arr = arr != 0
             return arr, ArrayType(etype)
-        min_elem = 4 if self.v1 else 8  # a string or nested array needs at least its length
+        width = 4 if self.v1 else 8
+        # the smallest element: a string's length, or a nested array's type and count
+        min_elem = width if etype == ValueType.STRING else 4 + width
         if n * min_elem > left:
             raise self.error(TruncatedError, f"array of {n} {etype.name.lower()} needs at least "
                              f"{n * min_elem} bytes, {left} left", at)
@@ -406,50 +435,69 @@ class _Parser:
             msg = (f"key {self.key!r} holds an array of arrays: valid GGUF, but llama.cpp "
                    "will refuse this file")
             self.f.warnings.append(msg)
-            warnings.warn(msg, GGUFWarning, stacklevel=4)
-        if depth > 64:
-            raise self.error(MetadataError, "arrays nested more than 64 deep", at)
+            warnings.warn(msg, GGUFWarning, stacklevel=5)
+        if depth >= MAX_NESTING:
+            raise self.error(MetadataError, f"arrays nested more than {MAX_NESTING} deep", at)
         items = []
+        # the declared type names the first element's type (each element has its own)
         inner: MetaType = ArrayType(ValueType.UINT8)
-        for _ in range(n):
-            sub = self.value_type("nested array element type")
-            if sub != ValueType.ARRAY:
-                raise self.error(MetadataError, f"nested array element of type {sub.name} "
-                                 "where an array was declared")
-            v, inner = self.read_array(depth + 1)
+        for i in range(n):
+            v, t = self.read_array(depth + 1)
+            if i == 0:
+                inner = t
             items.append(v)
         return items, ArrayType(inner)
 
     def read_string_array(self, n: int) -> StringArray:
-        """Walk n length-prefixed strings, recording where each starts; decode nothing."""
-        buf, size, pos0 = self.buf, self.size, self.pos
-        fmt = struct.Struct(self.bo + ("I" if self.v1 else "Q"))
-        width = fmt.size
-        unpack = fmt.unpack_from
-        starts = array("q")
-        lengths = array("q")
-        push_s, push_l = starts.append, lengths.append
+        """Walk n length-prefixed strings, recording where each starts; decode nothing.
+
+        This is the hot loop of opening a model (262k strings for Gemma's vocabulary), so
+        the fast path does no per-string checks: lengths are unsigned, so positions only
+        grow and ``unpack_from`` fails past the end. Anything odd is re-walked slowly by
+        ``_string_array_error`` to name the failing string.
+        """
+        buf, pos0 = self.buf, self.pos
+        width = 4 if self.v1 else 8
+        unpack = struct.Struct(self.bo + ("I" if self.v1 else "Q")).unpack_from
+        offs = array("q")  # where each length prefix starts, plus the end
+        push = offs.append
         pos = pos0
+        try:
+            for _ in range(n):
+                push(pos)
+                pos += unpack(buf, pos)[0] + width
+        except struct.error:
+            pos = self.size + 1
+        if pos > self.size:
+            raise self._string_array_error(pos0, n, width, unpack)
+        push(pos)
+        o = np.frombuffer(offs, dtype=np.int64)
+        starts = o[:-1] + width
+        lengths = o[1:] - starts
+        if n and int(lengths.max()) > MAX_STRING_BYTES:
+            raise self._string_array_error(pos0, n, width, unpack)
+        self.pos = pos
+        return StringArray(buf, starts, lengths, (pos0, pos), width, self.bo)
+
+    def _string_array_error(self, pos: int, n: int, width: int, unpack: Any) -> GGUFError:
+        """The precise error for a string array the fast walk found to be malformed."""
+        size = self.size
         for i in range(n):
             if pos + width > size:
                 self.pos = pos
-                raise self.error(TruncatedError, f"string {i} of {n}: wanted {width} bytes of "
-                                 f"length, {size - pos} left")
-            (ln,) = unpack(buf, pos)
-            pos += width
-            if ln > size - pos:
-                self.pos = pos - width
-                if ln > MAX_STRING_BYTES:
-                    raise self.error(MetadataError, f"string {i} of {n}: length {ln} exceeds "
-                                     "the 1 GiB limit")
-                raise self.error(TruncatedError, f"string {i} of {n}: wanted {ln} bytes, "
-                                 f"{size - pos} left")
-            push_s(pos)
-            push_l(ln)
-            pos += ln
-        self.pos = pos
-        return StringArray(buf, np.frombuffer(starts, dtype=np.int64),
-                           np.frombuffer(lengths, dtype=np.int64), (pos0, pos))
+                return self.error(TruncatedError, f"string {i} of {n}: wanted {width} bytes of "
+                                  f"length, {size - pos} left")
+            (ln,) = unpack(self.buf, pos)
+            if ln > MAX_STRING_BYTES:
+                self.pos = pos
+                return self.error(MetadataError, f"string {i} of {n}: length {ln} exceeds the "
+                                  "1 GiB limit")
+            if ln > size - pos - width:
+                self.pos = pos
+                return self.error(TruncatedError, f"string {i} of {n}: wanted {ln} bytes, "
+                                  f"{size - pos - width} left")
+            pos += width + ln
+        return self.error(GGUFError, f"string array of {n} is malformed")  # not reached
 
     def read_alignment(self) -> None:
         md, types = self.f.metadata, self.f.types
@@ -491,11 +539,13 @@ class _Parser:
                 raise self.error(TensorInfoError, f"ne[{d}] = {ne} is negative", at)
             shape.append(ne)
         full = shape + [1] * (MAX_DIMS - len(shape))
-        # ggml: INT64_MAX/ne[1] <= ne[0] etc. means the element count overflows int64
-        if (full[1] and INT64_MAX // full[1] <= full[0]) or \
-           (full[2] and INT64_MAX // full[2] <= full[0] * full[1]) or \
-           (full[3] and INT64_MAX // full[3] <= full[0] * full[1] * full[2]):
-            raise self.error(TensorInfoError, f"element count of shape {shape} overflows int64", at)
+        # ggml's check: the running element count must stay representable in int64
+        count = full[0]
+        for ne in full[1:]:
+            if ne > 1 and INT64_MAX // ne < count:
+                raise self.error(TensorInfoError, f"element count of shape {shape} overflows "
+                                 "int64", at)
+            count *= ne
         at = self.pos
         tid = self.u32("tensor type")
         try:
@@ -508,8 +558,11 @@ class _Parser:
         if full[0] % gtype.block_size:
             raise self.error(TensorInfoError, f"row length ne[0] = {full[0]} is not a multiple "
                              f"of {gtype.ggml_name}'s block size {gtype.block_size}", at)
-        offset = self.scalar("Q", 8, "tensor data offset")
         nbytes = gtype.row_bytes(full[0]) * full[1] * full[2] * full[3]
+        if nbytes > SIZE_MAX - (self.f.alignment - 1):
+            raise self.error(TensorInfoError, f"size of shape {shape} in bytes ({nbytes}) "
+                             "overflows size_t", at)
+        offset = self.scalar("Q", 8, "tensor data offset")
         t = TensorInfo(name=name, type=gtype, shape=tuple(shape), offset=offset, nbytes=nbytes,
                        file_offset=0, info_offset=start)
         self.f.tensors[name] = t
@@ -521,6 +574,9 @@ class _Parser:
         f.data_offset = self.pos
         if infos:
             f.data_offset = -(-self.pos // align) * align
+            if f.data_offset > self.size:
+                raise TruncatedError(f"the data section would start at {f.data_offset}, past "
+                                     f"the end of the file ({self.size} bytes)", offset=self.pos)
         expected = 0
         for t in infos:
             if t.offset != expected:
