@@ -9,12 +9,15 @@ reference quantizers.
 
 from .dequant import dequantize, dequantize_raw, dequantize_rows, supported_types
 from .formats import FORMATS, BlockFormat
+from .quantize import QUANTIZERS, quantize
 
 __all__ = [
     "FORMATS",
+    "QUANTIZERS",
     "BlockFormat",
     "dequantize",
     "dequantize_raw",
     "dequantize_rows",
+    "quantize",
     "supported_types",
 ]
