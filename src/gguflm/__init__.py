@@ -1,3 +1,21 @@
 """gguflm: read, check, write and run GGUF model files."""
 
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .model import Model
+
 __version__ = "0.1.0"
+
+
+def load_model(path: str | os.PathLike[str]) -> Model:
+    """Open a GGUF model file and load it for inference (``gguflm.model.load_model``).
+
+    Imported lazily so that ``import gguflm`` stays light.
+    """
+    from .model import load_model as _load_model
+
+    return _load_model(path)

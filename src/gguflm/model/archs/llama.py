@@ -1,0 +1,92 @@
+"""Llama: Llama 1-3, TinyLlama, SmolLM, Mistral-style dense models (``general.architecture``
+= ``llama``), as llama.cpp's src/models/llama.cpp runs them.
+
+Pre-norm blocks: x += attn(rmsnorm(x)); x += ffn(rmsnorm(x)). RoPE in NORM style (adjacent
+pairs: the GGUF converter permutes Q/K rows for it), grouped-query attention, SwiGLU FFN,
+output tied to the token embedding when ``output.weight`` is absent.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...gguf.errors import MetadataError
+from .. import ops
+from ..base import Model
+from ..kv_cache import KVCache
+from ..weights import Weights
+from . import register
+
+
+@register("llama")
+class Llama(Model):
+    """The Llama family; optional biases and Llama 3's ``rope_freqs`` are honoured."""
+
+    # -- tensors ---------------------------------------------------------------------------------
+    def load_tensors(self, w: Weights) -> None:
+        c = self.config
+        if c.rope_dim != c.head_dim:  # llama.cpp asserts the same for this architecture
+            raise MetadataError(f"must equal the head size {c.head_dim} for llama, got "
+                                f"{c.rope_dim}", key=f"{c.arch}.rope.dimension_count")
+        self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
+        self.output_norm = w.get("output_norm.weight", (c.n_embd,))
+        self.output = w.get("output.weight", (c.n_vocab, c.n_embd), optional=True)
+        if self.output is None:  # tied: the embedding doubles as the output projection
+            self.output = self.token_embd
+        self.rope_freqs = w.get("rope_freqs.weight", (c.rope_dim // 2,), optional=True)
+        self.layers = [w.layer(i, {
+            "attn_norm": (c.n_embd,),
+            "attn_q": (c.n_embd_q, c.n_embd),
+            "attn_k": (c.n_embd_k, c.n_embd),
+            "attn_v": (c.n_embd_v, c.n_embd),
+            "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
+            "ffn_norm": (c.n_embd,),
+            "ffn_gate": (c.n_ff, c.n_embd),
+            "ffn_up": (c.n_ff, c.n_embd),
+            "ffn_down": (c.n_embd, c.n_ff),
+        }, optional={
+            "attn_q.bias": (c.n_embd_q,),
+            "attn_k.bias": (c.n_embd_k,),
+            "attn_v.bias": (c.n_embd_v,),
+            "attn_output.bias": (c.n_embd,),
+            "ffn_gate.bias": (c.n_ff,),
+            "ffn_up.bias": (c.n_ff,),
+            "ffn_down.bias": (c.n_embd,),
+        }) for i in range(c.n_layer)]
+
+    # -- forward ---------------------------------------------------------------------------------
+    def _forward(self, ids: np.ndarray, pos0: int, cache: KVCache, out: slice) -> np.ndarray:
+        c = self.config
+        pos = np.arange(pos0, pos0 + len(ids))
+        rope = ops.rope_angles(pos, c.rope_dim, c.rope_base, c.rope_freq_scale, self.rope_freqs)
+        mask = ops.attention_mask(pos, pos0 + len(ids))   # causal; llama ignores any window
+        x = self.token_embd.rows(ids)                      # (T, n_embd)
+        for il, layer in enumerate(self.layers):
+            h = ops.rmsnorm(x, layer.attn_norm, c.norm_eps)
+            x = x + self.attention(il, layer, h, rope, mask, cache)
+            h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
+            x = x + self.ffn(layer, h)
+        x = ops.rmsnorm(x[out], self.output_norm, c.norm_eps)
+        return self.output.matmul(x)                       # (rows, n_vocab)
+
+    def attention(self, il: int, layer, h: np.ndarray, rope: tuple[np.ndarray, np.ndarray],
+                  mask: np.ndarray, cache: KVCache) -> np.ndarray:
+        """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the cache."""
+        c = self.config
+        n = len(h)
+        q = ops.linear(h, layer.attn_q, layer.attn_q_bias).reshape(n, c.n_head, c.head_dim)
+        k = ops.linear(h, layer.attn_k, layer.attn_k_bias).reshape(n, c.n_head_kv, c.head_dim)
+        v = ops.linear(h, layer.attn_v, layer.attn_v_bias).reshape(n, c.n_head_kv, c.head_dim_v)
+        q = ops.rope_norm(q, *rope)
+        k = ops.rope_norm(k, *rope)
+        keys, values = cache.store(il, k, v)               # (H_kv, S, d), (H_kv, S, d_v)
+        a = ops.attention(q, keys, values, mask, 1.0 / math.sqrt(c.head_dim))
+        return ops.linear(a, layer.attn_output, layer.attn_output_bias)
+
+    def ffn(self, layer, h: np.ndarray) -> np.ndarray:
+        """SwiGLU: down(silu(gate(h)) * up(h)). h (T, n_embd) -> (T, n_embd)."""
+        g = ops.linear(h, layer.ffn_gate, layer.ffn_gate_bias)   # (T, n_ff)
+        u = ops.linear(h, layer.ffn_up, layer.ffn_up_bias)       # (T, n_ff)
+        return ops.linear(ops.swiglu(g, u), layer.ffn_down, layer.ffn_down_bias)

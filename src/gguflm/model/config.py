@@ -1,0 +1,194 @@
+"""Model hyperparameters, read once from GGUF metadata and checked before any tensor is.
+
+``ModelConfig`` holds what every decoder-only architecture here shares; an architecture that
+needs more (a second RoPE base, soft-caps, a window pattern) subclasses it and overrides
+``extra(meta)``. Every problem is a ``MetadataError`` naming the key(s) involved.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..gguf.errors import MetadataError
+
+_REQUIRED = object()
+
+
+class Meta:
+    """Typed access to ``{arch}.<name>`` metadata keys with errors that name the key."""
+
+    def __init__(self, metadata: Mapping[str, Any], arch: str) -> None:
+        self.metadata = metadata
+        self.arch = arch
+
+    def key(self, name: str) -> str:
+        return f"{self.arch}.{name}"
+
+    def has(self, name: str) -> bool:
+        return self.key(name) in self.metadata
+
+    def raw(self, name: str) -> Any:
+        """The value of a present key; a uniform per-layer array becomes its one value."""
+        key = self.key(name)
+        value = self.metadata[key]
+        if isinstance(value, np.ndarray):
+            # per-layer arrays (e.g. head_count_kv in some files): fine while uniform
+            if value.size == 0 or value.ndim != 1 or not np.all(value == value[0]):
+                raise MetadataError("per-layer values that differ between layers are not "
+                                    "supported", key=key)
+            value = value[0].item()
+        return value
+
+    def _missing(self, name: str, default: Any) -> Any:
+        if default is _REQUIRED:
+            raise MetadataError(f"missing, required by the {self.arch!r} architecture",
+                                key=self.key(name))
+        return default
+
+    def int(self, name: str, default: Any = _REQUIRED, *, minimum: int = 1) -> int:
+        if not self.has(name):
+            return self._missing(name, default)
+        value = self.raw(name)
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise MetadataError(f"expected an integer, got {type(value).__name__} {value!r}",
+                                key=self.key(name))
+        if value < minimum:
+            raise MetadataError(f"must be at least {minimum}, got {value}", key=self.key(name))
+        return int(value)
+
+    def float(self, name: str, default: Any = _REQUIRED, *, positive: bool = True) -> float:
+        if not self.has(name):
+            return self._missing(name, default)
+        value = self.raw(name)
+        if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+            raise MetadataError(f"expected a number, got {type(value).__name__} {value!r}",
+                                key=self.key(name))
+        value = float(value)
+        if not math.isfinite(value) or (positive and value <= 0):
+            raise MetadataError(f"must be a positive finite number, got {value}",
+                                key=self.key(name))
+        return value
+
+    def str(self, name: str, default: Any = _REQUIRED) -> str:
+        if not self.has(name):
+            return self._missing(name, default)
+        value = self.raw(name)
+        if not isinstance(value, str):
+            raise MetadataError(f"expected a string, got {type(value).__name__}",
+                                key=self.key(name))
+        return value
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters shared by the decoder-only architectures (GGUF key in each comment)."""
+
+    arch: str            # general.architecture
+    n_vocab: int         # {arch}.vocab_size, else len(tokenizer.ggml.tokens), else embedding rows
+    n_ctx_train: int     # {arch}.context_length
+    n_embd: int          # {arch}.embedding_length
+    n_layer: int         # {arch}.block_count
+    n_head: int          # {arch}.attention.head_count
+    n_head_kv: int       # {arch}.attention.head_count_kv (default: n_head)
+    head_dim: int        # {arch}.attention.key_length (default: n_embd / n_head): Q and K
+    head_dim_v: int      # {arch}.attention.value_length (default: head_dim)
+    n_ff: int            # {arch}.feed_forward_length
+    norm_eps: float      # {arch}.attention.layer_norm_rms_epsilon
+    rope_base: float     # {arch}.rope.freq_base (default 10000)
+    rope_dim: int        # {arch}.rope.dimension_count (default: head_dim): dims RoPE rotates
+    rope_freq_scale: float  # 1 / {arch}.rope.scaling.factor for linear scaling, else 1
+    sliding_window: int  # {arch}.attention.sliding_window (0: none)
+
+    @property
+    def n_embd_q(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def n_embd_k(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+    @property
+    def n_embd_v(self) -> int:
+        return self.n_head_kv * self.head_dim_v
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any], n_vocab_fallback: int = 0
+                      ) -> ModelConfig:
+        """Read and check the hyperparameters. ``n_vocab_fallback`` (the embedding's row
+        count) is used when neither ``vocab_size`` nor a token list is present."""
+        arch = metadata.get("general.architecture")
+        if not isinstance(arch, str) or not arch:
+            raise MetadataError("missing or not a string: not a model file (vocabulary only?)",
+                                key="general.architecture")
+        m = Meta(metadata, arch)
+        n_embd = m.int("embedding_length")
+        n_head = m.int("attention.head_count")
+        n_head_kv = m.int("attention.head_count_kv", n_head)
+        if n_head % n_head_kv:
+            raise MetadataError(
+                f"attention.head_count ({n_head}) must be a multiple of head_count_kv "
+                f"({n_head_kv}) for grouped-query attention", key=m.key("attention.head_count_kv"))
+        if m.has("attention.key_length"):
+            head_dim = m.int("attention.key_length")
+        elif n_embd % n_head:
+            raise MetadataError(
+                f"embedding_length ({n_embd}) is not divisible by attention.head_count "
+                f"({n_head}) and attention.key_length is not given", key=m.key("embedding_length"))
+        else:
+            head_dim = n_embd // n_head
+        rope_dim = m.int("rope.dimension_count", head_dim)
+        if rope_dim % 2 or rope_dim > head_dim:
+            raise MetadataError(f"must be even and at most the head size {head_dim}, got "
+                                f"{rope_dim}", key=m.key("rope.dimension_count"))
+        values = dict(
+            arch=arch,
+            n_vocab=_n_vocab(m, n_vocab_fallback),
+            n_ctx_train=m.int("context_length"),
+            n_embd=n_embd,
+            n_layer=m.int("block_count"),
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            head_dim=head_dim,
+            head_dim_v=m.int("attention.value_length", head_dim),
+            n_ff=m.int("feed_forward_length"),
+            norm_eps=m.float("attention.layer_norm_rms_epsilon"),
+            rope_base=m.float("rope.freq_base", 10000.0),
+            rope_dim=rope_dim,
+            rope_freq_scale=_rope_freq_scale(m),
+            sliding_window=m.int("attention.sliding_window", 0, minimum=0),
+        )
+        values.update(cls.extra(m, values))
+        return cls(**values)
+
+    @classmethod
+    def extra(cls, meta: Meta, common: dict[str, Any]) -> dict[str, Any]:
+        """Architecture-specific fields (subclasses override); ``common`` is read already."""
+        return {}
+
+
+def _n_vocab(m: Meta, fallback: int) -> int:
+    if m.has("vocab_size"):
+        return m.int("vocab_size")
+    tokens = m.metadata.get("tokenizer.ggml.tokens")
+    if tokens is not None and len(tokens) > 0:
+        return len(tokens)
+    if fallback > 0:
+        return fallback
+    raise MetadataError("missing, and there is no tokenizer.ggml.tokens to count",
+                        key=m.key("vocab_size"))
+
+
+def _rope_freq_scale(m: Meta) -> float:
+    kind = m.str("rope.scaling.type", "none")
+    if kind == "none":
+        return 1.0
+    if kind == "linear":
+        return 1.0 / m.float("rope.scaling.factor", 1.0)
+    # yarn/longrope change RoPE beyond a frequency scale; refusing beats being subtly wrong
+    raise MetadataError(f"RoPE scaling {kind!r} is not supported (supported: none, linear)",
+                        key=m.key("rope.scaling.type"))

@@ -1,0 +1,149 @@
+"""The building blocks architectures compose: norms, RoPE, attention, activations.
+
+Thin numpy functions on float32 arrays, each with its shape contract in a comment. Nothing
+here knows which architecture calls it: RoPE style, norm placement and activation choice are
+made in the architecture's own file. T is the number of tokens in the batch, H the query
+heads, H_kv the key/value heads, S the cached positions (including this batch), d a head size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# -- products --------------------------------------------------------------------------------
+
+
+def linear(x: np.ndarray, w: Any, b: np.ndarray | None = None) -> np.ndarray:
+    """x (T, d_in) @ W.T (+ b) -> (T, d_out); W a QMatrix (d_out, d_in), b (d_out,) or None."""
+    y = w.matmul(x)
+    if b is not None:
+        y += b
+    return y
+
+
+# -- normalisation -------------------------------------------------------------------------
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x (..., n) scaled to unit root-mean-square, times w (n,) -> (..., n)."""
+    ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
+    return x * (1.0 / np.sqrt(ms + np.float32(eps))) * w
+
+
+# -- rotary position embeddings -------------------------------------------------------------
+
+
+def rope_angles(pos: np.ndarray, n_rot: int, base: float, freq_scale: float = 1.0,
+                freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin (T, n_rot/2) of the rotation angles pos * freq_scale * base^(-2i/n_rot) / ff_i.
+
+    Computed in float64 (llama.cpp uses float32 running products; the two agree to ~1e-6
+    relative), then rounded to float32. ``freq_factors`` (n_rot/2,) is Llama 3's
+    ``rope_freqs.weight``, dividing each frequency's angle.
+    """
+    inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors.astype(np.float64)
+    theta = np.outer(np.asarray(pos, np.float64) * freq_scale, inv_freq)
+    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+
+
+def rope_norm(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """llama.cpp's NORM RoPE: rotate adjacent pairs (0,1), (2,3), ... of each head's first
+    n_rot dims. x (T, H, d), cos/sin (T, n_rot/2) -> new (T, H, d)."""
+    n_rot = 2 * cos.shape[-1]
+    out = x.copy()
+    x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+    c, s = cos[:, None, :], sin[:, None, :]
+    out[..., 0:n_rot:2] = x0 * c - x1 * s
+    out[..., 1:n_rot:2] = x0 * s + x1 * c
+    return out
+
+
+def rope_neox(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """llama.cpp's NEOX RoPE: rotate pairs (i, i + n_rot/2) of each head's first n_rot dims.
+    x (T, H, d), cos/sin (T, n_rot/2) -> new (T, H, d)."""
+    half = cos.shape[-1]
+    out = x.copy()
+    x0, x1 = x[..., :half], x[..., half:2 * half]
+    c, s = cos[:, None, :], sin[:, None, :]
+    out[..., :half] = x0 * c - x1 * s
+    out[..., half:2 * half] = x0 * s + x1 * c
+    return out
+
+
+# -- attention --------------------------------------------------------------------------------
+
+
+def attention_mask(pos: np.ndarray, n_kv: int, window: int = 0) -> np.ndarray:
+    """Additive mask (T, S): 0 where query at pos[t] may see key position j, else -inf.
+
+    Causal: j <= pos[t]. With a sliding window w > 0 a key is also hidden when
+    pos[t] - j >= w, so a query sees itself and the w - 1 positions before it.
+    """
+    j = np.arange(n_kv)[None, :]
+    p = np.asarray(pos)[:, None]
+    visible = j <= p
+    if window > 0:
+        visible &= (p - j) < window
+    return np.where(visible, np.float32(0.0), np.float32(-np.inf))
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
+              softcap: float = 0.0) -> np.ndarray:
+    """Grouped-query attention. q (T, H, d), k (H_kv, S, d), v (H_kv, S, d_v),
+    mask (T, S) additive -> (T, H * d_v).
+
+    Query head h reads KV head h // (H / H_kv), as ggml's broadcasting matmul does.
+    ``softcap`` > 0 squashes scores to softcap * tanh(score / softcap) before masking.
+    """
+    n_tok, n_head, d = q.shape
+    n_kv_head = k.shape[0]
+    group = n_head // n_kv_head
+    # (T, H, d) -> (H_kv, group * T, d): the query heads sharing a KV head, stacked
+    qg = q.reshape(n_tok, n_kv_head, group, d).transpose(1, 2, 0, 3).reshape(
+        n_kv_head, group * n_tok, d)
+    scores = np.matmul(qg, k.transpose(0, 2, 1))            # (H_kv, group*T, S)
+    scores *= np.float32(scale)
+    if softcap > 0:
+        scores = np.tanh(scores * np.float32(1.0 / softcap)) * np.float32(softcap)
+    scores = scores.reshape(n_kv_head, group, n_tok, -1)
+    scores += mask                                          # broadcast (T, S)
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    out = np.matmul(scores.reshape(n_kv_head, group * n_tok, -1), v)  # (H_kv, group*T, d_v)
+    # back to (T, H * d_v) with head h = kv_head * group + g
+    return out.reshape(n_kv_head, group, n_tok, -1).transpose(2, 0, 1, 3).reshape(n_tok, -1)
+
+
+# -- activations ------------------------------------------------------------------------------
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x), elementwise."""
+    with np.errstate(over="ignore"):  # exp(-x) overflows to inf for x << 0: result -0, fine
+        return x / (np.float32(1.0) + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (ggml_gelu, Gemma's gelu_pytorch_tanh), elementwise."""
+    c = np.float32(np.sqrt(2.0 / np.pi))
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x**3)))
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up: the Llama FFN's gated activation. (T, n_ff) x2 -> (T, n_ff)."""
+    return silu(gate) * up
+
+
+def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gelu_tanh(gate) * up: the Gemma FFN's gated activation. (T, n_ff) x2 -> (T, n_ff)."""
+    return gelu_tanh(gate) * up
+
+
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """cap * tanh(x / cap): Gemma 2's logit soft-capping, elementwise."""
+    return np.tanh(x * np.float32(1.0 / cap)) * np.float32(cap)

@@ -1,0 +1,111 @@
+"""Tensors by GGUF name, checked against the shapes an architecture declares.
+
+2-D weights stay in their ggml encoding as ``QMatrix`` (memory-mapped, never a float32 copy
+of the whole model); 1-D tensors (norm weights, biases) become small float32 arrays.
+Architectures describe a layer's tensors as ``{suffix: numpy shape}`` and get back a
+``Layer`` whose attributes mirror the GGUF names (``blk.3.attn_q.weight`` -> ``layer.attn_q``,
+``blk.3.attn_q.bias`` -> ``layer.attn_q_bias``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from ..gguf.errors import TensorInfoError
+from ..gguf.reader import GGUFFile, TensorInfo
+from ..gguf.types import GGMLType
+from ..quant.matrix import QMatrix
+
+Shape = tuple[int, ...]
+
+
+class Layer(SimpleNamespace):
+    """One block's tensors as attributes named after their GGUF suffixes."""
+
+
+def _ggml_order(shape: Shape) -> str:
+    return "[" + ", ".join(str(d) for d in reversed(shape)) + "]"
+
+
+def attr_name(suffix: str) -> str:
+    """``attn_q.weight`` -> ``attn_q``; ``attn_q.bias`` -> ``attn_q_bias``."""
+    base = suffix.removesuffix(".weight")
+    return base.replace(".", "_")
+
+
+class Weights:
+    """Hands out a file's tensors by name, checking shapes; remembers which were used."""
+
+    def __init__(self, gguf: GGUFFile, arch: str) -> None:
+        self.gguf = gguf
+        self.arch = arch
+        self.used: set[str] = set()
+
+    def has(self, name: str) -> bool:
+        return name in self.gguf.tensors
+
+    def info(self, name: str, shape: Shape) -> TensorInfo:
+        """The tensor ``name``, checked to have numpy shape ``shape``."""
+        t = self.gguf.tensors.get(name)
+        if t is None:
+            raise TensorInfoError(
+                f"missing: the {self.arch!r} architecture needs it with shape "
+                f"{_ggml_order(shape)} (ggml order)", tensor=name)
+        if tuple(t.np_shape) != tuple(shape):
+            raise TensorInfoError(
+                f"has shape {_ggml_order(t.np_shape)}, the {self.arch!r} architecture expects "
+                f"{_ggml_order(shape)} (ggml order: row length first)", tensor=name)
+        self.used.add(name)
+        return t
+
+    def get(self, name: str, shape: Shape, *, optional: bool = False) -> Any:
+        """A 2-D tensor as a ``QMatrix``, a 1-D one as float32; None if optional and absent."""
+        if optional and not self.has(name):
+            return None
+        t = self.info(name, shape)
+        if len(shape) == 2:
+            return QMatrix.from_tensor(t)
+        if len(shape) == 1:
+            return vector(t)
+        raise TensorInfoError(f"{len(shape)}-D tensors are not supported here", tensor=name)
+
+    def layer(self, i: int, required: Mapping[str, Shape],
+              optional: Mapping[str, Shape] | None = None) -> Layer:
+        """Block i's tensors: ``{suffix: shape}``, suffix like ``attn_q.weight`` or
+        ``attn_q.bias`` (a bare name means ``.weight``). Absent optional ones are None."""
+        out = Layer()
+        for specs, opt in ((required, False), (optional or {}, True)):
+            for suffix, shape in specs.items():
+                if "." not in suffix:
+                    suffix += ".weight"
+                setattr(out, attr_name(suffix), self.get(f"blk.{i}.{suffix}", shape,
+                                                         optional=opt))
+        return out
+
+    def check_all_used(self) -> None:
+        """A tensor nobody asked for means a file this architecture does not understand
+        (llama.cpp refuses such files too); name the first one."""
+        unused = [n for n in self.gguf.tensors if n not in self.used]
+        if unused:
+            more = f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""
+            raise TensorInfoError(
+                f"not used by the {self.arch!r} architecture{more}: the file is not the "
+                f"architecture it declares, or it has parts this implementation lacks",
+                tensor=unused[0])
+
+
+def vector(t: TensorInfo) -> np.ndarray:
+    """A 1-D tensor as float32: F32 stays a zero-copy view, others are converted (small)."""
+    if t.type == GGMLType.F32:
+        return t.data
+    if t.type == GGMLType.F16:
+        return t.data.astype(np.float32)
+    if t.type == GGMLType.BF16:
+        return (t.data.astype(np.uint32) << 16).view(np.float32)
+    from ..quant import dequantize
+
+    return dequantize(t).reshape(-1).astype(np.float32, copy=False)

@@ -1,0 +1,90 @@
+"""Comparing our logits with llama.cpp's reference data (greedy.json, logits-*.npy).
+
+Used by the conformance tests and by benchmarks/conformance.py, which prints the figures.
+Definitions follow the engine issue's bars:
+- per generated step, d = ours - llama.cpp's on llama.cpp's 20 top ids; ``dev`` is
+  max |d - median(d)| (softmax ignores a uniform shift), ``raw`` is max |d|;
+- top-1 agreement is required only where llama.cpp's top-1/top-2 margin is large enough;
+- the last prompt position's full logits, minus the mean difference: max and 99th pct.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Steps:
+    """Per-step figures pooled over cases."""
+
+    dev: list[float] = field(default_factory=list)      # max |d - median(d)|
+    raw: list[float] = field(default_factory=list)      # max |d|
+    margin: list[float] = field(default_factory=list)   # llama.cpp's top1 - top2
+    agree: list[bool] = field(default_factory=list)     # our argmax == llama.cpp's top-1
+    where: list[str] = field(default_factory=list)      # "case:step"
+    last_max: list[float] = field(default_factory=list)  # de-meaned full logits, max
+    last_p99: list[float] = field(default_factory=list)  # ... 99th percentile
+
+    def disagreements(self, min_margin: float) -> list[str]:
+        return [f"{w} (margin {m:.2f})" for w, m, a in zip(self.where, self.margin, self.agree)
+                if not a and m >= min_margin]
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "steps": len(self.dev),
+            "dev_max": max(self.dev),
+            "dev_median": float(np.median(self.dev)),
+            "raw_median": float(np.median(self.raw)),
+            "raw_max": max(self.raw),
+            "last_max": max(self.last_max) if self.last_max else float("nan"),
+            "last_p99": max(self.last_p99) if self.last_p99 else float("nan"),
+            "agree": float(np.mean(self.agree)),
+        }
+
+
+def load_cases(folder: Path) -> list[dict[str, Any]]:
+    return json.loads((folder / "greedy.json").read_text())["cases"]
+
+
+def teacher_forced_ids(case: dict[str, Any]) -> list[int]:
+    """Prompt then generated tokens: the sequence whose logits llama.cpp's steps saw."""
+    return list(case["prompt_tokens"]) + list(case["generated_tokens"])
+
+
+def compare_case(logits: np.ndarray, case: dict[str, Any], steps: Steps,
+                 last_ref: np.ndarray | None = None) -> None:
+    """Add one case's figures to ``steps``. ``logits`` (n_prompt + n_gen, n_vocab) are ours
+    for ``teacher_forced_ids(case)``; ``last_ref`` is llama.cpp's logits-<id>.npy."""
+    n_prompt = len(case["prompt_tokens"])
+    for s, top in enumerate(case["top_logits"]):
+        ids = np.array([t for t, _ in top])
+        ref = np.array([v for _, v in top], dtype=np.float64)
+        row = logits[n_prompt - 1 + s].astype(np.float64)
+        d = row[ids] - ref
+        steps.dev.append(float(np.max(np.abs(d - np.median(d)))))
+        steps.raw.append(float(np.max(np.abs(d))))
+        steps.margin.append(float(ref[0] - ref[1]))
+        steps.agree.append(int(np.argmax(row)) == int(ids[0]))
+        steps.where.append(f"{case['id']}:{s}")
+    if last_ref is not None:
+        d = logits[n_prompt - 1].astype(np.float64) - last_ref.astype(np.float64)
+        d = np.abs(d - d.mean())
+        steps.last_max.append(float(d.max()))
+        steps.last_p99.append(float(np.percentile(d, 99)))
+
+
+def run_reference(model: Any, folder: Path) -> Steps:
+    """Teacher-forced comparison of ``model`` over every case in ``folder``/greedy.json."""
+    steps = Steps()
+    for case in load_cases(folder):
+        if not case["generated_tokens"]:
+            continue
+        logits = model.logits(teacher_forced_ids(case))
+        npy = folder / f"logits-{case['id']}.npy"
+        compare_case(logits, case, steps, np.load(npy) if npy.is_file() else None)
+    return steps
