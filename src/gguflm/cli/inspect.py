@@ -1,0 +1,180 @@
+"""``gguflm inspect MODEL [--tensors] [--query TEXT] [--json]``: what a GGUF file holds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from typing import Any
+
+from . import CLIError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "inspect", help="show a GGUF file's header, summary and metadata",
+        description="Show a GGUF file's header, a model summary and its metadata "
+                    "(arrays as type, length and first elements). MODEL is a path or a "
+                    "known model name (pulled on first use).")
+    p.add_argument("model", metavar="MODEL", help="GGUF file or known model name")
+    p.add_argument("--tensors", action="store_true",
+                   help="also list every tensor: name, type, shape (ggml order), offset, size")
+    p.add_argument("--query", metavar="TEXT",
+                   help="only metadata keys containing TEXT (values shown in full)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object: version, alignment, data_offset, metadata (full "
+                        "values), tensors, summary")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import gguf
+    from ..gguf.summary import summarize
+    from .pull import resolve
+
+    path = resolve(args.model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", gguf.GGUFWarning)
+        f = gguf.open(path)
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    with f:
+        summary = summarize(f)
+        if args.json:
+            _print_json(f, summary, args.query)
+        else:
+            _print_text(f, summary, args)
+    return 0
+
+
+def _print_json(f: Any, summary: dict[str, Any], query: str | None) -> None:
+    from ..gguf.summary import to_json
+
+    keys = [k for k in f.metadata if query is None or query in k]
+    out = {
+        "file": str(f.path),
+        "version": f.version,
+        "byte_order": "little" if f.byte_order == "<" else "big",
+        "alignment": f.alignment,
+        "data_offset": f.data_offset,
+        "metadata": {k: to_json(f.metadata[k]) for k in keys},
+        "metadata_types": {k: _tname(f.types[k]) for k in keys},
+        "tensors": [
+            {"name": t.name, "type": t.type.ggml_name, "shape": list(t.shape),
+             "offset": t.offset, "nbytes": t.nbytes}
+            for t in f.tensors.values()
+        ],
+        "summary": summary,
+    }
+    json.dump(out, sys.stdout)
+    sys.stdout.write("\n")
+
+
+def _tname(t: Any) -> str:
+    from ..gguf.summary import type_name
+
+    return type_name(t)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def _params(n: int) -> str:
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.2f} {unit} ({n:,})"
+    return str(n)
+
+
+def _print_text(f: Any, s: dict[str, Any], args: argparse.Namespace) -> None:
+    from ..gguf.summary import format_value, type_name
+    from ..gguf.types import ArrayType
+
+    out: list[str] = []
+    order = "little-endian" if f.byte_order == "<" else "big-endian"
+    out += [
+        f"file:         {f.path}",
+        f"size:         {f.file_size:,} bytes",
+        f"version:      {f.version} ({order})",
+        f"alignment:    {f.alignment}",
+        f"data offset:  {f.data_offset}",
+        f"tensors:      {len(f.tensors)}",
+        f"metadata:     {len(f.metadata)} keys",
+    ]
+    for w in f.warnings:
+        out.append(f"warning:      {w}")
+    if args.query is None:
+        out += ["", "summary"]
+        rows = _summary_rows(s)
+        width = max(len(k) for k, _ in rows)
+        out += [f"  {k:<{width}}  {v}" for k, v in rows]
+
+    keys = [k for k in f.metadata if args.query is None or args.query in k]
+    if args.query is not None and not keys:
+        raise CLIError(f"no metadata key contains {args.query!r}")
+    out += ["", f"metadata ({len(keys)} of {len(f.metadata)} keys)" if args.query is not None
+            else "metadata"]
+    kw = max((len(k) for k in keys), default=0)
+    tw = max((len(type_name(f.types[k])) for k in keys), default=0)
+    full = args.query is not None
+    for k in keys:
+        t = f.types[k]
+        v = format_value(f.metadata[k], t, max_chars=None if full else 80)
+        n = f" ({len(f.metadata[k])})" if isinstance(t, ArrayType) else ""
+        out.append(f"  {k:<{kw}}  {type_name(t) + n:<{tw + 10}}  {v}")
+
+    if args.tensors:
+        out += ["", f"tensors ({len(f.tensors)}; offsets relative to the data section at "
+                f"{f.data_offset})"]
+        tensors = list(f.tensors.values())
+        nw = max((len(t.name) for t in tensors), default=4)
+        out.append(f"  {'name':<{nw}}  {'type':<8} {'shape':<20} {'offset':>12}  {'bytes':>12}")
+        for t in tensors:
+            shape = "x".join(str(d) for d in t.shape) or "scalar"
+            out.append(f"  {t.name:<{nw}}  {t.type.ggml_name:<8} {shape:<20} "
+                       f"{t.offset:>12}  {t.nbytes:>12,}")
+    sys.stdout.write("\n".join(out) + "\n")
+
+
+def _summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    def val(x: Any) -> str:
+        return "-" if x is None else str(x)
+
+    rows = [
+        ("architecture", val(s["architecture"])),
+        ("name", val(s["name"])),
+        ("parameters", _params(s["n_params"])),
+        ("tensor bytes", _mb(s["n_bytes"])),
+        ("bits per weight", "-" if s["bits_per_weight"] is None
+         else f"{s['bits_per_weight']:.2f}"),
+        ("file type", "-" if s["file_type"] is None
+         else f"{s['file_type_name'] or 'unknown'} ({s['file_type']})"),
+    ]
+    mix = s["tensor_types"]
+    for i, (name, m) in enumerate(mix.items()):
+        rows.append(("tensor types" if i == 0 else "",
+                     f"{name:<8} {m['count']:>4} tensors  {_mb(m['nbytes']):>12}"))
+    heads = f"{val(s['head_count'])} / {val(s['head_count_kv'])}"
+    rows += [
+        ("context length", val(s["context_length"])),
+        ("embedding", val(s["embedding_length"])),
+        ("layers", val(s["block_count"])),
+        ("heads / kv heads", heads),
+        ("head dim", val(s["head_dim"])),
+        ("feed forward", val(s["feed_forward_length"])),
+        ("vocab size", val(s["vocab_size"])),
+        ("tokenizer", f"{val(s['tokenizer_model'])} (pre: {val(s['tokenizer_pre'])})"),
+    ]
+    special = s["special_tokens"]
+    toks = [f"{k} {v['id']}" + (f" {v['token']!r}" if v["token"] is not None else "")
+            for k, v in special.items()]
+    rows.append(("special tokens", ", ".join(toks) if toks else "-"))
+    rows.append(("chat template", f"yes ({s['chat_template_chars']} chars)"
+                 if s["chat_template"] else "no"))
+    if s["kv_cache_bytes_per_token"]:
+        rows.append(("KV cache (f16)", f"{s['kv_cache_bytes_per_token']:,} bytes/token"))
+    if s["output_tied"] is not None:
+        rows.append(("output", "tied to token_embd" if s["output_tied"] else "output.weight"))
+    return rows

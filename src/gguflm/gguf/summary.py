@@ -1,0 +1,150 @@
+"""What ``gguflm inspect`` shows: a model summary and display forms of metadata values.
+
+Everything here is computed from the header alone (no tensor bytes are read), so it is
+instant even for large files. ``summarize`` returns plain JSON-able data; ``format_value``
+is the one-line display form (arrays: type, length, first elements, "+N more").
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .reader import GGUFFile, StringArray
+from .types import FILE_TYPE_NAMES, ArrayType, MetaType, ValueType
+
+# special-token keys, in the order they are shown (tokenizer.ggml.<name>_token_id)
+SPECIAL_TOKENS = ("bos", "eos", "eot", "eom", "unknown", "padding", "separator", "mask",
+                  "cls", "prefix", "suffix", "middle", "fim_pre", "fim_suf", "fim_mid",
+                  "fim_pad", "fim_rep", "fim_sep")
+
+
+def type_name(t: MetaType) -> str:
+    """``uint32``, ``string``, ``array[int32]``, ``array[array[string]]``..."""
+    return t.name.lower() if isinstance(t, ValueType) else str(t)
+
+
+def summarize(f: GGUFFile) -> dict[str, Any]:
+    """The model at a glance, as plain JSON-able values (None where the file does not say)."""
+    md = f.metadata
+    arch = md.get("general.architecture")
+
+    def arch_key(name: str) -> Any:
+        return to_json(md.get(f"{arch}.{name}")) if arch else None
+
+    n_params = sum(t.n_elements for t in f.tensors.values())
+    n_bytes = sum(t.nbytes for t in f.tensors.values())
+    mix: dict[str, dict[str, int]] = {}
+    for t in f.tensors.values():
+        m = mix.setdefault(t.type.ggml_name, {"count": 0, "nbytes": 0, "n_elements": 0})
+        m["count"] += 1
+        m["nbytes"] += t.nbytes
+        m["n_elements"] += t.n_elements
+    mix = dict(sorted(mix.items(), key=lambda kv: -kv[1]["nbytes"]))
+
+    ftype = md.get("general.file_type")
+    tokens = md.get("tokenizer.ggml.tokens")
+    vocab = len(tokens) if tokens is not None else arch_key("vocab_size")
+    special: dict[str, dict[str, Any]] = {}
+    for name in SPECIAL_TOKENS:
+        tid = md.get(f"tokenizer.ggml.{name}_token_id")
+        if not isinstance(tid, (int, np.integer)) or isinstance(tid, bool):
+            continue
+        piece = tokens[tid] if tokens is not None and 0 <= tid < len(tokens) else None
+        special[name] = {"id": int(tid), "token": piece}
+    template = md.get("tokenizer.chat_template")
+
+    head_count, head_count_kv = arch_key("attention.head_count"), arch_key(
+        "attention.head_count_kv")
+    n_embd, n_layer = arch_key("embedding_length"), arch_key("block_count")
+    head_dim = arch_key("attention.key_length")
+    if head_dim is None and isinstance(n_embd, int) and isinstance(head_count, int) \
+            and head_count:
+        head_dim = n_embd // head_count
+    kv_heads = head_count_kv if head_count_kv is not None else head_count
+    kv_per_token = None  # f16 K and V for every layer: what each token of context costs
+    if isinstance(n_layer, int) and isinstance(kv_heads, int) and isinstance(head_dim, int):
+        v_dim = arch_key("attention.value_length") or head_dim
+        kv_per_token = n_layer * kv_heads * (head_dim + v_dim) * 2
+    return {
+        "architecture": _plain(arch),
+        "name": _plain(md.get("general.name")),
+        "n_params": n_params,
+        "n_bytes": n_bytes,
+        "bits_per_weight": round(n_bytes * 8 / n_params, 4) if n_params else None,
+        "file_type": _plain(ftype),
+        "file_type_name": FILE_TYPE_NAMES.get(ftype) if isinstance(ftype, int) else None,
+        "tensor_types": mix,
+        "context_length": arch_key("context_length"),
+        "embedding_length": n_embd,
+        "block_count": n_layer,
+        "feed_forward_length": arch_key("feed_forward_length"),
+        "head_count": head_count,
+        "head_count_kv": head_count_kv,
+        "head_dim": head_dim,
+        "vocab_size": vocab,
+        "tokenizer_model": _plain(md.get("tokenizer.ggml.model")),
+        "tokenizer_pre": _plain(md.get("tokenizer.ggml.pre")),
+        "special_tokens": special,
+        "add_bos_token": _plain(md.get("tokenizer.ggml.add_bos_token")),
+        "add_eos_token": _plain(md.get("tokenizer.ggml.add_eos_token")),
+        "chat_template": isinstance(template, str),
+        "chat_template_chars": len(template) if isinstance(template, str) else 0,
+        "kv_cache_bytes_per_token": kv_per_token,
+        "output_tied": "output.weight" not in f.tensors if f.tensors else None,
+    }
+
+
+def to_json(value: Any) -> Any:
+    """A metadata value as JSON data: full arrays as lists, non-finite floats as strings
+    ("nan", "inf", "-inf") so that the output stays strict JSON."""
+    if isinstance(value, StringArray):
+        return value.tolist()
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            return [_json_float(x) for x in value.tolist()]
+        return value.tolist()
+    if isinstance(value, list):
+        return [to_json(v) for v in value]
+    if isinstance(value, float):
+        return _json_float(value)
+    return _plain(value)
+
+
+def format_value(value: Any, mtype: MetaType, *, n_items: int = 5,
+                 max_chars: int | None = 80) -> str:
+    """One-line display form: scalars as they are (float32 in its shortest form), strings
+    quoted and cut at ``max_chars``, arrays as ``[first n_items] +N more``."""
+    if isinstance(mtype, ArrayType):
+        n = len(value)
+        head = [_format_item(v, mtype.elem, max_chars) for v in value[:n_items]]
+        more = f" +{n - n_items} more" if n > n_items else ""
+        return f"[{', '.join(head)}]{more}"
+    return _format_item(value, mtype, max_chars)
+
+
+def _format_item(v: Any, t: Any, max_chars: int | None) -> str:
+    if isinstance(t, ArrayType):
+        return f"{t}({len(v)})"
+    if isinstance(v, str):
+        if max_chars is not None and len(v) > max_chars:
+            return repr(v[:max_chars]) + f"... ({len(v)} chars)"
+        return repr(v)
+    if isinstance(v, (bool, np.bool_)):
+        return "true" if v else "false"
+    if t == ValueType.FLOAT32:
+        return str(np.float32(v))
+    if isinstance(v, (float, np.floating)):
+        return repr(float(v))
+    return str(int(v)) if isinstance(v, (int, np.integer)) else repr(v)
+
+
+def _json_float(x: float) -> float | str:
+    return x if math.isfinite(x) else ("nan" if math.isnan(x) else ("inf" if x > 0 else "-inf"))
+
+
+def _plain(v: Any) -> Any:
+    """numpy scalars -> Python scalars; everything else unchanged."""
+    return v.item() if isinstance(v, np.generic) else v
