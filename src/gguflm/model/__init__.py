@@ -29,6 +29,9 @@ def from_gguf(gguf: GGUFFile) -> Model:
 
         raise MetadataError("missing: not a model file (a vocabulary-only file?)",
                             key="general.architecture")
+    if not gguf.tensors:
+        raise GGUFError("the file has no tensors: a vocabulary-only file, not a model",
+                        path=gguf.path)
     try:
         return archs.get(arch).from_gguf(gguf)
     except GGUFError as e:

@@ -1,0 +1,243 @@
+"""The llama architecture and the shared model machinery, on tiny random models that our own
+GGUFWriter writes: cached vs uncached logits, load-time errors naming the key or tensor,
+tied/untied output, and the ops against slow loop-by-loop twins."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gguflm
+from gguflm.gguf.errors import GGUFError, MetadataError, TensorInfoError
+from gguflm.gguf.types import GGMLType
+from gguflm.model import ContextFullError, ops
+from tinymodel import declared_tensors, random_tensors, tiny_metadata, write_model, write_tiny
+
+IDS = [1, 17, 5, 90, 33, 2, 64, 8, 8, 41, 77, 12]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> gguflm.model.Model:
+    path = tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf"
+    return gguflm.load_model(write_tiny(path, "llama"))
+
+
+def _write(tmp_path, md, tensors, **kw):
+    return write_model(tmp_path / "m.gguf", md, tensors, **kw)
+
+
+# -- forward ------------------------------------------------------------------------------------
+
+
+def test_config_from_metadata(tiny) -> None:
+    c = tiny.config
+    assert (c.arch, c.n_layer, c.n_embd, c.n_head, c.n_head_kv) == ("llama", 2, 64, 4, 2)
+    assert (c.head_dim, c.rope_dim, c.n_vocab, c.n_ff) == (16, 16, 96, 96)
+    assert tiny.output is tiny.token_embd  # no output.weight in the file: tied
+
+
+def test_cached_and_uncached_logits_agree(tiny) -> None:
+    full = tiny.logits(IDS)
+    assert full.shape == (len(IDS), 96) and full.dtype == np.float32
+    cache = tiny.new_cache(32)
+    one_by_one = np.stack([tiny.forward([t], cache) for t in IDS])
+    np.testing.assert_allclose(one_by_one, full, rtol=0, atol=2e-4)
+    # a prefill batch, then single tokens, then a batch again
+    cache = tiny.new_cache(32)
+    parts = [tiny.forward(IDS[:5], cache, all_logits=True),
+             tiny.forward(IDS[5:6], cache, all_logits=True),
+             tiny.forward(IDS[6:], cache, all_logits=True)]
+    np.testing.assert_allclose(np.concatenate(parts), full, rtol=0, atol=2e-4)
+    assert cache.n == len(IDS)
+    # the last-position default equals the last row
+    np.testing.assert_allclose(tiny.forward(IDS, tiny.new_cache(16)), full[-1], atol=1e-5)
+
+
+def test_order_matters(tiny) -> None:
+    """Attention without positions is blind to order; with RoPE, swapping two earlier
+    tokens changes the last logits (and changing them changes it too)."""
+    a = tiny.logits([7, 9, 5])[-1]
+    assert not np.allclose(a, tiny.logits([9, 7, 5])[-1], atol=1e-3)
+    assert not np.allclose(a, tiny.logits([7, 7, 5])[-1], atol=1e-3)
+
+
+def test_truncate_and_reuse(tiny) -> None:
+    cache = tiny.new_cache(32)
+    tiny.forward(IDS, cache)
+    cache.truncate(4)
+    again = tiny.forward(IDS[4:], cache, all_logits=True)
+    np.testing.assert_allclose(again, tiny.logits(IDS)[4:], atol=2e-4)
+
+
+def test_context_full_and_bad_ids(tiny) -> None:
+    cache = tiny.new_cache(4)
+    tiny.forward([1, 2, 3], cache)
+    with pytest.raises(ContextFullError, match="2 more tokens do not fit"):
+        tiny.forward([4, 5], cache)
+    assert cache.n == 3  # nothing was written
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tiny.logits([1, 96])
+    with pytest.raises(ValueError, match="non-empty"):
+        tiny.logits([])
+
+
+def test_untied_output_is_used(tmp_path) -> None:
+    md = tiny_metadata("llama")
+    tensors = random_tensors(md, seed=1, with_optional=("output.weight",))
+    m = gguflm.load_model(_write(tmp_path, md, tensors))
+    assert m.output is not m.token_embd
+    tied = {k: v for k, v in tensors.items() if k != "output.weight"}
+    m2 = gguflm.load_model(write_model(tmp_path / "tied.gguf", md, tied))
+    assert not np.allclose(m.logits([3, 4]), m2.logits([3, 4]), atol=1e-3)
+
+
+def test_biases_when_present(tmp_path) -> None:
+    md = tiny_metadata("llama")
+    base = random_tensors(md, seed=2)
+    biased = random_tensors(md, seed=2, with_optional=(".bias",))
+    assert any(k.endswith("attn_q.bias") for k in biased)
+    a = gguflm.load_model(write_model(tmp_path / "a.gguf", md, base)).logits([3, 4])
+    b = gguflm.load_model(write_model(tmp_path / "b.gguf", md, biased)).logits([3, 4])
+    assert not np.allclose(a, b, atol=1e-3)
+
+
+def test_quantized_weights_stay_quantized(tmp_path) -> None:
+    md = tiny_metadata("llama")
+    tensors = random_tensors(md, seed=3)
+    types = {n: GGMLType.Q8_0 for n, x in tensors.items() if x.ndim == 2}
+    types["token_embd.weight"] = GGMLType.F16
+    q = gguflm.load_model(_write(tmp_path, md, tensors, types=types))
+    f = gguflm.load_model(write_model(tmp_path / "f32.gguf", md, tensors))
+    assert q.layers[0].attn_q.type == GGMLType.Q8_0
+    assert q.layers[0].attn_q.raw.dtype == np.uint8  # the encoded bytes, not float32
+    # Q8_0 weights: logits within ~1% of the float32 model's scale (garbage would be ~100%)
+    want = f.logits(IDS)
+    np.testing.assert_allclose(q.logits(IDS), want, atol=0.02 * np.abs(want).max())
+
+
+# -- load-time errors -------------------------------------------------------------------------
+
+
+def test_missing_tensor_is_named(tmp_path) -> None:
+    md = tiny_metadata("llama")
+    tensors = random_tensors(md)
+    del tensors["blk.1.ffn_up.weight"]
+    with pytest.raises(TensorInfoError, match=r"blk\.1\.ffn_up\.weight.*missing"):
+        gguflm.load_model(_write(tmp_path, md, tensors))
+
+
+def test_misshapen_tensor_is_named(tmp_path) -> None:
+    md = tiny_metadata("llama")
+    tensors = random_tensors(md)
+    tensors["blk.0.attn_k.weight"] = tensors["blk.0.attn_q.weight"]  # 4 heads, not 2
+    with pytest.raises(TensorInfoError, match=r"blk\.0\.attn_k\.weight.*\[64, 64\].*\[64, 32\]"):
+        gguflm.load_model(_write(tmp_path, md, tensors))
+
+
+def test_unexpected_tensor_is_named(tmp_path) -> None:
+    md = tiny_metadata("llama")
+    tensors = random_tensors(md)
+    tensors["blk.0.attn_q_norm.weight"] = np.ones(16, np.float32)
+    with pytest.raises(TensorInfoError, match=r"blk\.0\.attn_q_norm\.weight.*not used"):
+        gguflm.load_model(_write(tmp_path, md, tensors))
+
+
+@pytest.mark.parametrize("overrides, key, what", [
+    ({"attention__head_count_kv": 3}, "llama.attention.head_count_kv", "multiple"),
+    ({"attention__head_count": 5, "attention__head_count_kv": 5}, "llama.embedding_length",
+     "not divisible"),
+    ({"block_count": None}, "llama.block_count", "missing"),
+    ({"attention__layer_norm_rms_epsilon": -1.0}, "llama.attention.layer_norm_rms_epsilon",
+     "positive"),
+    ({"rope__dimension_count": 8}, "llama.rope.dimension_count", "head size"),
+    ({"rope__scaling__type": "yarn"}, "llama.rope.scaling.type", "not supported"),
+    ({"context_length": "long"}, "llama.context_length", "integer"),
+])
+def test_bad_config_names_key(tmp_path, overrides, key, what) -> None:
+    md = tiny_metadata("llama")
+    tensors = random_tensors(md)
+    md = tiny_metadata("llama", **overrides)
+    with pytest.raises(MetadataError, match=what) as e:
+        gguflm.load_model(_write(tmp_path, md, tensors))
+    assert e.value.key == key
+
+
+def test_key_length_allows_odd_head_split(tmp_path) -> None:
+    """n_embd need not divide by n_head when attention.key_length gives the head size."""
+    md = tiny_metadata("llama", attention__head_count=3, attention__head_count_kv=1,
+                       attention__key_length=16)
+    declared = declared_tensors(md)
+    assert declared["blk.0.attn_q.weight"][0] == (48, 64)
+    m = gguflm.load_model(_write(tmp_path, md, random_tensors(md)))
+    assert m.logits([1, 2]).shape == (2, 96)
+
+
+def test_unknown_architecture(tmp_path) -> None:
+    md = tiny_metadata("llama")
+    tensors = random_tensors(md)
+    md["general.architecture"] = "mamba9"
+    with pytest.raises(MetadataError, match=r"unknown architecture 'mamba9'.*supported:.*llama"):
+        gguflm.load_model(_write(tmp_path, md, tensors))
+
+
+def test_vocab_only_file_is_not_a_model(reference) -> None:
+    with pytest.raises(GGUFError, match="vocabulary-only file, not a model"):
+        gguflm.load_model(reference / "vocab" / "ggml-vocab-llama-spm.gguf")
+
+
+# -- ops against slow twins -------------------------------------------------------------------
+
+
+def _rope_loop(x, pos, base, neox):
+    out = x.astype(np.float64).copy()
+    n_rot = x.shape[-1]
+    for t, p in enumerate(pos):
+        for i in range(n_rot // 2):
+            theta = p * base ** (-2 * i / n_rot)
+            a, b = (i, i + n_rot // 2) if neox else (2 * i, 2 * i + 1)
+            x0, x1 = x[t, :, a], x[t, :, b]
+            out[t, :, a] = x0 * np.cos(theta) - x1 * np.sin(theta)
+            out[t, :, b] = x0 * np.sin(theta) + x1 * np.cos(theta)
+    return out
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_styles(neox) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 3, 8)).astype(np.float32)
+    pos = np.array([0, 1, 2, 7, 30])
+    cos, sin = ops.rope_angles(pos, 8, 10000.0)
+    got = (ops.rope_neox if neox else ops.rope_norm)(x, cos, sin)
+    np.testing.assert_allclose(got, _rope_loop(x, pos, 10000.0, neox), atol=1e-5)
+    np.testing.assert_allclose(got[0], x[0])  # position 0: no rotation
+
+
+def test_attention_matches_per_head_loop() -> None:
+    """GQA mapping (query head h reads KV head h // group), causal and window masks."""
+    rng = np.random.default_rng(1)
+    n_tok, n_head, n_kv, d, past = 4, 6, 2, 8, 5
+    q = rng.standard_normal((n_tok, n_head, d)).astype(np.float32)
+    k = rng.standard_normal((n_kv, past + n_tok, d)).astype(np.float32)
+    v = rng.standard_normal((n_kv, past + n_tok, d)).astype(np.float32)
+    pos = np.arange(past, past + n_tok)
+    for window in (0, 3):
+        got = ops.attention(q, k, v, ops.attention_mask(pos, past + n_tok, window), 0.3)
+        want = np.zeros((n_tok, n_head, d))
+        for t, p in enumerate(pos):
+            keys = [j for j in range(p + 1) if window == 0 or p - j < window]
+            for h in range(n_head):
+                kv = h // (n_head // n_kv)
+                s = 0.3 * k[kv, keys] @ q[t, h]
+                w = np.exp(s - s.max())
+                want[t, h] = (w / w.sum()) @ v[kv, keys]
+        np.testing.assert_allclose(got, want.reshape(n_tok, -1), atol=1e-5)
+
+
+def test_rmsnorm_and_activations() -> None:
+    x = np.array([[1.0, -2.0, 3.0, 0.5]], np.float32)
+    w = np.array([1.0, 2.0, 0.5, 1.0], np.float32)
+    want = x / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5) * w
+    np.testing.assert_allclose(ops.rmsnorm(x, w, 1e-5), want, rtol=1e-6)
+    z = np.array([-100.0, -1.0, 0.0, 2.0], np.float32)
+    np.testing.assert_allclose(ops.silu(z), z / (1 + np.exp(-z.astype(np.float64))), atol=1e-6)
+    assert ops.gelu_tanh(np.float32(0.0)) == 0.0
