@@ -13,9 +13,11 @@ from .errors import (
 )
 from .reader import GGUFFile, StringArray, TensorInfo, open
 from .types import ArrayType, GGMLType, MetaType, ValueType
+from .writer import GGUFWriter, infer_type
 
 __all__ = [
-    "ArrayType", "GGMLType", "GGUFError", "GGUFFile", "GGUFWarning", "MagicError", "MetaType",
+    "ArrayType", "GGMLType", "GGUFError", "GGUFFile", "GGUFWarning", "GGUFWriter", "MagicError",
+    "MetaType",
     "MetadataError", "StringArray", "TensorDataError", "TensorInfo", "TensorInfoError",
-    "TruncatedError", "ValueType", "VersionError", "WriteError", "open",
+    "TruncatedError", "ValueType", "VersionError", "WriteError", "infer_type", "open",
 ]

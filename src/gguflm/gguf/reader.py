@@ -304,12 +304,12 @@ class _Parser:
         """A u64 count (u32 in v1)."""
         return self.scalar("I", 4, what) if self.v1 else self.scalar("Q", 8, what)
 
-    def string_bytes(self, what: str) -> bytes:
+    def string_bytes(self, what: str, cls: type[GGUFError] = MetadataError) -> bytes:
         start = self.pos
         n = self.count(f"{what} length")
         if n > MAX_STRING_BYTES:
-            raise MetadataError(f"{what} length {n} exceeds the 1 GiB limit",
-                                offset=start, key=self.key, tensor=self.tensor)
+            raise cls(f"{what} length {n} exceeds the 1 GiB limit",
+                      offset=start, key=self.key, tensor=self.tensor)
         self.need(n, f"{what} bytes")
         b = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
@@ -515,7 +515,7 @@ class _Parser:
     def read_tensor_info(self) -> TensorInfo:
         start = self.pos
         self.tensor = None
-        name_b = self.string_bytes("tensor name")
+        name_b = self.string_bytes("tensor name", TensorInfoError)
         try:
             name = name_b.decode("utf-8")
         except UnicodeDecodeError:

@@ -318,8 +318,8 @@ class GGUFWriter:
         if isinstance(elem, ArrayType):
             f.write(u32(int(ValueType.ARRAY)))
             f.write(count(len(value)))
-            for item in value:
-                self._write_array(f, _exact_array_type(item, elem), item)
+            for item_type, item in value:  # as resolved by _check_array
+                self._write_array(f, item_type, item)
             return
         f.write(u32(int(elem)))
         f.write(count(len(value)))
@@ -373,14 +373,20 @@ def _string_items(value: Iterable[Any]) -> Iterable[bytes]:
         yield s if isinstance(s, bytes) else s.encode("utf-8", "surrogateescape")
 
 
-def _exact_array_type(item: Any, declared: MetaType) -> ArrayType:
-    """The type of one element of an array of arrays: its own when the value says it
-    (numpy dtype, StringArray, list of str), else the declared element type."""
+def _check_nested_item(item: Any, declared: ArrayType) -> tuple[ArrayType, Any]:
+    """One element of an array of arrays, with its own type: every element carries its
+    element type in the file, so they may differ. A numpy array or StringArray keeps the
+    type it has; a list takes the declared type, or its own if it does not fit that."""
     if isinstance(item, (np.ndarray, StringArray)):
-        return infer_type(item)  # type: ignore[return-value]
-    if isinstance(declared, ArrayType):
-        return declared
-    return ArrayType(declared)
+        t = infer_type(item)
+        return t, _check_array(item, t)  # type: ignore[arg-type]
+    try:
+        return declared, _check_array(item, declared)
+    except WriteError:
+        if not item:
+            raise
+        t = infer_type(item)
+        return t, _check_array(item, t)  # type: ignore[arg-type]
 
 
 def _check_value(value: Any, mtype: MetaType) -> Any:
@@ -423,7 +429,7 @@ def _check_array(value: Any, mtype: ArrayType) -> Any:
     if len(value) > MAX_ARRAY_ELEMENTS:
         raise WriteError(f"array of {len(value)} elements exceeds ggml's limit")
     if isinstance(elem, ArrayType):
-        return [_check_array(v, _exact_array_type(v, elem)) for v in value]
+        return [_check_nested_item(v, elem) for v in value]
     if elem == ValueType.ARRAY:
         raise WriteError("an array's element type cannot be a bare ARRAY; use ArrayType")
     if elem == ValueType.STRING:
