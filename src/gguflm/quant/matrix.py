@@ -8,6 +8,7 @@ a correct fallback that dequantizes a bounded tile of rows at a time and hands i
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -116,6 +117,46 @@ class QMatrix:
             np.matmul(x, w.T, out=out[:, r0:r1])
 
 
+# Below this many multiply-adds a product runs on one thread: waking the pool costs more.
+PARALLEL_MIN_MACS = 1 << 21
+
+
+def _quantized_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
+    from gguflm.quant import kernels
+
+    macs = x.shape[0] * m.shape[0] * m.shape[1]
+    kernels.qmatmul(int(m.type), m.raw, x, out, parallel=macs >= PARALLEL_MIN_MACS)
+    return True
+
+
+def _f16_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
+    if x.shape[0] > 4:  # a batch: converted tiles into BLAS win
+        return False
+    from gguflm.quant import kernels
+
+    kernels.f16_matmul_par(m.raw.view(np.uint16), x, out)
+    return True
+
+
+_KERNEL_TYPES = {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+                 GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}
+
+
 def _fast_path(t: GGMLType):  # noqa: ANN202 - returns a private dispatcher or None
     """The kernel dispatcher for type ``t``, or None when only the fallback exists."""
+    if t in _KERNEL_TYPES:
+        return _quantized_kernel
+    if t == GGMLType.F16:
+        return _f16_kernel
     return None
+
+
+def set_threads(n: int | None = None) -> int:
+    """Threads for the kernels (``-t N``); default: the cores this process may use."""
+    import numba
+
+    if n is None or n <= 0:
+        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    n = max(1, min(int(n or 1), numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(n)
+    return n

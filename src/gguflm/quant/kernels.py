@@ -1,0 +1,647 @@
+"""Hot loops on plain arrays: 8-bit activation quantization and quantized matrix products.
+
+How a product ``W (d_out, d_in) @ x (d_in,)`` runs here, as in ggml's CPU backend:
+
+1. ``x`` is quantized to 8 bits per block (``quantize_q8_0`` for the 32-element legacy
+   types, with the Q8_1 block sums for Q4_1/Q5_1; ``quantize_q8_K`` for the K-quants),
+   rounding exactly as ggml's x86 code does, so our logits track llama.cpp's.
+2. Each weight block is unpacked to small integers and multiplied with the activation
+   integers in 16-bit lanes, pairs summed into 32-bit lanes (x86 ``pmaddwd``): an exact
+   integer dot product per block, 16 lanes wide, then converted and scaled by
+   ``d_weight * d_activation`` into a float accumulator. One horizontal sum per row.
+3. Rows run in parallel chunks (``prange``); every activation row of a small batch is
+   applied to a chunk of weight rows while those rows are hot in cache (a quantized GEMM).
+
+The per-block SIMD work is written as LLVM vector IR (numba ``@intrinsic``): numba's
+auto-vectorizer turns these block loops into scalar code, at a third of the speed. The IR
+uses the x86 ``pmaddwd`` intrinsic where the CPU has AVX2/AVX-512 and portable vector IR
+elsewhere (``SIMD``). llvmlite is numba's own code generator, not an extra dependency.
+
+Every kernel has a shape contract in one comment and a slow numpy twin (``twin_*``) that
+the tests compare against. Weight layouts are ggml's (see ``gguflm.quant.formats``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+# -- which SIMD flavour the IR uses (decided once; numba's cache is keyed by CPU features) --
+
+
+def _simd_kind() -> str:
+    forced = os.environ.get("GGUFLM_SIMD", "")
+    if forced in ("avx512", "avx2", "generic"):
+        return forced
+    cpu = numba.config.CPU_NAME
+    if cpu and cpu != "host":  # a portable build for another CPU: no host intrinsics
+        return "generic"
+    try:
+        import llvmlite.binding as llvm
+
+        feats = llvm.get_host_cpu_features()
+    except Exception:  # noqa: BLE001 - feature probing is best effort
+        return "generic"
+    if feats.get("avx512bw"):
+        return "avx512"
+    if feats.get("avx2"):
+        return "avx2"
+    return "generic"
+
+
+SIMD = _simd_kind()
+
+# float16 bit pattern -> float32, for block scales read straight from the weight bytes
+F16_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+
+# ggml type ids handled here (GGMLType values; kept as ints so this module stays standalone)
+KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q5_1, KIND_Q8_0 = 2, 3, 6, 7, 8
+KIND_Q4_K, KIND_Q5_K, KIND_Q6_K = 12, 13, 14
+LEGACY_KINDS = (KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q5_1, KIND_Q8_0)
+K_KINDS = (KIND_Q4_K, KIND_Q5_K, KIND_Q6_K)
+# (elements, bytes) per block
+BLOCK = {KIND_Q4_0: (32, 18), KIND_Q4_1: (32, 20), KIND_Q5_0: (32, 22), KIND_Q5_1: (32, 24),
+         KIND_Q8_0: (32, 34), KIND_Q4_K: (256, 144), KIND_Q5_K: (256, 176),
+         KIND_Q6_K: (256, 210)}
+
+# ======================================================================================
+# 1. Activation quantization (ggml quantize_row_q8_0 / q8_1 (x86) and q8_K)
+# ======================================================================================
+
+
+@njit(cache=True, nogil=True)
+def _round_f16(v: np.ndarray) -> None:
+    """Round float32 values in place to the nearest float16 value (ties to even).
+
+    ggml stores Q8_0/Q8_1 scales as fp16 and multiplies with the rounded value.
+    """
+    bits = v.view(np.uint32)
+    for i in range(v.shape[0]):
+        a = abs(v[i])
+        if a < np.float32(6.103515625e-05):  # fp16 subnormal: fixed step 2**-24
+            v[i] = np.float32(np.rint(v[i] * np.float32(16777216.0)) / np.float32(16777216.0))
+        else:
+            u = bits[i]
+            u = (u + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))) & np.uint32(
+                0xFFFFE000)
+            bits[i] = u
+
+
+@njit(cache=True, nogil=True)
+def quantize_q8_0(x: np.ndarray, qa: np.ndarray, da: np.ndarray, sa: np.ndarray) -> None:
+    """x (n, K) f32 -> qa (n, K) i8, da (n, K/32) f32 (fp16 values), sa (n, K/32) f32.
+
+    ggml's x86 quantize_row_q8_0/q8_1: d = amax/127 stored as fp16, q = rint(x * 127/amax);
+    sa = fp16(d * sum(q)) is Q8_1's block sum (used by Q4_1/Q5_1).
+    """
+    n, k = x.shape
+    nb = k // 32
+    for i in range(n):
+        for b in range(nb):
+            amax = np.float32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x[i, b * 32 + j]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            s = 0
+            for j in range(32):
+                q = np.int32(np.rint(x[i, b * 32 + j] * inv))
+                qa[i, b * 32 + j] = q
+                s += q
+            da[i, b] = d
+            sa[i, b] = np.float32(s)
+        _round_f16(da[i])
+        for b in range(nb):
+            sa[i, b] = sa[i, b] * da[i, b]
+        _round_f16(sa[i])
+
+
+@njit(cache=True, nogil=True)
+def quantize_q8_k(x: np.ndarray, qa: np.ndarray, da: np.ndarray, bsum: np.ndarray) -> None:
+    """x (n, K) f32 -> qa (n, K) i8, da (n, K/256) f32, bsum (n, K/16) f32 (integer sums).
+
+    ggml's quantize_row_q8_K: scale from the signed value of largest magnitude,
+    iscale = -127/max, q = min(127, nearest_int(iscale * x)), d = 1/iscale.
+    """
+    n, k = x.shape
+    nb = k // 256
+    for i in range(n):
+        for b in range(nb):
+            amax = np.float32(0.0)
+            vmax = np.float32(0.0)
+            for j in range(256):
+                ax = abs(x[i, b * 256 + j])
+                if ax > amax:
+                    amax = ax
+                    vmax = x[i, b * 256 + j]
+            if amax == 0:
+                for j in range(256):
+                    qa[i, b * 256 + j] = 0
+                for j in range(16):
+                    bsum[i, b * 16 + j] = 0
+                da[i, b] = 0
+                continue
+            iscale = np.float32(-127.0) / vmax
+            for g in range(16):
+                s = 0
+                for j in range(16):
+                    e = b * 256 + g * 16 + j
+                    q = min(127, np.int32(np.rint(iscale * x[i, e])))
+                    qa[i, e] = q
+                    s += q
+                bsum[i, b * 16 + g] = s
+            da[i, b] = np.float32(1.0) / iscale
+
+
+def quantize_activations(x: np.ndarray, kind: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The 8-bit form of ``x (n, K)`` that weights of ggml type ``kind`` multiply with:
+    ``(qa (n, K) i8, da (n, K/QK) f32, aux)`` with aux the Q8_1 sums or Q8_K 16-sums."""
+    n, k = x.shape
+    qa = np.empty((n, k), np.int8)
+    if kind in K_KINDS:
+        da = np.empty((n, k // 256), np.float32)
+        aux = np.empty((n, k // 16), np.float32)
+        quantize_q8_k(x, qa, da, aux)
+    else:
+        da = np.empty((n, k // 32), np.float32)
+        aux = np.empty((n, k // 32), np.float32)
+        quantize_q8_0(x, qa, da, aux)
+    return qa, da, aux
+
+
+# ======================================================================================
+# 2. Row dot products as LLVM vector IR
+# ======================================================================================
+
+_I8, _I16, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), \
+    ir.FloatType()
+
+
+def _vt(t: ir.Type, n: int) -> ir.VectorType:
+    return ir.VectorType(t, n)
+
+
+_EVEN = ir.Constant(_vt(_I32, 16), list(range(0, 32, 2)))
+_ODD = ir.Constant(_vt(_I32, 16), list(range(1, 32, 2)))
+_CAT = ir.Constant(_vt(_I32, 32), list(range(32)))
+_LO16 = ir.Constant(_vt(_I32, 16), list(range(16)))
+_HI16 = ir.Constant(_vt(_I32, 16), list(range(16, 32)))
+
+
+class _Gen:
+    """IR helpers for one row-dot function: loads, unpacking, the integer block dot."""
+
+    def __init__(self, builder: ir.IRBuilder, tbl: ir.Value):
+        self.b = builder
+        self.tbl = tbl
+
+    # constants and scalars
+    def c64(self, v: int) -> ir.Constant:
+        return ir.Constant(_I64, v)
+
+    def at(self, ptr: ir.Value, off: ir.Value | int) -> ir.Value:
+        return self.b.gep(ptr, [off if isinstance(off, ir.Value) else self.c64(off)])
+
+    def add(self, a: ir.Value, k: int) -> ir.Value:
+        return self.b.add(a, self.c64(k))
+
+    def u8(self, ptr: ir.Value, off: ir.Value | int) -> ir.Value:
+        """One byte, zero-extended to i32."""
+        return self.b.zext(self.b.load(self.at(ptr, off)), _I32)
+
+    def f16(self, ptr: ir.Value, off: ir.Value | int) -> ir.Value:
+        """A little-endian fp16 at ``ptr + off`` as float (table lookup)."""
+        lo = self.b.zext(self.b.load(self.at(ptr, off)), _I64)
+        hi = self.b.zext(self.b.load(self.at(ptr, self.b.add(off, self.c64(1))
+                                             if isinstance(off, ir.Value) else off + 1)), _I64)
+        idx = self.b.or_(lo, self.b.shl(hi, self.c64(8)))
+        return self.b.load(self.at(self.tbl, idx))
+
+    def load_f32(self, ptr: ir.Value, idx: ir.Value) -> ir.Value:
+        return self.b.load(self.at(ptr, idx))
+
+    def vload(self, ptr: ir.Value, off: ir.Value | int, n: int) -> ir.Value:
+        """``n`` bytes at ``ptr + off`` as <n x i8>."""
+        p = self.b.bitcast(self.at(ptr, off), _vt(_I8, n).as_pointer())
+        return self.b.load(p, align=1)
+
+    def splat8(self, v: int, n: int) -> ir.Constant:
+        return ir.Constant(_vt(_I8, n), [v] * n)
+
+    def splatf(self, x: ir.Value) -> ir.Value:
+        v = self.b.insert_element(ir.Constant(_vt(_F32, 16), ir.Undefined), x,
+                                  ir.Constant(_I32, 0))
+        return self.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, 16), [0] * 16))
+
+    def halves_f(self, x0: ir.Value, x1: ir.Value) -> ir.Value:
+        """<16 x float> with ``x0`` in lanes 0-7 and ``x1`` in lanes 8-15."""
+        v = ir.Constant(_vt(_F32, 16), ir.Undefined)
+        v = self.b.insert_element(v, x0, ir.Constant(_I32, 0))
+        v = self.b.insert_element(v, x1, ir.Constant(_I32, 8))
+        return self.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, 16), [0] * 8 + [8] * 8))
+
+    # unpacking
+    def nibbles(self, ptr: ir.Value, off: ir.Value) -> ir.Value:
+        """16 bytes -> <32 x i8>: the 16 low nibbles, then the 16 high nibbles (0..15)."""
+        v = self.vload(ptr, off, 16)
+        lo = self.b.and_(v, self.splat8(15, 16))
+        hi = self.b.lshr(v, self.splat8(4, 16))
+        return self.b.shuffle_vector(lo, hi, _CAT)
+
+    def nibbles32(self, ptr: ir.Value, off: ir.Value, high: bool) -> ir.Value:
+        """32 bytes -> <32 x i8> of their low (or high) nibbles."""
+        v = self.vload(ptr, off, 32)
+        if high:
+            return self.b.lshr(v, self.splat8(4, 32))
+        return self.b.and_(v, self.splat8(15, 32))
+
+    def bits32(self, qh: ir.Value, shift_to: int) -> ir.Value:
+        """i32 ``qh`` -> <32 x i8>: bit e of qh moved to bit ``shift_to`` of element e."""
+        v = self.b.insert_element(ir.Constant(_vt(_I32, 32), ir.Undefined), qh,
+                                  ir.Constant(_I32, 0))
+        v = self.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, 32), [0] * 32))
+        v = self.b.lshr(v, ir.Constant(_vt(_I32, 32), list(range(32))))
+        v = self.b.and_(v, ir.Constant(_vt(_I32, 32), [1] * 32))
+        v = self.b.trunc(v, _vt(_I8, 32))
+        return self.b.shl(v, self.splat8(shift_to, 32)) if shift_to else v
+
+    # the integer dot: <32 x i8> . <32 x i8> -> <16 x i32> (adjacent pairs summed)
+    def madd(self, w: ir.Value, a: ir.Value) -> ir.Value:
+        b = self.b
+        w16 = b.sext(w, _vt(_I16, 32))
+        a16 = b.sext(a, _vt(_I16, 32))
+        if SIMD == "avx512":
+            fn = cgutils.get_or_insert_function(
+                b.module, ir.FunctionType(_vt(_I32, 16), [_vt(_I16, 32)] * 2),
+                "llvm.x86.avx512.pmaddw.d.512")
+            return b.call(fn, [w16, a16])
+        if SIMD == "avx2":
+            fn = cgutils.get_or_insert_function(
+                b.module, ir.FunctionType(_vt(_I32, 8), [_vt(_I16, 16)] * 2),
+                "llvm.x86.avx2.pmadd.wd")
+            lo = b.call(fn, [b.shuffle_vector(w16, w16, _LO16), b.shuffle_vector(a16, a16, _LO16)])
+            hi = b.call(fn, [b.shuffle_vector(w16, w16, _HI16), b.shuffle_vector(a16, a16, _HI16)])
+            return b.shuffle_vector(lo, hi, _LO16)
+        we = b.sext(b.shuffle_vector(w16, w16, _EVEN), _vt(_I32, 16))
+        wo = b.sext(b.shuffle_vector(w16, w16, _ODD), _vt(_I32, 16))
+        ae = b.sext(b.shuffle_vector(a16, a16, _EVEN), _vt(_I32, 16))
+        ao = b.sext(b.shuffle_vector(a16, a16, _ODD), _vt(_I32, 16))
+        return b.add(b.mul(we, ae), b.mul(wo, ao))
+
+    def fma(self, acc: ir.Value, lanes: ir.Value, scale: ir.Value) -> ir.Value:
+        f = self.b.sitofp(lanes, _vt(_F32, 16))
+        return self.b.fadd(self.b.fmul(f, scale, flags=("fast",)), acc, flags=("fast",))
+
+    def hsum(self, v: ir.Value) -> ir.Value:
+        for width in (8, 4, 2, 1):
+            hi = self.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, 16),
+                                                         [i + width for i in range(width)]
+                                                         + [0] * (16 - width)))
+            v = self.b.fadd(v, hi, flags=("fast",))
+        return self.b.extract_element(v, ir.Constant(_I32, 0))
+
+
+# Block bodies: (gen, row ptr, block byte offset, block index, activations) -> (acc, accs)
+# ``act`` holds the data pointers qa (i8), da (f32), aux (f32). ``acc`` is <16 x float>,
+# ``accs`` a float for per-block terms outside the integer dot (minimums, Q8_1 sums).
+
+
+def _legacy_body(kind: int):  # noqa: ANN202 - returns an IR emitter
+    def body(g: _Gen, row, off, b, act, acc, accs):  # noqa: ANN001, ANN202
+        bld = g.b
+        a = g.vload(act[0], bld.mul(b, g.c64(32)), 32)
+        da = g.load_f32(act[1], b)
+        d = g.f16(row, off)
+        if kind == KIND_Q8_0:
+            w = g.vload(row, bld.add(off, g.c64(2)), 32)
+        elif kind == KIND_Q4_0:
+            w = bld.sub(g.nibbles(row, bld.add(off, g.c64(2))), g.splat8(8, 32))
+        elif kind == KIND_Q4_1:
+            w = g.nibbles(row, bld.add(off, g.c64(4)))
+        else:
+            qh_off = 2 if kind == KIND_Q5_0 else 4
+            qh = bld.load(bld.bitcast(g.at(row, bld.add(off, g.c64(qh_off))),
+                                      _I32.as_pointer()), align=1)
+            w = bld.or_(g.nibbles(row, bld.add(off, g.c64(qh_off + 4))), g.bits32(qh, 4))
+            if kind == KIND_Q5_0:
+                w = bld.sub(w, g.splat8(16, 32))
+        acc = g.fma(acc, g.madd(w, a), g.splatf(bld.fmul(d, da)))
+        if kind in (KIND_Q4_1, KIND_Q5_1):  # + m * sum(x) with Q8_1's stored block sum
+            m = g.f16(row, bld.add(off, g.c64(2)))
+            accs = bld.fadd(accs, bld.fmul(m, g.load_f32(act[2], b)))
+        return acc, accs
+    return body
+
+
+def _k_scales(g: _Gen, row, off):  # noqa: ANN001, ANN202
+    """Q4_K/Q5_K's 8 six-bit (scale, min) pairs (ggml get_scale_min_k4), as i32 values."""
+    q = [g.u8(row, g.b.add(off, g.c64(4 + i))) for i in range(12)]
+    bld = g.b
+
+    def c(v: int) -> ir.Constant:
+        return ir.Constant(_I32, v)
+
+    sc, mn = [], []
+    for j in range(8):
+        if j < 4:
+            sc.append(bld.and_(q[j], c(63)))
+            mn.append(bld.and_(q[j + 4], c(63)))
+        else:
+            sc.append(bld.or_(bld.and_(q[j + 4], c(15)), bld.shl(bld.lshr(q[j - 4], c(6)), c(4))))
+            mn.append(bld.or_(bld.lshr(q[j + 4], c(4)), bld.shl(bld.lshr(q[j], c(6)), c(4))))
+    return sc, mn
+
+
+def _k_body(kind: int):  # noqa: ANN202 - returns an IR emitter
+    def body(g: _Gen, row, off, b, act, acc, accs):  # noqa: ANN001, ANN202
+        bld = g.b
+        abase = bld.mul(b, g.c64(256))
+        da = g.load_f32(act[1], b)
+
+        def a_at(s: int) -> ir.Value:
+            return g.vload(act[0], bld.add(abase, g.c64(32 * s)), 32)
+
+        if kind == KIND_Q6_K:
+            d = bld.fmul(g.f16(row, bld.add(off, g.c64(208))), da)
+            scl = [bld.sitofp(bld.load(bld.bitcast(g.at(row, bld.add(off, g.c64(192 + i))),
+                                                    _I8.as_pointer())), _F32)
+                   for i in range(16)]
+            for n in range(2):
+                ql0, qh0 = 64 * n, 128 + 32 * n
+                qh = g.vload(row, bld.add(off, g.c64(qh0)), 32)
+                for grp in range(4):  # y[32*grp + l] of this 128 chunk
+                    low = g.nibbles32(row, bld.add(off, g.c64(ql0 + 32 * (grp & 1))), grp >= 2)
+                    hb = bld.and_(bld.lshr(qh, g.splat8(2 * grp, 32)), g.splat8(3, 32))
+                    w = bld.sub(bld.or_(low, bld.shl(hb, g.splat8(4, 32))), g.splat8(32, 32))
+                    s0 = 8 * n + 2 * grp
+                    scale = g.halves_f(bld.fmul(d, scl[s0]), bld.fmul(d, scl[s0 + 1]))
+                    acc = g.fma(acc, g.madd(w, a_at(4 * n + grp)), scale)
+            return acc, accs
+        d = bld.fmul(g.f16(row, off), da)
+        dmin = bld.fmul(g.f16(row, bld.add(off, g.c64(2))), da)
+        sc, mn = _k_scales(g, row, off)
+        qs0 = 16 if kind == KIND_Q4_K else 48
+        qh = g.vload(row, bld.add(off, g.c64(16)), 32) if kind == KIND_Q5_K else None
+        msum = ir.Constant(_I32, 0)
+        for s in range(8):
+            w = g.nibbles32(row, bld.add(off, g.c64(qs0 + 32 * (s // 2))), s % 2 == 1)
+            if qh is not None:
+                hb = bld.and_(bld.lshr(qh, g.splat8(s, 32)), g.splat8(1, 32))
+                w = bld.or_(w, bld.shl(hb, g.splat8(4, 32)))
+            acc = g.fma(acc, g.madd(w, a_at(s)), g.splatf(bld.fmul(d, bld.sitofp(sc[s], _F32))))
+            bs = bld.fadd(g.load_f32(act[2], bld.add(bld.mul(b, g.c64(16)), g.c64(2 * s))),
+                          g.load_f32(act[2], bld.add(bld.mul(b, g.c64(16)), g.c64(2 * s + 1))))
+            msum = bld.add(msum, bld.mul(mn[s], bld.fptosi(bs, _I32)))
+        accs = bld.fsub(accs, bld.fmul(dmin, bld.sitofp(msum, _F32)))
+        return acc, accs
+    return body
+
+
+def _make_rowdot(kind: int):  # noqa: ANN202 - returns a numba intrinsic
+    """An intrinsic ``rowdot(w_row u8 (row_bytes,), qa i8 (K,), da f32, aux f32, tbl) -> f32``:
+    the dot product of one weight row of type ``kind`` with quantized activations."""
+    qk, ts = BLOCK[kind]
+    body = _k_body(kind) if kind in K_KINDS else _legacy_body(kind)
+
+    @intrinsic
+    def rowdot(typingctx, w, qa, da, aux, tbl):  # noqa: ANN001, ANN202, ARG001
+        sig = types.float32(w, qa, da, aux, tbl)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            arrs = [context.make_array(t)(context, builder, v)
+                    for t, v in zip(signature.args, args, strict=True)]
+            g = _Gen(builder, arrs[4].data)
+            row = arrs[0].data
+            nbytes = cgutils.unpack_tuple(builder, arrs[0].shape)[0]
+            nb = builder.udiv(nbytes, g.c64(ts))
+            act = (arrs[1].data, arrs[2].data, arrs[3].data)
+            accp = cgutils.alloca_once_value(builder, ir.Constant(_vt(_F32, 16), [0.0] * 16))
+            accsp = cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0))
+            with cgutils.for_range(builder, nb) as loop:
+                b = loop.index
+                acc, accs = body(g, row, builder.mul(b, g.c64(ts)), b, act,
+                                 builder.load(accp), builder.load(accsp))
+                builder.store(acc, accp)
+                builder.store(accs, accsp)
+            return builder.fadd(g.hsum(builder.load(accp)), builder.load(accsp))
+
+        return sig, codegen
+
+    return rowdot
+
+
+_rd_q4_0 = _make_rowdot(KIND_Q4_0)
+_rd_q4_1 = _make_rowdot(KIND_Q4_1)
+_rd_q5_0 = _make_rowdot(KIND_Q5_0)
+_rd_q5_1 = _make_rowdot(KIND_Q5_1)
+_rd_q8_0 = _make_rowdot(KIND_Q8_0)
+_rd_q4_k = _make_rowdot(KIND_Q4_K)
+_rd_q5_k = _make_rowdot(KIND_Q5_K)
+_rd_q6_k = _make_rowdot(KIND_Q6_K)
+
+# ======================================================================================
+# 3. Matrix kernels
+# ======================================================================================
+
+ROW_CHUNK = 16  # weight rows per parallel work item (kept hot while all activations pass)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rowdot(kind, w, r, qa, da, aux, tbl):  # noqa: ANN001, ANN202
+    if kind == KIND_Q4_0:
+        return _rd_q4_0(w[r], qa, da, aux, tbl)
+    if kind == KIND_Q4_1:
+        return _rd_q4_1(w[r], qa, da, aux, tbl)
+    if kind == KIND_Q5_0:
+        return _rd_q5_0(w[r], qa, da, aux, tbl)
+    if kind == KIND_Q5_1:
+        return _rd_q5_1(w[r], qa, da, aux, tbl)
+    if kind == KIND_Q8_0:
+        return _rd_q8_0(w[r], qa, da, aux, tbl)
+    if kind == KIND_Q4_K:
+        return _rd_q4_k(w[r], qa, da, aux, tbl)
+    if kind == KIND_Q5_K:
+        return _rd_q5_k(w[r], qa, da, aux, tbl)
+    return _rd_q6_k(w[r], qa, da, aux, tbl)
+
+
+@njit(cache=True, nogil=True)
+def qmatmul_rows(kind, w, qa, da, aux, tbl, out, r0, r1):  # noqa: ANN001, ANN201
+    """W rows r0:r1 (R, row_bytes) u8 @ activations (n, K) -> out[:, r0:r1] (n, R) f32."""
+    n = qa.shape[0]
+    for c0 in range(r0, r1, ROW_CHUNK):
+        c1 = min(r1, c0 + ROW_CHUNK)
+        for i in range(n):
+            for r in range(c0, c1):
+                out[i, r] = _rowdot(kind, w, r, qa[i], da[i], aux[i], tbl)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def qmatmul_par(kind, w, qa, da, aux, tbl, out):  # noqa: ANN001, ANN201
+    """W (R, row_bytes) u8 @ activations (n, K) -> out (n, R) f32, rows in parallel chunks."""
+    rows = w.shape[0]
+    nchunk = (rows + ROW_CHUNK - 1) // ROW_CHUNK
+    for c in prange(nchunk):
+        qmatmul_rows(kind, w, qa, da, aux, tbl, out, c * ROW_CHUNK,
+                     min(rows, (c + 1) * ROW_CHUNK))
+
+
+def qmatmul(kind: int, w: np.ndarray, x: np.ndarray, out: np.ndarray,
+            parallel: bool = True) -> np.ndarray:
+    """``W (R, row_bytes) u8`` of ggml type ``kind`` times ``x (n, K) f32`` -> ``out (n, R)``.
+
+    Quantizes ``x`` to 8 bits the way ggml does for this type, then runs the kernel.
+    """
+    qa, da, aux = quantize_activations(x, kind)
+    if parallel:
+        qmatmul_par(kind, w, qa, da, aux, F16_TABLE, out)
+    else:
+        qmatmul_rows(kind, w, qa, da, aux, F16_TABLE, out, 0, w.shape[0])
+    return out
+
+
+# -- F16 weights: float dot in float32 lanes (numba vectorizes this loop itself) -----------
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _f16_rows(w, x, out, r0, r1):  # noqa: ANN001, ANN202
+    # W rows r0:r1 (R, K) as uint16 fp16 bits @ x (n, K) f32 -> out[:, r0:r1]
+    n, k = x.shape
+    tbl = F16_TABLE
+    wf = np.empty(k, np.float32)
+    for r in range(r0, r1):
+        for j in range(k):
+            wf[j] = tbl[w[r, j]]
+        for i in range(n):
+            acc = np.float32(0.0)
+            for j in range(k):
+                acc += wf[j] * x[i, j]
+            out[i, r] = acc
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def f16_matmul_par(w, x, out):  # noqa: ANN001, ANN201
+    """W (R, K) fp16 bits (uint16) @ x (n, K) f32 -> out (n, R) f32."""
+    rows = w.shape[0]
+    nchunk = (rows + ROW_CHUNK - 1) // ROW_CHUNK
+    for c in prange(nchunk):
+        _f16_rows(w, x, out, c * ROW_CHUNK, min(rows, (c + 1) * ROW_CHUNK))
+
+
+# ======================================================================================
+# 4. Numpy twins (slow, readable; the tests hold the kernels to them)
+# ======================================================================================
+
+
+def _f16v(raw: np.ndarray) -> np.ndarray:
+    """Little-endian fp16 fields (..., 2) u8 -> float32 (...)."""
+    return np.ascontiguousarray(raw).view(np.float16)[..., 0].astype(np.float32)
+
+
+def twin_quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Numpy twin of ``quantize_q8_0``: (qa int8 (n,K), da (n,K/32), sa (n,K/32))."""
+    xb = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    amax = np.abs(xb).max(-1)
+    d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv[..., None]).astype(np.int32)
+    s = (q.sum(-1).astype(np.float32) * d).astype(np.float16).astype(np.float32)
+    return q.reshape(x.shape).astype(np.int8), d, s
+
+
+def twin_quantize_q8_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Numpy twin of ``quantize_q8_k``: (qa int8 (n,K), da (n,K/256), bsum (n,K/16))."""
+    xb = x.reshape(x.shape[0], -1, 256).astype(np.float32)
+    idx = np.abs(xb).argmax(-1)
+    vmax = np.take_along_axis(xb, idx[..., None], -1)[..., 0]
+    with np.errstate(divide="ignore"):
+        iscale = np.where(vmax != 0, np.float32(-127) / vmax, np.float32(0)).astype(np.float32)
+    q = np.minimum(127, np.rint(xb * iscale[..., None])).astype(np.int32)
+    with np.errstate(divide="ignore"):
+        d = np.where(iscale != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
+    bsum = q.reshape(x.shape[0], -1, 16).sum(-1).astype(np.float32)
+    return q.reshape(x.shape).astype(np.int8), d, bsum
+
+
+def twin_unpack(kind: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Weight rows (R, row_bytes) -> (q ints (R, K), scale per 16 or 32 values, offset per
+    group) so that weight = scale * q + offset, groups as the kernel uses them."""
+    qk, ts = BLOCK[kind]
+    r = w.shape[0]
+    blk = w.reshape(r, -1, ts)
+    if kind in LEGACY_KINDS:
+        d = _f16v(blk[..., 0:2])
+        m = np.zeros_like(d)
+        if kind == KIND_Q8_0:
+            return blk[..., 2:].view(np.int8).astype(np.int32).reshape(r, -1), d, m
+        start = {KIND_Q4_0: 2, KIND_Q4_1: 4, KIND_Q5_0: 6, KIND_Q5_1: 8}[kind]
+        qs = blk[..., start:start + 16]
+        q = np.concatenate([qs & 15, qs >> 4], -1).astype(np.int32)
+        if kind in (KIND_Q5_0, KIND_Q5_1):
+            qh = np.ascontiguousarray(blk[..., start - 4:start]).view(np.uint32)
+            q |= (((qh >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.int32)
+        if kind in (KIND_Q4_0, KIND_Q5_0):
+            q -= 8 if kind == KIND_Q4_0 else 16
+        else:
+            m = _f16v(blk[..., 2:4])
+        return q.reshape(r, -1), d, m
+    if kind == KIND_Q6_K:
+        ql, qh = blk[..., 0:128].astype(np.int32), blk[..., 128:192].astype(np.int32)
+        sc = blk[..., 192:208].view(np.int8).astype(np.float32)
+        d = _f16v(blk[..., 208:210])
+        q = np.empty((r, blk.shape[1], 256), np.int32)
+        for n in range(2):
+            l_, h_ = ql[..., 64 * n:64 * n + 64], qh[..., 32 * n:32 * n + 32]
+            for grp in range(4):
+                low = (l_[..., 32 * (grp & 1):32 * (grp & 1) + 32] >> (4 * (grp >= 2))) & 15
+                q[..., 128 * n + 32 * grp:128 * n + 32 * grp + 32] = \
+                    (low | (((h_ >> (2 * grp)) & 3) << 4)) - 32
+        scale = d[..., None] * sc  # per 16 values
+        return q.reshape(r, -1), scale.reshape(r, -1), np.zeros((r, blk.shape[1] * 16))
+    d, dmin = _f16v(blk[..., 0:2]), _f16v(blk[..., 2:4])
+    s = blk[..., 4:16].astype(np.int32)
+    sc = np.empty((r, blk.shape[1], 8), np.int32)
+    mn = np.empty_like(sc)
+    sc[..., :4], mn[..., :4] = s[..., 0:4] & 63, s[..., 4:8] & 63
+    sc[..., 4:] = (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
+    qs0 = 16 if kind == KIND_Q4_K else 48
+    qs = blk[..., qs0:qs0 + 128].astype(np.int32).reshape(r, -1, 4, 32)
+    q = np.stack([qs & 15, qs >> 4], 3).reshape(r, -1, 8, 32)
+    if kind == KIND_Q5_K:
+        qh = blk[..., 16:48].astype(np.int32)
+        q = q | (((qh[:, :, None, :] >> np.arange(8)[:, None]) & 1) << 4)
+    scale = d[..., None] * sc
+    offset = -(dmin[..., None] * mn)
+    return q.reshape(r, -1), scale.reshape(r, -1), offset.reshape(r, -1)
+
+
+def twin_qmatmul(kind: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Numpy twin of ``qmatmul``: integer block dots of the unpacked weights with the 8-bit
+    activations, scaled per block; float64 sums. ``W (R, row_bytes) @ x (n, K) -> (n, R)``."""
+    q, scale, offset = twin_unpack(kind, w)
+    n, k = x.shape
+    if kind in K_KINDS:
+        qa, da, _ = twin_quantize_q8_k(x)
+        qk = 256
+    else:
+        qa, da, sa = twin_quantize_q8_0(x)
+        qk = 32
+    g = k // scale.shape[1]  # values per scale group (16 or 32)
+    qa64, q64 = qa.astype(np.int64), q.astype(np.int64)
+    dots = np.einsum("rgj,ngj->nrg", q64.reshape(-1, k // g, g), qa64.reshape(n, k // g, g))
+    dact = np.repeat(da.astype(np.float64), qk // g, axis=1)  # activation scale per group
+    out = (dots * scale[None].astype(np.float64) * dact[:, None, :]).sum(-1)
+    if kind in (KIND_Q4_1, KIND_Q5_1):
+        out += (offset[None].astype(np.float64) * sa[:, None, :].astype(np.float64)).sum(-1)
+    elif kind in (KIND_Q4_K, KIND_Q5_K):
+        asum = qa64.reshape(n, -1, 32).sum(-1) * np.repeat(da.astype(np.float64), 8, axis=1)
+        out += (offset[None].astype(np.float64) * asum[:, None, :]).sum(-1)
+    return out.astype(np.float32)

@@ -1,0 +1,152 @@
+"""Quantized kernels and QMatrix: kernel vs numpy twin (tight), both vs float products
+(within 8-bit activation error), activation quantizers vs their twins, the fallback path.
+
+Weights are ggml's own quantizations from shared/reference/quant-zoo (every type), and the
+real models' tensors where present.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gguflm.gguf as gguf
+from gguflm.gguf.types import GGMLType
+from gguflm.quant import dequantize, kernels
+from gguflm.quant.matrix import QMatrix
+
+KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+# 8-bit activations cost ~0.7% of the largest output for 32-blocks, ~1.5% for 256-blocks
+# (one scale per 256 values); a wrong unpacking is off by tens of percent.
+ACT_TOL = {"Q4_K": 0.03, "Q5_K": 0.03, "Q6_K": 0.03}
+
+
+@pytest.fixture(scope="module")
+def zoo(reference):  # noqa: ANN001, ANN201
+    f = gguf.open(reference / "quant-zoo" / "quant-zoo.gguf")
+    yield f
+    f.close()
+
+
+def _x(n: int, k: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    x[:, :7] *= 20  # an outlier channel or two, as real hidden states have
+    return x
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.float64) - b).max() / np.abs(b).max())
+
+
+@pytest.mark.parametrize("name", KERNEL_TYPES)
+def test_kernel_matches_twin_and_float(zoo, name: str) -> None:  # noqa: ANN001
+    t = zoo.tensors[f"{name}.q"]
+    w = t.data[:19]  # an odd row count: a partial row chunk
+    wf = zoo.tensors[f"{name}.f32"].data[:19].astype(np.float64)
+    x = _x(3, t.shape[0])
+    out = np.full((3, 19), np.nan, np.float32)
+    kernels.qmatmul(int(t.type), w, x, out)
+    twin = kernels.twin_qmatmul(int(t.type), w, x)
+    assert _rel(out, twin) < 2e-6
+    ref = x.astype(np.float64) @ wf.T
+    assert _rel(twin, ref) < ACT_TOL.get(name, 0.015)
+    serial = np.empty_like(out)
+    kernels.qmatmul(int(t.type), w, x, serial, parallel=False)
+    np.testing.assert_array_equal(out, serial)
+
+
+@pytest.mark.parametrize("quant,twin,qk", [
+    (kernels.quantize_q8_0, kernels.twin_quantize_q8_0, 32),
+    (kernels.quantize_q8_k, kernels.twin_quantize_q8_k, 256),
+])
+def test_activation_quantizers_match_twins(quant, twin, qk: int) -> None:  # noqa: ANN001
+    x = _x(3, 512, seed=5)
+    x[1, :256] = 0  # an all-zero block
+    x[2, 3] = 1e-7  # tiny values: fp16 subnormal scales
+    x[2, 4:32] = 0
+    qa = np.empty(x.shape, np.int8)
+    da = np.empty((3, 512 // qk), np.float32)
+    aux = np.empty((3, 512 // (32 if qk == 32 else 16)), np.float32)
+    quant(x, qa, da, aux)
+    tq, td, taux = twin(x)
+    np.testing.assert_array_equal(qa, tq)
+    np.testing.assert_array_equal(da, td)
+    np.testing.assert_array_equal(aux, taux)
+    assert np.abs(qa.astype(np.int32)).max() == 127
+
+
+def test_q8_0_scales_are_fp16_values() -> None:
+    x = _x(2, 256, seed=3)
+    _, da, _ = kernels.quantize_activations(x, kernels.KIND_Q8_0)
+    np.testing.assert_array_equal(da, da.astype(np.float16).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q6_K", "F16", "BF16", "IQ4_NL", "Q2_K"])
+def test_qmatrix_products_and_rows(zoo, name: str) -> None:  # noqa: ANN001
+    """Kernel types and fallback types (dequantized tiles into BLAS) through QMatrix."""
+    t = zoo.tensors[f"{name}.q"]
+    m = QMatrix.from_tensor(t)
+    wf = zoo.tensors[f"{name}.f32"].data.astype(np.float64)
+    assert m.shape == wf.shape and m.type == t.type
+    x = _x(5, m.shape[1], seed=2)
+    ref = x.astype(np.float64) @ wf.T
+    tol = 0.03 if name in KERNEL_TYPES else 1e-5
+    assert _rel(m.matmul(x), ref) < tol
+    assert _rel(m.matvec(x[1]), ref[1]) < tol
+    np.testing.assert_array_equal(m.rows([3, 0, 3]), wf[[3, 0, 3]].astype(np.float32))
+
+
+def test_qmatrix_f32_and_errors() -> None:
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    m = QMatrix(GGMLType.F32, w, (3, 4))
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(m.matmul(x), x @ w.T)
+    with pytest.raises(ValueError):
+        m.matmul(np.ones((2, 5), np.float32))
+    with pytest.raises(IndexError):
+        m.rows([3])
+    with pytest.raises(ValueError):
+        QMatrix(GGMLType.Q8_0, np.zeros((3, 34), np.uint8), (3, 33))
+
+
+def test_qmatrix_real_model_embedding_and_output(smollm2_path) -> None:  # noqa: ANN001
+    """SmolLM2's tied Q8_0 embedding: row lookup exact, output projection near float."""
+    with gguf.open(smollm2_path) as f:
+        t = f.tensors["token_embd.weight"]
+        m = QMatrix.from_tensor(t)
+        ids = [0, 1, 49151, 500]
+        wf = dequantize(t)
+        np.testing.assert_array_equal(m.rows(ids), wf[ids])
+        x = _x(1, m.shape[1], seed=9)
+        assert _rel(m.matvec(x[0]), (x.astype(np.float64) @ wf.T)[0]) < 0.015
+        del wf, m, t
+
+
+@pytest.mark.parametrize("simd", ["generic", "avx2"])
+def test_portable_simd_variants(zoo, simd: str, tmp_path) -> None:  # noqa: ANN001
+    """The IR for CPUs without AVX-512 (or without x86) computes the same numbers."""
+    if simd == "avx2" and kernels.SIMD == "generic":
+        pytest.skip("not an x86 CPU with AVX2")
+    code = (
+        "import sys, numpy as np, gguflm.gguf as g\n"
+        "from gguflm.quant import kernels as K\n"
+        f"assert K.SIMD == {simd!r}\n"
+        f"f = g.open({str(zoo.path)!r})\n"
+        "x = np.random.default_rng(0).standard_normal((2, 1536)).astype(np.float32)\n"
+        f"for name in {KERNEL_TYPES!r}:\n"
+        "    t = f.tensors[name + '.q']\n"
+        "    out = np.empty((2, t.data.shape[0]), np.float32)\n"
+        "    K.qmatmul(int(t.type), t.data, x, out, parallel=False)\n"
+        "    tw = K.twin_qmatmul(int(t.type), t.data, x)\n"
+        "    err = np.abs(out - tw).max() / np.abs(tw).max()\n"
+        "    assert err < 2e-6, (name, err)\n"
+    )
+    env = dict(os.environ, GGUFLM_SIMD=simd, NUMBA_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
