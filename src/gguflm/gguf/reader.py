@@ -60,14 +60,16 @@ class StringArray(Sequence[str]):
     """A metadata array of strings, decoded on access (vocabularies hold 262k of them).
 
     Strings decode as UTF-8 with ``surrogateescape`` so that any bytes survive a round trip.
-    ``raw_span`` is the (start, end) of the encoded elements in the file, ``width`` the byte
-    width of each length prefix and ``byte_order`` its byte order: a writer using the same
-    encoding can copy the span verbatim instead of re-encoding every string.
+    The array holds a view of its own span of the file, so like numeric arrays it stays
+    usable (and keeps the mapping alive) after the file is closed. ``raw_span`` is the
+    (start, end) of the encoded elements in the file, ``width`` the byte width of each
+    length prefix and ``byte_order`` its byte order: a writer using the same encoding
+    copies ``encoded()`` verbatim instead of re-encoding every string.
     """
 
-    def __init__(self, buf: memoryview, starts: np.ndarray, lengths: np.ndarray,
+    def __init__(self, span: memoryview, starts: np.ndarray, lengths: np.ndarray,
                  raw_span: tuple[int, int], width: int = 8, byte_order: str = "<") -> None:
-        self._buf = buf
+        self._span = span  # the encoded elements; starts are relative to it
         self._starts = starts
         self._lengths = lengths
         self.raw_span = raw_span
@@ -86,27 +88,26 @@ class StringArray(Sequence[str]):
         if not 0 <= i < len(self):
             raise IndexError("string array index out of range")
         s = int(self._starts[i])
-        return str(self._buf[s:s + int(self._lengths[i])], "utf-8", "surrogateescape")
+        return str(self._span[s:s + int(self._lengths[i])], "utf-8", "surrogateescape")
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.tolist())
 
     def tolist(self) -> list[str]:
         """Every element decoded: one copy of the span, then one slice+decode per string."""
-        a, b = self.raw_span
-        raw = self._buf[a:b].tobytes()
-        starts = (self._starts - a).tolist()
-        ends = (self._starts + self._lengths - a).tolist()
+        raw = self._span.tobytes()
+        starts = self._starts.tolist()
+        ends = (self._starts + self._lengths).tolist()
         return [raw[s:e].decode("utf-8", "surrogateescape") for s, e in zip(starts, ends)]
 
     def raw_bytes(self, i: int) -> bytes:
         """Element ``i`` as the exact bytes in the file."""
         s = int(self._starts[i])
-        return bytes(self._buf[s:s + int(self._lengths[i])])
+        return bytes(self._span[s:s + int(self._lengths[i])])
 
     def encoded(self) -> memoryview:
         """The elements exactly as encoded in the file (length prefixes included)."""
-        return self._buf[self.raw_span[0]:self.raw_span[1]]
+        return self._span
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Sequence) and not isinstance(other, str):
@@ -472,12 +473,12 @@ class _Parser:
             raise self._string_array_error(pos0, n, width, unpack)
         push(pos)
         o = np.frombuffer(offs, dtype=np.int64)
-        starts = o[:-1] + width
-        lengths = o[1:] - starts
+        starts = o[:-1] + (width - pos0)
+        lengths = o[1:] - o[:-1] - width
         if n and int(lengths.max()) > MAX_STRING_BYTES:
             raise self._string_array_error(pos0, n, width, unpack)
         self.pos = pos
-        return StringArray(buf, starts, lengths, (pos0, pos), width, self.bo)
+        return StringArray(buf[pos0:pos], starts, lengths, (pos0, pos), width, self.bo)
 
     def _string_array_error(self, pos: int, n: int, width: int, unpack: Any) -> GGUFError:
         """The precise error for a string array the fast walk found to be malformed."""

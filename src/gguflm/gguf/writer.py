@@ -475,6 +475,8 @@ def _make_tensor(name: str, data: Any, gtype: GGMLType | None,
             raise WriteError("the source file is closed")
         src = data._file.raw_bytes(data.file_offset, data.file_offset + data.nbytes)
         return _Tensor(name, data.type, tuple(data.shape), data.nbytes, src)
+    if isinstance(data, np.generic):
+        data = np.asarray(data)  # a numpy scalar: a 0-d tensor
     if gtype is not None:
         gtype = GGMLType(gtype)
         if gtype.removed:
