@@ -221,6 +221,14 @@ def test_string_array_element_over_1gib(openb) -> None:
            text="string 1 of 2: length")
 
 
+@pytest.mark.parametrize("length", [2**63 - 9, 2**63, 2**64 - 1])
+def test_string_array_element_length_past_int64(openb, length: int) -> None:
+    """Found by the fuzzer: a huge length made the fast walk's next position overflow."""
+    kvs = [E.kv_arr("toks", 8, 3, E.string("a") + E.u64(length) + E.string("b") * 4)]
+    expect(openb, good(kvs=kvs).bytes(), MetadataError, key="toks",
+           text="string 1 of 3: length")
+
+
 def test_string_array_element_length_field_cut(openb) -> None:
     kvs = [E.kv_arr("toks", 8, 2, E.string("a" * 20) + b"\1\0\0")]
     data = good(kvs=kvs, tensors=[], data=b"").bytes()

@@ -467,7 +467,7 @@ class _Parser:
             for _ in range(n):
                 push(pos)
                 pos += unpack(buf, pos)[0] + width
-        except struct.error:
+        except (struct.error, OverflowError):  # read past the end / a position past int64
             pos = self.size + 1
         if pos > self.size:
             raise self._string_array_error(pos0, n, width, unpack)
