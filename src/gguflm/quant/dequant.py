@@ -6,6 +6,7 @@ Public entry points are re-exported by ``gguflm.quant``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -14,12 +15,13 @@ from ..gguf.errors import TensorDataError
 from ..gguf.reader import TensorInfo
 from ..gguf.types import PLAIN_DTYPES, GGMLType
 from . import kquants, simple
+from .formats import f16_to_f32
 
 BlockFn = Callable[[np.ndarray, np.ndarray], None]
 
 # Blocks per chunk: ~64k values keeps a chunk's temporaries in L2 (and a small tensor in
 # one numpy pass per step).
-_CHUNK_VALUES = 1 << 16
+_CHUNK_VALUES = 1 << 20
 
 
 def _dequantizers() -> dict[GGMLType, BlockFn]:
@@ -57,7 +59,11 @@ def _plain(gtype: GGMLType, raw: np.ndarray) -> np.ndarray:
 def _to_f32_plain(gtype: GGMLType, vals: np.ndarray, out: np.ndarray) -> None:
     if gtype == GGMLType.BF16:
         # bfloat16 is the top half of a float32
-        np.left_shift(vals.astype(np.uint32), 16, out=out.view(np.uint32))
+        bits = out.view(np.uint32)
+        bits[:] = vals
+        bits <<= 16
+    elif gtype == GGMLType.F16 and vals.dtype.isnative:
+        f16_to_f32(vals, out)
     else:
         np.copyto(out, vals, casting="unsafe")
 
@@ -72,7 +78,7 @@ def dequantize_raw(gtype: GGMLType, raw: np.ndarray, shape: Sequence[int], *,
     """
     gtype = GGMLType(gtype)
     shape = tuple(int(s) for s in shape)
-    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    n = math.prod(shape)
     if gtype.removed or gtype.block_size == 0:
         raise TensorDataError(f"type {gtype.name} was removed from ggml and cannot be decoded",
                               tensor=name)

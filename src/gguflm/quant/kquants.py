@@ -10,26 +10,23 @@ from __future__ import annotations
 import numpy as np
 
 from ..gguf.types import GGMLType
+from .bits import bit_planes
 from .formats import FORMATS
 
 T = GGMLType
 F = FORMATS
-
-_SHIFT4 = np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]  # 2-bit planes of a byte
-
 
 def dequant_q2_k(blocks: np.ndarray, out: np.ndarray) -> None:
     # 2 halves x 4 bit-planes x 32 bytes; sub-block of 16 values g uses scales[g]:
     # low nibble scales d, high nibble scales dmin. y = (d*sc) * q - (dmin*m)
     f = F[T.Q2_K]
     n = len(blocks)
-    qs = f.field(blocks, "qs").reshape(n, 2, 1, 32)
-    q = ((qs >> _SHIFT4) & 3).reshape(n, 16, 16)
+    out[:] = bit_planes(blocks, f["qs"].offset, 64, 32, 2)
     sc = f.field(blocks, "scales")
     dl = f.scale(blocks, "d") * (sc & 0xF)
     ml = f.scale(blocks, "dmin") * (sc >> 4)
     o = out.reshape(n, 16, 16)
-    np.multiply(dl[:, :, None], q, out=o)
+    o *= dl[:, :, None]
     o -= ml[:, :, None]
 
 
@@ -50,18 +47,16 @@ def dequant_q3_k(blocks: np.ndarray, out: np.ndarray) -> None:
     # subtracts 4. y = (d * (scale - 32)) * (q - (hbit ? 0 : 4))
     f = F[T.Q3_K]
     n = len(blocks)
-    qs = f.field(blocks, "qs").reshape(n, 2, 1, 32)
-    q = ((qs >> _SHIFT4) & 3).astype(np.int8)
-    hm = f.field(blocks, "hmask")[:, None, None, :]
-    hbit = (hm >> _HMASK_SHIFT) & 1
-    q -= ((hbit ^ 1) << 2).view(np.int8)
+    q = bit_planes(blocks, f["qs"].offset, 64, 32, 2)
+    h = bit_planes(blocks, f["hmask"].offset, 32, 32, 1)
+    h ^= 1
+    h <<= 2
+    q = q.view(np.int8)
+    q -= h.view(np.int8)
+    out[:] = q
     scales = _q3_k_scales(f.field(blocks, "scales")).astype(np.int8) - np.int8(32)
     dl = f.scale(blocks, "d") * scales
-    o = out.reshape(n, 16, 16)
-    np.multiply(dl[:, :, None], q.reshape(n, 16, 16), out=o)
-
-
-_HMASK_SHIFT = np.arange(8, dtype=np.uint8).reshape(2, 4, 1)
+    out.reshape(n, 16, 16)[:] *= dl[:, :, None]
 
 
 def _k4_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -71,43 +66,32 @@ def _k4_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, m
 
 
-def _k4_sub_scales(f, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _k4_scale_out(f, blocks: np.ndarray, out: np.ndarray) -> None:
+    """out (n, 256) holding q: apply ``(d*sc) * q - (dmin*m)`` per 32-value sub-block."""
     sc, m = _k4_scales_mins(f.field(blocks, "scales"))
     d1 = f.scale(blocks, "d") * sc  # float32 * uint8 -> float32, as in ggml
     m1 = f.scale(blocks, "dmin") * m
-    return d1[:, :, None], m1[:, :, None]
+    o = out.reshape(len(blocks), 8, 32)
+    o *= d1[:, :, None]
+    o -= m1[:, :, None]
 
 
 def dequant_q4_k(blocks: np.ndarray, out: np.ndarray) -> None:
     # 4 chunks of 32 bytes: low nibbles are sub-block 2i, high nibbles 2i+1
     f = F[T.Q4_K]
-    n = len(blocks)
-    qs = f.field(blocks, "qs").reshape(n * 4, 32)
-    o = out.reshape(n * 4, 64)
-    o[:, :32] = qs & 0xF
-    o[:, 32:] = qs >> 4
-    d1, m1 = _k4_sub_scales(f, blocks)
-    o = out.reshape(n, 8, 32)
-    o *= d1
-    o -= m1
+    out[:] = bit_planes(blocks, f["qs"].offset, 128, 32, 4)
+    _k4_scale_out(f, blocks, out)
 
 
 def dequant_q5_k(blocks: np.ndarray, out: np.ndarray) -> None:
     # as Q4_K, plus bit s of qh[l] as the fifth bit of value l of sub-block s
     f = F[T.Q5_K]
-    n = len(blocks)
-    qs = f.field(blocks, "qs").reshape(n, 4, 1, 32)
-    q = (qs >> _NIB_SHIFT) & 0xF
-    qh = f.field(blocks, "qh")[:, None, :]
-    q |= ((qh >> _QH_SHIFT) & 1).reshape(n, 4, 2, 32) << 4
-    d1, m1 = _k4_sub_scales(f, blocks)
-    o = out.reshape(n, 8, 32)
-    np.multiply(d1, q.reshape(n, 8, 32), out=o)
-    o -= m1
-
-
-_NIB_SHIFT = np.array([0, 4], dtype=np.uint8)[:, None]
-_QH_SHIFT = np.arange(8, dtype=np.uint8)[:, None]
+    q = bit_planes(blocks, f["qs"].offset, 128, 32, 4)
+    h = bit_planes(blocks, f["qh"].offset, 32, 32, 1)
+    h <<= 4
+    q |= h
+    out[:] = q
+    _k4_scale_out(f, blocks, out)
 
 
 def dequant_q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
@@ -116,14 +100,15 @@ def dequant_q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
     # y = (d * sc) * (q - 32)
     f = F[T.Q6_K]
     n = len(blocks)
-    ql = f.field(blocks, "ql").reshape(n, 2, 1, 64)
-    lo = ((ql >> _NIB_SHIFT) & 0xF).reshape(n, 2, 4, 32)  # k = 0..3 in ggml's order
-    qh = f.field(blocks, "qh").reshape(n, 2, 1, 32)
-    q = (lo | (((qh >> _SHIFT4) & 3) << 4)).view(np.int8)
+    q = bit_planes(blocks, f["ql"].offset, 128, 64, 4)
+    h = bit_planes(blocks, f["qh"].offset, 64, 32, 2)
+    h <<= 4
+    q |= h
+    q = q.view(np.int8)
     q -= 32
+    out[:] = q
     ds = f.scale(blocks, "d") * f.field(blocks, "scales")
-    o = out.reshape(n, 16, 16)
-    np.multiply(ds[:, :, None], q.reshape(n, 16, 16), out=o)
+    out.reshape(n, 16, 16)[:] *= ds[:, :, None]
 
 
 DEQUANTIZERS = {

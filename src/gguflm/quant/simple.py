@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..gguf.types import GGMLType
+from .bits import bit_planes, spread_bits
 from .formats import FORMATS
 
 T = GGMLType
@@ -25,39 +26,31 @@ KVALUES_FP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
                        dtype=np.float32)
 
 
-def _nibbles(qs: np.ndarray, out: np.ndarray, lut: np.ndarray | None = None) -> None:
-    """Low nibbles of ``qs`` (n, k) to ``out[:, :k]``, high nibbles to ``out[:, k:]``.
-
-    With ``lut`` each nibble is mapped through it (a float32 table of 16), else converted.
-    """
-    k = qs.shape[1]
-    lo, hi = qs & 0x0F, qs >> 4
-    if lut is None:
-        out[:, :k] = lo
-        out[:, k:] = hi
-    else:
-        np.take(lut, lo, out=out[:, :k], mode="clip")
-        np.take(lut, hi, out=out[:, k:], mode="clip")
+def _nibbles(blocks: np.ndarray, fmt, name: str = "qs") -> np.ndarray:
+    """A 16-byte field's 32 nibbles in element order (low nibbles, then high): (n, 32) uint8."""
+    f = fmt[name]
+    return bit_planes(blocks, f.offset, f.nbytes, f.nbytes, 4)
 
 
-def _high_bits(qh: np.ndarray) -> np.ndarray:
-    """The 32 bits of a little-endian ``qh`` (n, 4) as (n, 32) uint8, bit j -> column j."""
-    return np.unpackbits(qh, axis=1, bitorder="little")
+def _fifth_bits(blocks: np.ndarray, fmt) -> np.ndarray:
+    """Q5_0/Q5_1: the 32 bits of ``qh`` (bit j belongs to value j) as 0/16 bytes."""
+    h = spread_bits(blocks, fmt["qh"].offset, 4)
+    h <<= 4
+    return h
 
 
 def dequant_q4_0(blocks: np.ndarray, out: np.ndarray) -> None:
     # y = ((q & 15) - 8) * d: the int is formed first, then converted and scaled
-    _nibbles(F[T.Q4_0].field(blocks, "qs"), out, _Q4_0_LUT)
+    q = _nibbles(blocks, F[T.Q4_0]).view(np.int8)
+    q -= 8
+    out[:] = q
     out *= F[T.Q4_0].scale(blocks)
-
-
-_Q4_0_LUT = np.arange(16, dtype=np.float32) - 8
 
 
 def dequant_q4_1(blocks: np.ndarray, out: np.ndarray) -> None:
     # y = q*d + m
     f = F[T.Q4_1]
-    _nibbles(f.field(blocks, "qs"), out)
+    out[:] = _nibbles(blocks, f)
     out *= f.scale(blocks, "d")
     out += f.scale(blocks, "m")
 
@@ -65,21 +58,20 @@ def dequant_q4_1(blocks: np.ndarray, out: np.ndarray) -> None:
 def dequant_q5_0(blocks: np.ndarray, out: np.ndarray) -> None:
     # y = ((q | high bit << 4) - 16) * d
     f = F[T.Q5_0]
-    _nibbles(f.field(blocks, "qs"), out)
-    hb = _high_bits(f.field(blocks, "qh"))
-    hb <<= 4
-    out += hb
-    out -= 16
+    q = _nibbles(blocks, f)
+    q |= _fifth_bits(blocks, f)
+    q = q.view(np.int8)
+    q -= 16
+    out[:] = q
     out *= f.scale(blocks)
 
 
 def dequant_q5_1(blocks: np.ndarray, out: np.ndarray) -> None:
     # y = (q | high bit << 4) * d + m
     f = F[T.Q5_1]
-    _nibbles(f.field(blocks, "qs"), out)
-    hb = _high_bits(f.field(blocks, "qh"))
-    hb <<= 4
-    out += hb
+    q = _nibbles(blocks, f)
+    q |= _fifth_bits(blocks, f)
+    out[:] = q
     out *= f.scale(blocks, "d")
     out += f.scale(blocks, "m")
 
@@ -111,7 +103,7 @@ _SHIFT_2BIT = np.array([0, 2, 4, 6], dtype=np.uint8)
 
 def dequant_iq4_nl(blocks: np.ndarray, out: np.ndarray) -> None:
     f = F[T.IQ4_NL]
-    _nibbles(f.field(blocks, "qs"), out, KVALUES_IQ4NL)
+    np.take(KVALUES_IQ4NL, _nibbles(blocks, f), out=out, mode="clip")
     out *= f.scale(blocks)
 
 
@@ -124,7 +116,7 @@ def e8m0_half(e: np.ndarray) -> np.ndarray:
 
 def dequant_mxfp4(blocks: np.ndarray, out: np.ndarray) -> None:
     f = F[T.MXFP4]
-    _nibbles(f.field(blocks, "qs"), out, KVALUES_FP4)
+    np.take(KVALUES_FP4, _nibbles(blocks, f), out=out, mode="clip")
     out *= e8m0_half(f.field(blocks, "e"))[:, None]
 
 
@@ -146,44 +138,36 @@ def dequant_nvfp4(blocks: np.ndarray, out: np.ndarray) -> None:
     # four sub-blocks of 16, each with its own UE4M3 scale and 8 bytes of nibbles
     f = F[T.NVFP4]
     n = len(blocks)
-    qs = f.field(blocks, "qs").reshape(n * 4, 8)
-    sub = out.reshape(n * 4, 16)
-    _nibbles(qs, sub, KVALUES_FP4)
-    sub *= UE4M3[f.field(blocks, "d")].reshape(n * 4, 1)
+    q = bit_planes(blocks, f["qs"].offset, 32, 8, 4)
+    np.take(KVALUES_FP4, q, out=out, mode="clip")
+    out.reshape(n * 4, 16)[:] *= UE4M3[f.field(blocks, "d")].reshape(n * 4, 1)
 
 
 def dequant_tq2_0(blocks: np.ndarray, out: np.ndarray) -> None:
     # per 32 bytes, 4 planes of 32 values (bits 0-1, 2-3, ...); y = (q - 1) * d
     f = F[T.TQ2_0]
-    qs = f.field(blocks, "qs").reshape(-1, 2, 1, 32)
-    q = (qs >> _SHIFT_2BIT[:, None]) & 3
-    np.subtract(q.reshape(out.shape).view(np.int8), 1, out=out, casting="unsafe")
+    q = bit_planes(blocks, 0, 64, 32, 2).view(np.int8)
+    q -= 1
+    out[:] = q
     out *= f.scale(blocks)
 
 
-def _tq1_table() -> np.ndarray:
-    """Trit ``n`` (0..4) of each base-3 fixed-point byte, minus 1: (5, 256) float32.
-
-    ggml: q = byte * 3**n (mod 256); trit = (q * 3) >> 8.
-    """
-    b = np.arange(256, dtype=np.uint32)
-    pow3 = np.array([1, 3, 9, 27, 81], dtype=np.uint32)[:, None]
-    q = (b * pow3) & 0xFF
-    return (((q * 3) >> 8).astype(np.int32) - 1).astype(np.float32)
-
-
-_TQ1 = _tq1_table()
+_POW3 = np.array([1, 3, 9, 27, 81], dtype=np.uint8)[:, None]
 
 
 def dequant_tq1_0(blocks: np.ndarray, out: np.ndarray) -> None:
-    # 32 bytes x 5 trits, then 16 bytes x 5 trits, then 4 bytes (qh) x 4 trits; trit n of
-    # byte m lands at n*width + m within its group
+    # base-3 fixed point: trit n of byte b is ((b * 3**n mod 256) * 3) >> 8. Trit n of byte
+    # m lands at n*width + m within its group: 32 bytes x 5 trits, 16 x 5, then qh 4 x 4.
     f = F[T.TQ1_0]
     qs, qh = f.field(blocks, "qs"), f.field(blocks, "qh")
     n = len(blocks)
-    out[:, :160].reshape(n, 5, 32)[:] = _TQ1[:, qs[:, :32]].transpose(1, 0, 2)
-    out[:, 160:240].reshape(n, 5, 16)[:] = _TQ1[:, qs[:, 32:]].transpose(1, 0, 2)
-    out[:, 240:].reshape(n, 4, 4)[:] = _TQ1[:4, qh].transpose(1, 0, 2)
+    q = np.empty((n, 256), dtype=np.uint8)
+    np.multiply(qs[:, None, :32], _POW3, out=q[:, :160].reshape(n, 5, 32))
+    np.multiply(qs[:, None, 32:], _POW3, out=q[:, 160:240].reshape(n, 5, 16))
+    np.multiply(qh[:, None, :], _POW3[:4], out=q[:, 240:].reshape(n, 4, 4))
+    trit = np.multiply(q, 3, dtype=np.uint16)
+    trit >>= 8
+    np.subtract(trit.view(np.int16), 1, out=out, casting="unsafe")
     out *= f.scale(blocks)
 
 
