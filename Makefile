@@ -6,6 +6,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 MODEL ?= smollm2-135m
+PROMPT ?= Once upon a time, in a small village,
+N ?= 64
 TEST_MODELS := smollm2-135m gemma3-270m
 PYTEST_ARGS ?=
 LINT_PATHS := src tests $(wildcard benchmarks)
@@ -13,7 +15,7 @@ LINT_PATHS := src tests $(wildcard benchmarks)
 .PHONY: help run test lint pull venv dev clean
 
 help:
-	@echo "make run    set up .venv, pull the default model, and run it"
+	@echo "make run    set up .venv, pull the default model, and generate text with it"
 	@echo "make test   set up .venv with test tools, pull the test models, run ruff and pytest"
 	@echo "make lint   ruff only;  make clean   remove .venv and caches (not the models)"
 
@@ -40,7 +42,7 @@ dev: $(VENV)/.stamp-test
 
 run: $(VENV)/.stamp-run
 	$(BIN)/gguflm pull $(MODEL)
-	$(BIN)/gguflm inspect $(MODEL)
+	$(BIN)/gguflm run $(MODEL) -p "$(PROMPT)" -n $(N)
 
 test: $(VENV)/.stamp-test
 	$(BIN)/gguflm pull $(TEST_MODELS)
