@@ -107,6 +107,22 @@ def test_quantize_edge_blocks(name):
     assert (np.abs(y - x) <= d * 1.0001 + 1e-3).all()
 
 
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_quantize_signed_zeros(name):
+    """ggml's comparisons are strict, so the sign of zero inputs decides nothing but the
+    first minimum (Q4_1/Q5_1's m): all-(+0) and all-(-0) blocks give the same d bytes."""
+    t = GGMLType.from_name(name)
+    pos = quantize(np.zeros((1, 32), np.float32), t)
+    neg = quantize(np.full((1, 32), -0.0, np.float32), t)
+    assert np.array_equal(pos[:, :2], neg[:, :2])
+    assert np.array_equal(pos[:, 4:], neg[:, 4:])
+    mixed = np.zeros((1, 32), np.float32)
+    mixed[0, 0] = -0.0
+    m = quantize(mixed, t)
+    if name in ("Q4_1", "Q5_1"):  # min is the first zero: -0.0
+        assert m[0, 2:4].view("<f2")[0] == 0 and np.signbit(m[0, 2:4].view("<f2")[0])
+
+
 def test_quantize_keeps_leading_shape():
     x = np.random.default_rng(0).standard_normal((2, 3, 64)).astype(np.float32)
     raw = quantize(x, GGMLType.Q8_0)

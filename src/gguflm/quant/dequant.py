@@ -105,8 +105,10 @@ def dequantize_raw(gtype: GGMLType, raw: np.ndarray, shape: Sequence[int], *,
     blocks = np.ascontiguousarray(raw).reshape(-1).view(np.uint8).reshape(-1, ts)
     vals = flat.reshape(-1, bs)
     step = max(1, _CHUNK_VALUES // bs)
-    for i in range(0, len(blocks), step):
-        fn(blocks[i:i + step], vals[i:i + step])
+    # inf/NaN scales decode to inf/NaN, as in ggml, without numpy's warnings
+    with np.errstate(all="ignore"):
+        for i in range(0, len(blocks), step):
+            fn(blocks[i:i + step], vals[i:i + step])
     return out
 
 

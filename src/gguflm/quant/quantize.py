@@ -22,10 +22,18 @@ def _inverse(d: np.ndarray) -> np.ndarray:
         return np.where(d != 0, f32(1) / d, f32(0)).astype(f32)
 
 
-def _signed_absmax(x: np.ndarray) -> np.ndarray:
-    """Per block, the value of largest magnitude with its sign (the first one on ties)."""
-    i = np.argmax(np.abs(x), axis=1)  # argmax returns the first maximum, like ggml's `<`
+def _first(x: np.ndarray, i: np.ndarray) -> np.ndarray:
     return np.take_along_axis(x, i[:, None], axis=1)
+
+
+def _signed_absmax(x: np.ndarray) -> np.ndarray:
+    """Per block, the value of largest magnitude with its sign (the first one on ties).
+
+    ggml starts from ``max = 0.0f`` and replaces it only on a strictly larger magnitude, so
+    an all-zero block keeps +0.0 even if its zeros are negative.
+    """
+    m = _first(x, np.argmax(np.abs(x), axis=1))  # argmax: the first maximum, like `<`
+    return np.where(m == 0, f32(0), m)
 
 
 def _f16(d: np.ndarray) -> np.ndarray:
@@ -70,8 +78,9 @@ def quantize_q5_0(x: np.ndarray) -> np.ndarray:
 
 
 def _min_max(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    lo = x.min(axis=1, keepdims=True)
-    hi = x.max(axis=1, keepdims=True)
+    # the first minimum/maximum, as ggml's strict comparisons keep it (matters for -0.0)
+    lo = _first(x, np.argmin(x, axis=1))
+    hi = _first(x, np.argmax(x, axis=1))
     d = (hi - lo) / f32(levels)
     return lo, d, (x - lo) * _inverse(d)
 
@@ -117,5 +126,6 @@ def quantize(x: np.ndarray, gtype: GGMLType, *, name: str | None = None) -> np.n
                               f"of the {gtype.ggml_name} block size {gtype.block_size}",
                               tensor=name)
     blocks = np.ascontiguousarray(x, dtype=f32).reshape(-1, gtype.block_size)
-    raw = fn(blocks)
+    with np.errstate(all="ignore"):  # huge scales overflow f16 to inf, as in ggml
+        raw = fn(blocks)
     return raw.reshape(*x.shape[:-1], gtype.row_bytes(x.shape[-1]))
