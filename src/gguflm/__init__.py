@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .model import Model
+    from .tokenizer import Tokenizer as Tokenizer
 
 __version__ = "0.1.0"
 
@@ -19,3 +20,12 @@ def load_model(path: str | os.PathLike[str]) -> Model:
     from .model import load_model as _load_model
 
     return _load_model(path)
+
+
+def __getattr__(name: str):
+    # ``gguflm.Tokenizer`` without importing the tokenizer (and regex) on ``import gguflm``
+    if name == "Tokenizer":
+        from .tokenizer import Tokenizer
+
+        return Tokenizer
+    raise AttributeError(f"module 'gguflm' has no attribute {name!r}")
