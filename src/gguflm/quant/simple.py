@@ -140,7 +140,7 @@ def dequant_nvfp4(blocks: np.ndarray, out: np.ndarray) -> None:
     n = len(blocks)
     q = bit_planes(blocks, f["qs"].offset, 32, 8, 4)
     np.take(KVALUES_FP4, q, out=out, mode="clip")
-    out.reshape(n * 4, 16)[:] *= UE4M3[f.field(blocks, "d")].reshape(n * 4, 1)
+    out.reshape(n * 4, 16)[:] *= np.take(UE4M3, f.field(blocks, "d")).reshape(n * 4, 1)
 
 
 def dequant_tq2_0(blocks: np.ndarray, out: np.ndarray) -> None:
