@@ -50,10 +50,10 @@ def supported_types() -> list[GGMLType]:
 
 def _plain(gtype: GGMLType, raw: np.ndarray) -> np.ndarray:
     """Reinterpret ``raw`` as the plain type's little-endian dtype unless already typed."""
-    target = np.dtype(PLAIN_DTYPES[gtype]).newbyteorder("<")
-    if raw.dtype == np.uint8 and target != np.uint8:
-        return np.ascontiguousarray(raw).reshape(-1).view(target)
-    return raw.reshape(-1)
+    target = np.dtype(PLAIN_DTYPES[gtype])
+    if raw.dtype.newbyteorder("=") == target:
+        return raw.reshape(-1)  # typed already (possibly big-endian, from the reader)
+    return np.ascontiguousarray(raw).reshape(-1).view(np.uint8).view(target.newbyteorder("<"))
 
 
 def _to_f32_plain(gtype: GGMLType, vals: np.ndarray, out: np.ndarray) -> None:
@@ -70,13 +70,15 @@ def _to_f32_plain(gtype: GGMLType, vals: np.ndarray, out: np.ndarray) -> None:
 
 def dequantize_raw(gtype: GGMLType, raw: np.ndarray, shape: Sequence[int], *,
                    name: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
-    """Decode ``raw`` bytes (or an already typed array of a plain type) of type ``gtype``.
+    """Decode ``raw`` bytes (uint8 array, bytes, or for plain types a typed array) of ``gtype``.
 
     ``shape`` is the numpy-order shape of the result (its last axis is the row length);
     ``name`` only labels errors. Returns float32 of ``shape`` (written into ``out`` when
     given: C-contiguous float32 of that shape). Bit-identical to ggml's ``to_float``.
     """
     gtype = GGMLType(gtype)
+    if not isinstance(raw, np.ndarray):
+        raw = np.frombuffer(raw, dtype=np.uint8)  # bytes, memoryview
     shape = tuple(int(s) for s in shape)
     n = math.prod(shape)
     if gtype.removed or gtype.block_size == 0:
