@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 import zipfile
@@ -222,6 +223,13 @@ def test_interrupted_pull_leaves_nothing(local, home: Path, stage: str) -> None:
         hub.pull(spec.name, progress=interrupt)
     assert _leftovers(home) == []
     assert not hub.is_cached(spec.name)
+
+
+def test_sigterm_during_a_pull_unwinds_like_ctrl_c() -> None:
+    # so that a pull killed by a timeout still removes its temporary files
+    with pytest.raises(KeyboardInterrupt), hub._terminate_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_partial_files_of_dead_pulls_are_swept(local, home: Path) -> None:

