@@ -67,17 +67,18 @@ class StringArray(Sequence[str]):
     copies ``encoded()`` verbatim instead of re-encoding every string.
     """
 
-    def __init__(self, span: memoryview, starts: np.ndarray, lengths: np.ndarray,
-                 raw_span: tuple[int, int], width: int = 8, byte_order: str = "<") -> None:
-        self._span = span  # the encoded elements; starts are relative to it
-        self._starts = starts
-        self._lengths = lengths
+    def __init__(self, span: memoryview, offsets: np.ndarray, raw_span: tuple[int, int],
+                 width: int = 8, byte_order: str = "<") -> None:
+        # offsets[i] is where string i's length prefix starts in span, offsets[-1] the end:
+        # one int64 per string is all the index costs (2 MB for a 262k vocabulary)
+        self._span = span
+        self._offs = offsets
         self.raw_span = raw_span
         self.width = width
         self.byte_order = byte_order
 
     def __len__(self) -> int:
-        return len(self._starts)
+        return len(self._offs) - 1
 
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):
@@ -87,8 +88,8 @@ class StringArray(Sequence[str]):
             i += len(self)
         if not 0 <= i < len(self):
             raise IndexError("string array index out of range")
-        s = int(self._starts[i])
-        return str(self._span[s:s + int(self._lengths[i])], "utf-8", "surrogateescape")
+        return str(self._span[int(self._offs[i]) + self.width:int(self._offs[i + 1])],
+                   "utf-8", "surrogateescape")
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.tolist())
@@ -96,14 +97,18 @@ class StringArray(Sequence[str]):
     def tolist(self) -> list[str]:
         """Every element decoded: one copy of the span, then one slice+decode per string."""
         raw = self._span.tobytes()
-        starts = self._starts.tolist()
-        ends = (self._starts + self._lengths).tolist()
-        return [raw[s:e].decode("utf-8", "surrogateescape") for s, e in zip(starts, ends)]
+        offs = self._offs.tolist()
+        w = self.width
+        return [raw[s + w:e].decode("utf-8", "surrogateescape")
+                for s, e in zip(offs, offs[1:])]
+
+    def lengths(self) -> np.ndarray:
+        """The byte length of every element (int64)."""
+        return np.diff(self._offs) - self.width
 
     def raw_bytes(self, i: int) -> bytes:
         """Element ``i`` as the exact bytes in the file."""
-        s = int(self._starts[i])
-        return bytes(self._span[s:s + int(self._lengths[i])])
+        return bytes(self._span[int(self._offs[i]) + self.width:int(self._offs[i + 1])])
 
     def encoded(self) -> memoryview:
         """The elements exactly as encoded in the file (length prefixes included)."""
@@ -473,12 +478,11 @@ class _Parser:
             raise self._string_array_error(pos0, n, width, unpack)
         push(pos)
         o = np.frombuffer(offs, dtype=np.int64)
-        starts = o[:-1] + (width - pos0)
-        lengths = o[1:] - o[:-1] - width
-        if n and int(lengths.max()) > MAX_STRING_BYTES:
+        if n and int(np.diff(o).max()) > MAX_STRING_BYTES + width:
             raise self._string_array_error(pos0, n, width, unpack)
+        o -= pos0  # relative to the array's own span
         self.pos = pos
-        return StringArray(buf[pos0:pos], starts, lengths, (pos0, pos), width, self.bo)
+        return StringArray(buf[pos0:pos], o, (pos0, pos), width, self.bo)
 
     def _string_array_error(self, pos: int, n: int, width: int, unpack: Any) -> GGUFError:
         """The precise error for a string array the fast walk found to be malformed."""
