@@ -217,10 +217,8 @@ class _Gen:
 
     def f16(self, ptr: ir.Value, off: ir.Value | int) -> ir.Value:
         """A little-endian fp16 at ``ptr + off`` as float (table lookup)."""
-        lo = self.b.zext(self.b.load(self.at(ptr, off)), _I64)
-        hi = self.b.zext(self.b.load(self.at(ptr, self.b.add(off, self.c64(1))
-                                             if isinstance(off, ir.Value) else off + 1)), _I64)
-        idx = self.b.or_(lo, self.b.shl(hi, self.c64(8)))
+        p = self.b.bitcast(self.at(ptr, off), _I16.as_pointer())
+        idx = self.b.zext(self.b.load(p, align=1), _I64)
         return self.b.load(self.at(self.tbl, idx))
 
     def load_f32(self, ptr: ir.Value, idx: ir.Value) -> ir.Value:
@@ -271,11 +269,9 @@ class _Gen:
         v = self.b.trunc(v, _vt(_I8, 32))
         return self.b.shl(v, self.splat8(shift_to, 32)) if shift_to else v
 
-    # the integer dot: <32 x i8> . <32 x i8> -> <16 x i32> (adjacent pairs summed)
-    def madd(self, w: ir.Value, a: ir.Value) -> ir.Value:
+    # the integer dot: <32 x i16> . <32 x i16> -> <16 x i32> (adjacent pairs summed)
+    def madd16(self, w16: ir.Value, a16: ir.Value) -> ir.Value:
         b = self.b
-        w16 = b.sext(w, _vt(_I16, 32))
-        a16 = b.sext(a, _vt(_I16, 32))
         if SIMD == "avx512":
             fn = cgutils.get_or_insert_function(
                 b.module, ir.FunctionType(_vt(_I32, 16), [_vt(_I16, 32)] * 2),
@@ -307,36 +303,31 @@ class _Gen:
         return self.b.extract_element(v, ir.Constant(_I32, 0))
 
 
-# Block bodies: (gen, row ptr, block byte offset, block index, activations) -> (acc, accs)
-# ``act`` holds the data pointers qa (i8), da (f32), aux (f32). ``acc`` is <16 x float>,
-# ``accs`` a float for per-block terms outside the integer dot (minimums, Q8_1 sums).
+# Weight side of a block: its 32-value groups as (<32 x i8> integers, weight scale (float or
+# <16 x float>), first value's offset in the block), plus a term outside the integer dot:
+# ("m", m) for Q4_1/Q5_1 (m * the Q8_1 block sum), ("kmin", dmin, mins) for Q4_K/Q5_K.
 
 
-def _legacy_body(kind: int):  # noqa: ANN202 - returns an IR emitter
-    def body(g: _Gen, row, off, b, act, acc, accs):  # noqa: ANN001, ANN202
-        bld = g.b
-        a = g.vload(act[0], bld.mul(b, g.c64(32)), 32)
-        da = g.load_f32(act[1], b)
-        d = g.f16(row, off)
-        if kind == KIND_Q8_0:
-            w = g.vload(row, bld.add(off, g.c64(2)), 32)
-        elif kind == KIND_Q4_0:
-            w = bld.sub(g.nibbles(row, bld.add(off, g.c64(2))), g.splat8(8, 32))
-        elif kind == KIND_Q4_1:
-            w = g.nibbles(row, bld.add(off, g.c64(4)))
-        else:
-            qh_off = 2 if kind == KIND_Q5_0 else 4
-            qh = bld.load(bld.bitcast(g.at(row, bld.add(off, g.c64(qh_off))),
-                                      _I32.as_pointer()), align=1)
-            w = bld.or_(g.nibbles(row, bld.add(off, g.c64(qh_off + 4))), g.bits32(qh, 4))
-            if kind == KIND_Q5_0:
-                w = bld.sub(w, g.splat8(16, 32))
-        acc = g.fma(acc, g.madd(w, a), g.splatf(bld.fmul(d, da)))
-        if kind in (KIND_Q4_1, KIND_Q5_1):  # + m * sum(x) with Q8_1's stored block sum
-            m = g.f16(row, bld.add(off, g.c64(2)))
-            accs = bld.fadd(accs, bld.fmul(m, g.load_f32(act[2], b)))
-        return acc, accs
-    return body
+def _unpack_legacy(g: _Gen, kind: int, row, off):  # noqa: ANN001, ANN202
+    bld = g.b
+    d = g.f16(row, off)
+    extra = None
+    if kind == KIND_Q8_0:
+        w = g.vload(row, bld.add(off, g.c64(2)), 32)
+    elif kind == KIND_Q4_0:
+        w = bld.sub(g.nibbles(row, bld.add(off, g.c64(2))), g.splat8(8, 32))
+    elif kind == KIND_Q4_1:
+        w = g.nibbles(row, bld.add(off, g.c64(4)))
+    else:
+        qh_off = 2 if kind == KIND_Q5_0 else 4
+        qh = bld.load(bld.bitcast(g.at(row, bld.add(off, g.c64(qh_off))), _I32.as_pointer()),
+                      align=1)
+        w = bld.or_(g.nibbles(row, bld.add(off, g.c64(qh_off + 4))), g.bits32(qh, 4))
+        if kind == KIND_Q5_0:
+            w = bld.sub(w, g.splat8(16, 32))
+    if kind in (KIND_Q4_1, KIND_Q5_1):
+        extra = ("m", g.f16(row, bld.add(off, g.c64(2))))
+    return [(w, d, 0)], extra
 
 
 def _k_scales(g: _Gen, row, off):  # noqa: ANN001, ANN202
@@ -358,92 +349,150 @@ def _k_scales(g: _Gen, row, off):  # noqa: ANN001, ANN202
     return sc, mn
 
 
-def _k_body(kind: int):  # noqa: ANN202 - returns an IR emitter
-    def body(g: _Gen, row, off, b, act, acc, accs):  # noqa: ANN001, ANN202
-        bld = g.b
-        abase = bld.mul(b, g.c64(256))
-        da = g.load_f32(act[1], b)
-
-        def a_at(s: int) -> ir.Value:
-            return g.vload(act[0], bld.add(abase, g.c64(32 * s)), 32)
-
-        if kind == KIND_Q6_K:
-            d = bld.fmul(g.f16(row, bld.add(off, g.c64(208))), da)
-            scl = [bld.sitofp(bld.load(bld.bitcast(g.at(row, bld.add(off, g.c64(192 + i))),
-                                                    _I8.as_pointer())), _F32)
-                   for i in range(16)]
-            for n in range(2):
-                ql0, qh0 = 64 * n, 128 + 32 * n
-                qh = g.vload(row, bld.add(off, g.c64(qh0)), 32)
-                for grp in range(4):  # y[32*grp + l] of this 128 chunk
-                    low = g.nibbles32(row, bld.add(off, g.c64(ql0 + 32 * (grp & 1))), grp >= 2)
-                    hb = bld.and_(bld.lshr(qh, g.splat8(2 * grp, 32)), g.splat8(3, 32))
-                    w = bld.sub(bld.or_(low, bld.shl(hb, g.splat8(4, 32))), g.splat8(32, 32))
-                    s0 = 8 * n + 2 * grp
-                    scale = g.halves_f(bld.fmul(d, scl[s0]), bld.fmul(d, scl[s0 + 1]))
-                    acc = g.fma(acc, g.madd(w, a_at(4 * n + grp)), scale)
-            return acc, accs
-        d = bld.fmul(g.f16(row, off), da)
-        dmin = bld.fmul(g.f16(row, bld.add(off, g.c64(2))), da)
-        sc, mn = _k_scales(g, row, off)
-        qs0 = 16 if kind == KIND_Q4_K else 48
-        qh = g.vload(row, bld.add(off, g.c64(16)), 32) if kind == KIND_Q5_K else None
-        msum = ir.Constant(_I32, 0)
-        for s in range(8):
-            w = g.nibbles32(row, bld.add(off, g.c64(qs0 + 32 * (s // 2))), s % 2 == 1)
-            if qh is not None:
-                hb = bld.and_(bld.lshr(qh, g.splat8(s, 32)), g.splat8(1, 32))
-                w = bld.or_(w, bld.shl(hb, g.splat8(4, 32)))
-            acc = g.fma(acc, g.madd(w, a_at(s)), g.splatf(bld.fmul(d, bld.sitofp(sc[s], _F32))))
-            bs = bld.fadd(g.load_f32(act[2], bld.add(bld.mul(b, g.c64(16)), g.c64(2 * s))),
-                          g.load_f32(act[2], bld.add(bld.mul(b, g.c64(16)), g.c64(2 * s + 1))))
-            msum = bld.add(msum, bld.mul(mn[s], bld.fptosi(bs, _I32)))
-        accs = bld.fsub(accs, bld.fmul(dmin, bld.sitofp(msum, _F32)))
-        return acc, accs
-    return body
+def _unpack_k(g: _Gen, kind: int, row, off):  # noqa: ANN001, ANN202
+    bld = g.b
+    groups = []
+    if kind == KIND_Q6_K:
+        d = g.f16(row, bld.add(off, g.c64(208)))
+        scl = [bld.fmul(d, bld.sitofp(bld.load(g.at(row, bld.add(off, g.c64(192 + i)))), _F32))
+               for i in range(16)]
+        for n in range(2):
+            ql0, qh0 = 64 * n, 128 + 32 * n
+            qh = g.vload(row, bld.add(off, g.c64(qh0)), 32)
+            for grp in range(4):  # values 128n + 32grp + l, l < 32
+                low = g.nibbles32(row, bld.add(off, g.c64(ql0 + 32 * (grp & 1))), grp >= 2)
+                hb = bld.and_(bld.lshr(qh, g.splat8(2 * grp, 32)), g.splat8(3, 32))
+                w = bld.sub(bld.or_(low, bld.shl(hb, g.splat8(4, 32))), g.splat8(32, 32))
+                s0 = 8 * n + 2 * grp  # one scale per 16 values: lanes 0-7, then 8-15
+                groups.append((w, g.halves_f(scl[s0], scl[s0 + 1]), 128 * n + 32 * grp))
+        return groups, None
+    d = g.f16(row, off)
+    dmin = g.f16(row, bld.add(off, g.c64(2)))
+    sc, mn = _k_scales(g, row, off)
+    qs0 = 16 if kind == KIND_Q4_K else 48
+    qh = g.vload(row, bld.add(off, g.c64(16)), 32) if kind == KIND_Q5_K else None
+    for s in range(8):
+        w = g.nibbles32(row, bld.add(off, g.c64(qs0 + 32 * (s // 2))), s % 2 == 1)
+        if qh is not None:
+            hb = bld.and_(bld.lshr(qh, g.splat8(s, 32)), g.splat8(1, 32))
+            w = bld.or_(w, bld.shl(hb, g.splat8(4, 32)))
+        groups.append((w, bld.fmul(d, bld.sitofp(sc[s], _F32)), 32 * s))
+    return groups, ("kmin", dmin, mn)
 
 
-def _make_rowdot(kind: int):  # noqa: ANN202 - returns a numba intrinsic
-    """An intrinsic ``rowdot(w_row u8 (row_bytes,), qa i8 (K,), da f32, aux f32, tbl) -> f32``:
-    the dot product of one weight row of type ``kind`` with quantized activations."""
+def _emit_type_loop(g: _Gen, kind: int, rows, acts, nb, accp, accsp) -> None:  # noqa: ANN001
+    """The block loop of one weight type: ``accp[j][i]`` (<16 x float>) and ``accsp[j][i]``
+    (float) accumulate weight row j times activation row i. Each weight block is unpacked
+    once per row; each activation group is loaded once and used by every row."""
     qk, ts = BLOCK[kind]
-    body = _k_body(kind) if kind in K_KINDS else _legacy_body(kind)
+    unpack = _unpack_k if kind in K_KINDS else _unpack_legacy
+    bld = g.b
+    with cgutils.for_range(bld, nb) as loop:
+        b = loop.index
+        abase = bld.mul(b, g.c64(qk))
+        unpacked = [unpack(g, kind, row, bld.mul(b, g.c64(ts))) for row in rows]
+        dabs = [g.load_f32(da_p, b) for _, da_p, _ in acts]
+        n_groups = len(unpacked[0][0])
+        a16 = [[bld.sext(g.vload(qa_p, bld.add(abase, g.c64(unpacked[0][0][k][2])), 32),
+                         _vt(_I16, 32)) for k in range(n_groups)] for qa_p, _, _ in acts]
+        for j, (groups, extra) in enumerate(unpacked):
+            wide = [(bld.sext(w, _vt(_I16, 32)), sw) for w, sw, _ in groups]
+            for i, (_, _, aux_p) in enumerate(acts):
+                acc = bld.load(accp[j][i])
+                if kind in K_KINDS:  # sum the groups, then one scale by d_act
+                    blk = None
+                    for k, (w16, sw) in enumerate(wide):
+                        f = bld.sitofp(g.madd16(w16, a16[i][k]), _vt(_F32, 16))
+                        swv = sw if isinstance(sw.type, ir.VectorType) else g.splatf(sw)
+                        t = bld.fmul(f, swv, flags=("fast",))
+                        blk = t if blk is None else bld.fadd(blk, t, flags=("fast",))
+                    acc = bld.fadd(bld.fmul(blk, g.splatf(dabs[i]), flags=("fast",)), acc,
+                                   flags=("fast",))
+                else:
+                    w16, sw = wide[0]
+                    acc = g.fma(acc, g.madd16(w16, a16[i][0]), g.splatf(bld.fmul(sw, dabs[i])))
+                bld.store(acc, accp[j][i])
+                if extra is None:
+                    continue
+                accs = bld.load(accsp[j][i])
+                if extra[0] == "m":  # + m * sum(x), Q8_1's stored block sum
+                    accs = bld.fadd(accs, bld.fmul(extra[1], g.load_f32(aux_p, b)))
+                else:  # - dmin * d_act * sum_s min_s * sum(q_act in group s)
+                    msum = ir.Constant(_I32, 0)
+                    for s, mn in enumerate(extra[2]):
+                        bidx = bld.add(bld.mul(b, g.c64(16)), g.c64(2 * s))
+                        bs = bld.fadd(g.load_f32(aux_p, bidx),
+                                      g.load_f32(aux_p, bld.add(bidx, g.c64(1))))
+                        msum = bld.add(msum, bld.mul(mn, bld.fptosi(bs, _I32)))
+                    accs = bld.fsub(accs, bld.fmul(bld.fmul(extra[1], dabs[i]),
+                                                   bld.sitofp(msum, _F32)))
+                bld.store(accs, accsp[j][i])
+
+
+def _make_rowdot(nr: int, na: int):  # noqa: ANN202 - returns a numba intrinsic
+    """Intrinsic ``rowdot(kind, w (R, row_bytes) u8, r0, qa (n, K) i8, da (n, K/QK) f32,
+    aux (n, .) f32, tbl, i0, out (n, R) f32)``: ``out[i0+i, r0+j] = W[r0+j] . x[i0+i]`` for
+    ``j < nr``, ``i < na``. Several rows share each activation load and give the CPU
+    independent accumulator chains; ``kind`` (a ggml type id) selects the block loop."""
 
     @intrinsic
-    def rowdot(typingctx, w, qa, da, aux, tbl):  # noqa: ANN001, ANN202, ARG001
-        sig = types.float32(w, qa, da, aux, tbl)
+    def rowdot(typingctx, kind, w, r0, qa, da, aux, tbl, i0, out):  # noqa: ANN001, ANN202, ARG001
+        sig = types.int64(kind, w, r0, qa, da, aux, tbl, i0, out)
 
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            arrs = [context.make_array(t)(context, builder, v)
-                    for t, v in zip(signature.args, args, strict=True)]
-            g = _Gen(builder, arrs[4].data)
-            row = arrs[0].data
-            nbytes = cgutils.unpack_tuple(builder, arrs[0].shape)[0]
-            nb = builder.udiv(nbytes, g.c64(ts))
-            act = (arrs[1].data, arrs[2].data, arrs[3].data)
-            accp = cgutils.alloca_once_value(builder, ir.Constant(_vt(_F32, 16), [0.0] * 16))
-            accsp = cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0))
-            with cgutils.for_range(builder, nb) as loop:
-                b = loop.index
-                acc, accs = body(g, row, builder.mul(b, g.c64(ts)), b, act,
-                                 builder.load(accp), builder.load(accsp))
-                builder.store(acc, accp)
-                builder.store(accs, accsp)
-            return builder.fadd(g.hsum(builder.load(accp)), builder.load(accsp))
+            kind_, ws, r0_, qas, das, auxs, tbls, i0_, outs = (
+                context.make_array(t)(context, builder, v) if isinstance(t, types.Array) else v
+                for t, v in zip(signature.args, args, strict=True))
+            g = _Gen(builder, tbls.data)
+            bld = builder
+
+            def row_ptr(arr, i, elem):  # noqa: ANN001, ANN202 - pointer to arr[i, 0]
+                stride = cgutils.unpack_tuple(bld, arr.strides)[0]
+                p = bld.gep(bld.bitcast(arr.data, _I8.as_pointer()), [bld.mul(i, stride)])
+                return bld.bitcast(p, elem.as_pointer())
+
+            rows = [row_ptr(ws, bld.add(r0_, g.c64(j)), _I8) for j in range(nr)]
+            nbytes = cgutils.unpack_tuple(bld, ws.shape)[1]
+            acts = []
+            for i in range(na):
+                ii = bld.add(i0_, g.c64(i))
+                acts.append((row_ptr(qas, ii, _I8), row_ptr(das, ii, _F32),
+                             row_ptr(auxs, ii, _F32)))
+            zero = ir.Constant(_vt(_F32, 16), [0.0] * 16)
+            accp = [[cgutils.alloca_once_value(bld, zero) for _ in range(na)] for _ in range(nr)]
+            accsp = [[cgutils.alloca_once_value(bld, ir.Constant(_F32, 0.0)) for _ in range(na)]
+                     for _ in range(nr)]
+            done = bld.append_basic_block("rowdot.done")
+            sw = bld.switch(bld.sext(kind_, _I64) if kind_.type != _I64 else kind_, done)
+            for kind in BLOCK:
+                blk = bld.append_basic_block(f"rowdot.kind{kind}")
+                sw.add_case(ir.Constant(_I64, kind), blk)
+                bld.position_at_end(blk)
+                nb = bld.udiv(nbytes, g.c64(BLOCK[kind][1]))
+                _emit_type_loop(g, kind, rows, acts, nb, accp, accsp)
+                bld.branch(done)
+            bld.position_at_end(done)
+            out_stride = cgutils.unpack_tuple(bld, outs.strides)
+            for j in range(nr):
+                rr = bld.add(r0_, g.c64(j))
+                for i in range(na):
+                    res = bld.fadd(g.hsum(bld.load(accp[j][i])), bld.load(accsp[j][i]))
+                    ii = bld.add(i0_, g.c64(i))
+                    off = bld.add(bld.mul(ii, out_stride[0]), bld.mul(rr, out_stride[1]))
+                    p = bld.gep(bld.bitcast(outs.data, _I8.as_pointer()), [off])
+                    bld.store(res, bld.bitcast(p, _F32.as_pointer()))
+            return context.get_constant(types.int64, 0)
 
         return sig, codegen
 
     return rowdot
 
 
-_rd_q4_0 = _make_rowdot(KIND_Q4_0)
-_rd_q4_1 = _make_rowdot(KIND_Q4_1)
-_rd_q5_0 = _make_rowdot(KIND_Q5_0)
-_rd_q5_1 = _make_rowdot(KIND_Q5_1)
-_rd_q8_0 = _make_rowdot(KIND_Q8_0)
-_rd_q4_k = _make_rowdot(KIND_Q4_K)
-_rd_q5_k = _make_rowdot(KIND_Q5_K)
-_rd_q6_k = _make_rowdot(KIND_Q6_K)
+# (weight rows, activation rows) per call: 4x1 for token-by-token decoding, 2x4 for batches
+_rd_4x1 = _make_rowdot(4, 1)
+_rd_1x1 = _make_rowdot(1, 1)
+_rd_2x4 = _make_rowdot(2, 4)
+_rd_1x4 = _make_rowdot(1, 4)
 
 # ======================================================================================
 # 3. Matrix kernels
@@ -452,34 +501,30 @@ _rd_q6_k = _make_rowdot(KIND_Q6_K)
 ROW_CHUNK = 16  # weight rows per parallel work item (kept hot while all activations pass)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _rowdot(kind, w, r, qa, da, aux, tbl):  # noqa: ANN001, ANN202
-    if kind == KIND_Q4_0:
-        return _rd_q4_0(w[r], qa, da, aux, tbl)
-    if kind == KIND_Q4_1:
-        return _rd_q4_1(w[r], qa, da, aux, tbl)
-    if kind == KIND_Q5_0:
-        return _rd_q5_0(w[r], qa, da, aux, tbl)
-    if kind == KIND_Q5_1:
-        return _rd_q5_1(w[r], qa, da, aux, tbl)
-    if kind == KIND_Q8_0:
-        return _rd_q8_0(w[r], qa, da, aux, tbl)
-    if kind == KIND_Q4_K:
-        return _rd_q4_k(w[r], qa, da, aux, tbl)
-    if kind == KIND_Q5_K:
-        return _rd_q5_k(w[r], qa, da, aux, tbl)
-    return _rd_q6_k(w[r], qa, da, aux, tbl)
-
-
 @njit(cache=True, nogil=True)
 def qmatmul_rows(kind, w, qa, da, aux, tbl, out, r0, r1):  # noqa: ANN001, ANN201
     """W rows r0:r1 (R, row_bytes) u8 @ activations (n, K) -> out[:, r0:r1] (n, R) f32."""
     n = qa.shape[0]
     for c0 in range(r0, r1, ROW_CHUNK):
         c1 = min(r1, c0 + ROW_CHUNK)
-        for i in range(n):
-            for r in range(c0, c1):
-                out[i, r] = _rowdot(kind, w, r, qa[i], da[i], aux[i], tbl)
+        i = 0
+        while i + 4 <= n:
+            r = c0
+            while r + 2 <= c1:
+                _rd_2x4(kind, w, r, qa, da, aux, tbl, i, out)
+                r += 2
+            if r < c1:
+                _rd_1x4(kind, w, r, qa, da, aux, tbl, i, out)
+            i += 4
+        while i < n:
+            r = c0
+            while r + 4 <= c1:
+                _rd_4x1(kind, w, r, qa, da, aux, tbl, i, out)
+                r += 4
+            while r < c1:
+                _rd_1x1(kind, w, r, qa, da, aux, tbl, i, out)
+                r += 1
+            i += 1
 
 
 @njit(cache=True, nogil=True, parallel=True)

@@ -1,0 +1,251 @@
+"""``gguflm bench [MODEL] [-p 128] [-n 64] [-t N] [-r 3] [--json] [--vs-llama-cpp]``.
+
+llama-bench's definitions: ``pp`` is tokens/s evaluating a P-token prompt from an empty
+cache with logits for the last position only; ``tg`` is tokens/s generating N tokens one
+at a time from an empty cache. Token ids are seeded pseudo-random (as llama-bench's), so
+no tokenizer or sampler time is counted. Each test runs once untimed (warm-up), then
+``-r`` times; we report the mean, standard deviation and median over the repetitions,
+and the process's peak resident memory.
+
+``--vs-llama-cpp`` runs llama.cpp (llama-cpp-python) on the same file, thread count and
+token ids in the same run, after our measurements, and prints the ratios. When
+llama-cpp-python is not importable here, ``--llama-python PY`` names an interpreter that
+has it (llama.cpp then runs in that child process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import CLIError
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench", help="prompt-processing and generation speed (llama-bench's definitions)",
+        description="Measure prompt processing (pp: a P-token prompt from an empty cache, "
+                    "logits for the last position) and generation (tg: N tokens one at a "
+                    "time) in tokens/s, as llama-bench does.")
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help="a GGUF file or a known model name (default: the default model)")
+    p.add_argument("-p", "--n-prompt", type=_non_negative, default=128, metavar="P",
+                   help="prompt tokens for the pp test (default 128; 0 skips it)")
+    p.add_argument("-n", "--n-gen", type=_non_negative, default=64, metavar="N",
+                   help="tokens for the tg test (default 64; 0 skips it)")
+    p.add_argument("-t", "--threads", type=_positive, default=None, metavar="N",
+                   help="threads (default: the cores available)")
+    p.add_argument("-r", "--repetitions", type=_positive, default=3, metavar="R",
+                   help="timed repetitions of each test (default 3)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--vs-llama-cpp", action="store_true",
+                   help="also run llama.cpp (llama-cpp-python) and print the ratios")
+    p.add_argument("--llama-python", default=None, metavar="PY",
+                   help="a Python interpreter with llama-cpp-python, for --vs-llama-cpp when "
+                        "it is not importable here")
+    p.set_defaults(func=run)
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def _peak_rss_mb() -> float:
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return float("nan")
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 1024 if sys.platform != "darwin" else kb / 2**20
+
+
+def _token_ids(n_vocab: int, count: int, seed: int) -> list[int]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(0, n_vocab, size=count)]
+
+
+def _bench_ours(model: Any, prompt: list[int], gen: list[int], reps: int) -> dict[str, Any]:
+    n_ctx = max(len(prompt), len(gen), 1)
+    res: dict[str, Any] = {}
+    if prompt:
+        times = []
+        for i in range(reps + 1):
+            cache = model.new_cache(n_ctx)
+            t0 = time.perf_counter()
+            model.forward(prompt, cache)
+            if i:  # the first run is the warm-up
+                times.append(time.perf_counter() - t0)
+        res["pp"] = _stats([len(prompt) / t for t in times])
+    if gen:
+        times = []
+        for i in range(reps + 1):
+            cache = model.new_cache(n_ctx)
+            t0 = time.perf_counter()
+            for tok in gen:
+                model.forward([tok], cache)
+            if i:
+                times.append(time.perf_counter() - t0)
+        res["tg"] = _stats([len(gen) / t for t in times])
+    return res
+
+
+# Runs in this process or in a child interpreter; argv: model threads reps prompt gen (json)
+_LLAMA_SCRIPT = r'''
+import json, statistics, sys, time
+import llama_cpp
+from llama_cpp import Llama
+
+def bench(path, threads, reps, prompt, gen):
+    n_ctx = max(len(prompt), len(gen), 1) + 8
+    llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=max(len(prompt), 1),
+                n_ubatch=max(len(prompt), 1), n_threads=threads, n_threads_batch=threads,
+                logits_all=False, verbose=False)
+    res = {"version": getattr(llama_cpp, "__version__", "?")}
+    def stats(v):
+        return {"median": statistics.median(v), "mean": statistics.fmean(v),
+                "std": statistics.stdev(v) if len(v) > 1 else 0.0}
+    if prompt:
+        times = []
+        for i in range(reps + 1):
+            llm.reset()
+            t0 = time.perf_counter()
+            llm.eval(prompt)
+            if i:
+                times.append(time.perf_counter() - t0)
+        res["pp"] = stats([len(prompt) / t for t in times])
+    if gen:
+        times = []
+        for i in range(reps + 1):
+            llm.reset()
+            t0 = time.perf_counter()
+            for tok in gen:
+                llm.eval([tok])
+            if i:
+                times.append(time.perf_counter() - t0)
+        res["tg"] = stats([len(gen) / t for t in times])
+    llm.close()
+    return res
+
+if __name__ == "__main__":
+    path, threads, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    prompt, gen = json.loads(sys.argv[4]), json.loads(sys.argv[5])
+    print(json.dumps(bench(path, threads, reps, prompt, gen)))
+'''
+
+
+def _bench_llama_cpp(path: Path, threads: int, reps: int, prompt: list[int], gen: list[int],
+                     python: str | None) -> dict[str, Any]:
+    if python is None:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            raise CLIError("--vs-llama-cpp needs llama-cpp-python (pip install "
+                           "llama-cpp-python), or --llama-python PY naming an interpreter "
+                           "that has it") from None
+        namespace: dict[str, Any] = {"__name__": "gguflm_llama_bench"}
+        exec(compile(_LLAMA_SCRIPT, "<llama-bench>", "exec"), namespace)  # noqa: S102
+        return namespace["bench"](str(path), threads, reps, prompt, gen)
+    cmd = [python, "-c", _LLAMA_SCRIPT, str(path), str(threads), str(reps), json.dumps(prompt),
+           json.dumps(gen)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError as e:
+        raise CLIError(f"cannot run {python}: {e.strerror or e}") from None
+    if r.returncode != 0:
+        tail = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise CLIError(f"llama.cpp run failed under {python}: {tail}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _fmt(s: dict[str, float] | None) -> str:
+    return f"{s['mean']:8.2f} ± {s['std']:.2f}  (median {s['median']:.2f})" if s else "-"
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.n_prompt == 0 and args.n_gen == 0:
+        raise CLIError("nothing to measure: -p and -n are both 0")
+    from .. import hub, load_model
+    from ..quant.matrix import set_threads
+    from .pull import resolve
+
+    path = resolve(args.model or hub.DEFAULT_MODEL)
+    threads = set_threads(args.threads)
+    t0 = time.perf_counter()
+    model = load_model(path)
+    load_s = time.perf_counter() - t0
+    n_vocab = model.config.n_vocab
+    prompt = _token_ids(n_vocab, args.n_prompt, seed=1)
+    gen = _token_ids(n_vocab, args.n_gen, seed=2)
+    # first products load (or compile) the kernels: timed separately, as the start-up cost
+    t0 = time.perf_counter()
+    model.forward(prompt[:2] or gen[:2], model.new_cache(4))
+    model.forward(gen[:1] or prompt[:1], model.new_cache(4))
+    warmup_s = time.perf_counter() - t0
+    ours = _bench_ours(model, prompt, gen, args.repetitions)
+    rss = _peak_rss_mb()
+    file_mb = os.path.getsize(path) / 2**20
+    kv_mb = model.new_cache(max(args.n_prompt, args.n_gen, 1)).nbytes / 2**20
+    result: dict[str, Any] = {
+        "model": str(path), "file_mb": round(file_mb, 1), "threads": threads,
+        "n_prompt": args.n_prompt, "n_gen": args.n_gen, "repetitions": args.repetitions,
+        "pp_tps": ours["pp"]["median"] if "pp" in ours else None,
+        "tg_tps": ours["tg"]["median"] if "tg" in ours else None,
+        "pp": ours.get("pp"), "tg": ours.get("tg"),
+        "peak_rss_mb": round(rss, 1), "kv_cache_mb": round(kv_mb, 1),
+        "load_s": round(load_s, 3), "first_forward_s": round(warmup_s, 3),
+    }
+    del model
+    if args.vs_llama_cpp:
+        ref = _bench_llama_cpp(path, threads, args.repetitions, prompt, gen, args.llama_python)
+        result["llama_cpp"] = ref
+        for test in ("pp", "tg"):
+            if test in ours and test in ref:
+                result[f"ratio_{test}"] = round(ours[test]["median"] / ref[test]["median"], 3)
+
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"model: {path.name} ({file_mb:.1f} MiB), threads: {threads}, "
+          f"repetitions: {args.repetitions}")
+    print(f"start-up: load {load_s:.2f} s, first forward (kernels load/compile) {warmup_s:.2f} s")
+    for test, n in (("pp", args.n_prompt), ("tg", args.n_gen)):
+        if test not in ours:
+            continue
+        line = f"{test}{n:<5} gguflm    {_fmt(ours[test])} tokens/s"
+        print(line)
+        if "llama_cpp" in result and test in result["llama_cpp"]:
+            print(f"{test}{n:<5} llama.cpp {_fmt(result['llama_cpp'][test])} tokens/s"
+                  f"   ratio {result[f'ratio_{test}']:.2f}x")
+    print(f"peak RSS: {rss:.1f} MiB (model file {file_mb:.1f} MiB + KV cache {kv_mb:.1f} MiB; "
+          f"ratio {rss / (file_mb + kv_mb):.2f})")
+    return 0
