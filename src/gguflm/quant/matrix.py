@@ -72,6 +72,8 @@ class QMatrix:
         if self.type == GGMLType.F32:
             np.matmul(x, self.raw.T, out=out)
             return out
+        if self.type in _ACTIVATION_ROUNDING:  # ggml converts x to the weight's type first
+            x = _ACTIVATION_ROUNDING[self.type](x)
         fast = _fast_path(self.type)
         if fast is not None and fast(self, x, out):
             return out
@@ -137,6 +139,24 @@ def _f16_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
     kernels.f16_matmul_par(m.raw.view(np.uint16), x, out)
     return True
 
+
+def _round_f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> nearest bfloat16 (ties to even) -> float32, as ggml's fp32_to_bf16."""
+    u = x.view(np.uint32)
+    r = ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))))
+         & np.uint32(0xFFFF0000))
+    nan = np.isnan(x)
+    if nan.any():
+        r[nan] = (u[nan] & np.uint32(0xFFFF0000)) | np.uint32(0x00400000)
+    return r.view(np.float32)
+
+
+# F16/BF16 weights multiply activations rounded to their own type, as ggml's vec_dot does
+_ACTIVATION_ROUNDING = {GGMLType.F16: _round_f16, GGMLType.BF16: _round_bf16}
 
 _KERNEL_TYPES = {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
                  GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}
