@@ -206,10 +206,15 @@ def test_rope_styles(neox) -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((5, 3, 8)).astype(np.float32)
     pos = np.array([0, 1, 2, 7, 30])
-    cos, sin = ops.rope_angles(pos, 8, 10000.0)
-    got = (ops.rope_neox if neox else ops.rope_norm)(x, cos, sin)
+    rope = (ops.rope_neox if neox else ops.rope_norm)
+    got = rope(x, ops.rope_table(pos, 8, 10000.0))
     np.testing.assert_allclose(got, _rope_loop(x, pos, 10000.0, neox), atol=1e-5)
     np.testing.assert_allclose(got[0], x[0])  # position 0: no rotation
+    # partial rotation (rope.dimension_count < head size): the rest passes through
+    part = rope(x, ops.rope_table(pos, 4, 10000.0))
+    np.testing.assert_allclose(part[..., :4], _rope_loop(x[..., :4], pos, 10000.0, neox),
+                               atol=1e-5)
+    np.testing.assert_array_equal(part[..., 4:], x[..., 4:])
 
 
 def test_attention_matches_per_head_loop() -> None:

@@ -28,47 +28,52 @@ def linear(x: np.ndarray, w: Any, b: np.ndarray | None = None) -> np.ndarray:
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """x (..., n) scaled to unit root-mean-square, times w (n,) -> (..., n)."""
-    ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
-    return x * (1.0 / np.sqrt(ms + np.float32(eps))) * w
+    ms = np.square(x).sum(axis=-1, keepdims=True)
+    ms *= np.float32(1.0 / x.shape[-1])
+    ms += np.float32(eps)
+    return x * (np.float32(1.0) / np.sqrt(ms)) * w  # ggml's order: (x * scale) * w
 
 
 # -- rotary position embeddings -------------------------------------------------------------
 
 
-def rope_angles(pos: np.ndarray, n_rot: int, base: float, freq_scale: float = 1.0,
-                freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin (T, n_rot/2) of the rotation angles pos * freq_scale * base^(-2i/n_rot) / ff_i.
+def rope_table(pos: np.ndarray, n_rot: int, base: float, freq_scale: float = 1.0,
+               freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """exp(i * theta) (T, n_rot/2) complex64, theta = pos * freq_scale * base^(-2i/n_rot) / ff_i.
 
-    Computed in float64 (llama.cpp uses float32 running products; the two agree to ~1e-6
-    relative), then rounded to float32. ``freq_factors`` (n_rot/2,) is Llama 3's
-    ``rope_freqs.weight``, dividing each frequency's angle.
+    Angles in float64 (llama.cpp uses float32 running products; the two agree to ~1e-6
+    relative), then rounded. ``freq_factors`` (n_rot/2,) is Llama 3's ``rope_freqs.weight``,
+    dividing each frequency's angle.
     """
     inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors.astype(np.float64)
     theta = np.outer(np.asarray(pos, np.float64) * freq_scale, inv_freq)
-    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+    return (np.cos(theta) + 1j * np.sin(theta)).astype(np.complex64)
 
 
-def rope_norm(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+def rope_norm(x: np.ndarray, rot: np.ndarray) -> np.ndarray:
     """llama.cpp's NORM RoPE: rotate adjacent pairs (0,1), (2,3), ... of each head's first
-    n_rot dims. x (T, H, d), cos/sin (T, n_rot/2) -> new (T, H, d)."""
-    n_rot = 2 * cos.shape[-1]
+    n_rot dims. x (T, H, d) f32, rot (T, n_rot/2) from rope_table -> new (T, H, d)."""
+    n_rot = 2 * rot.shape[-1]
+    if n_rot == x.shape[-1]:  # a pair (x0, x1) is the complex x0 + i x1: one multiply
+        xc = np.ascontiguousarray(x).view(np.complex64)
+        return (xc * rot[:, None, :]).view(np.float32)
     out = x.copy()
     x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
-    c, s = cos[:, None, :], sin[:, None, :]
+    c, s = rot.real[:, None, :], rot.imag[:, None, :]
     out[..., 0:n_rot:2] = x0 * c - x1 * s
     out[..., 1:n_rot:2] = x0 * s + x1 * c
     return out
 
 
-def rope_neox(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+def rope_neox(x: np.ndarray, rot: np.ndarray) -> np.ndarray:
     """llama.cpp's NEOX RoPE: rotate pairs (i, i + n_rot/2) of each head's first n_rot dims.
-    x (T, H, d), cos/sin (T, n_rot/2) -> new (T, H, d)."""
-    half = cos.shape[-1]
+    x (T, H, d) f32, rot (T, n_rot/2) from rope_table -> new (T, H, d)."""
+    half = rot.shape[-1]
     out = x.copy()
     x0, x1 = x[..., :half], x[..., half:2 * half]
-    c, s = cos[:, None, :], sin[:, None, :]
+    c, s = rot.real[:, None, :], rot.imag[:, None, :]
     out[..., :half] = x0 * c - x1 * s
     out[..., half:2 * half] = x0 * s + x1 * c
     return out
@@ -131,7 +136,8 @@ def silu(x: np.ndarray) -> np.ndarray:
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """GELU, tanh approximation (ggml_gelu, Gemma's gelu_pytorch_tanh), elementwise."""
     c = np.float32(np.sqrt(2.0 / np.pi))
-    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x**3)))
+    inner = c * (x + np.float32(0.044715) * (x * x * x))  # x * x * x: float32 x**3 is ~500x slower
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -147,3 +153,21 @@ def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 def softcap(x: np.ndarray, cap: float) -> np.ndarray:
     """cap * tanh(x / cap): Gemma 2's logit soft-capping, elementwise."""
     return np.tanh(x * np.float32(1.0 / cap)) * np.float32(cap)
+
+
+# -- projections several architectures share ----------------------------------------------------
+
+
+def qkv(x: np.ndarray, layer: Any, n_q: int, n_k: int
+        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q (T, n_q), K (T, n_k), V (T, n_v) projections of x (T, n_embd), as llama.cpp's
+    build_qkv: ``layer`` holds one fused ``attn_qkv`` (rows [q | k | v]) or separate
+    ``attn_q``/``attn_k``/``attn_v``, each with an optional bias added here (before RoPE).
+    Load the tensors with ``Weights.qkv_specs``."""
+    fused = getattr(layer, "attn_qkv", None)
+    if fused is not None:
+        y = linear(x, fused, getattr(layer, "attn_qkv_bias", None))
+        return y[:, :n_q], y[:, n_q:n_q + n_k], y[:, n_q + n_k:]
+    return (linear(x, layer.attn_q, getattr(layer, "attn_q_bias", None)),
+            linear(x, layer.attn_k, getattr(layer, "attn_k_bias", None)),
+            linear(x, layer.attn_v, getattr(layer, "attn_v_bias", None)))

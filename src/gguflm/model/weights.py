@@ -86,6 +86,18 @@ class Weights:
                                                          optional=opt))
         return out
 
+    def qkv_specs(self, i: int, n_embd: int, n_q: int, n_k: int, n_v: int
+                  ) -> tuple[dict[str, Shape], dict[str, Shape]]:
+        """Block i's attention input projections as (required, optional) specs for
+        ``layer``, as llama.cpp's create_tensor_qkv: one fused ``attn_qkv`` (rows
+        [q | k | v]) when the file has it, else ``attn_q``/``attn_k``/``attn_v``; biases
+        optional either way. ``ops.qkv`` evaluates whichever was loaded."""
+        if self.has(f"blk.{i}.attn_qkv.weight"):
+            n = n_q + n_k + n_v
+            return {"attn_qkv": (n, n_embd)}, {"attn_qkv.bias": (n,)}
+        return ({"attn_q": (n_q, n_embd), "attn_k": (n_k, n_embd), "attn_v": (n_v, n_embd)},
+                {"attn_q.bias": (n_q,), "attn_k.bias": (n_k,), "attn_v.bias": (n_v,)})
+
     def check_all_used(self) -> None:
         """A tensor nobody asked for means a file this architecture does not understand
         (llama.cpp refuses such files too); name the first one."""

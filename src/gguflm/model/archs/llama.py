@@ -60,7 +60,7 @@ class Llama(Model):
     def _forward(self, ids: np.ndarray, pos0: int, cache: KVCache, out: slice) -> np.ndarray:
         c = self.config
         pos = np.arange(pos0, pos0 + len(ids))
-        rope = ops.rope_angles(pos, c.rope_dim, c.rope_base, c.rope_freq_scale, self.rope_freqs)
+        rope = ops.rope_table(pos, c.rope_dim, c.rope_base, c.rope_freq_scale, self.rope_freqs)
         mask = ops.attention_mask(pos, pos0 + len(ids))   # causal; llama ignores any window
         x = self.token_embd.rows(ids)                      # (T, n_embd)
         for il, layer in enumerate(self.layers):
@@ -71,7 +71,7 @@ class Llama(Model):
         x = ops.rmsnorm(x[out], self.output_norm, c.norm_eps)
         return self.output.matmul(x)                       # (rows, n_vocab)
 
-    def attention(self, il: int, layer, h: np.ndarray, rope: tuple[np.ndarray, np.ndarray],
+    def attention(self, il: int, layer, h: np.ndarray, rope: np.ndarray,
                   mask: np.ndarray, cache: KVCache) -> np.ndarray:
         """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the cache."""
         c = self.config
@@ -79,8 +79,8 @@ class Llama(Model):
         q = ops.linear(h, layer.attn_q, layer.attn_q_bias).reshape(n, c.n_head, c.head_dim)
         k = ops.linear(h, layer.attn_k, layer.attn_k_bias).reshape(n, c.n_head_kv, c.head_dim)
         v = ops.linear(h, layer.attn_v, layer.attn_v_bias).reshape(n, c.n_head_kv, c.head_dim_v)
-        q = ops.rope_norm(q, *rope)
-        k = ops.rope_norm(k, *rope)
+        q = ops.rope_norm(q, rope)
+        k = ops.rope_norm(k, rope)
         keys, values = cache.store(il, k, v)               # (H_kv, S, d), (H_kv, S, d_v)
         a = ops.attention(q, keys, values, mask, 1.0 / math.sqrt(c.head_dim))
         return ops.linear(a, layer.attn_output, layer.attn_output_bias)
