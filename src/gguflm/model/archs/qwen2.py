@@ -1,0 +1,112 @@
+"""Qwen2 and Qwen2.5 (``general.architecture`` = ``qwen2``), as llama.cpp's
+src/models/qwen2.cpp runs them.
+
+Pre-norm blocks like Llama's: x += attn(rmsnorm(x)); x += ffn(rmsnorm(x)), SwiGLU FFN,
+grouped-query attention. What differs: RoPE in NEOX style (pairs (i, i + d/2): the GGUF
+converter does not permute Q/K rows for Qwen), biases on the Q/K/V projections (added
+before RoPE), an optional output bias, and the output tied to the token embedding when
+``output.weight`` is absent. llama.cpp ignores any sliding-window key for this
+architecture, and so do we.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ...gguf.errors import MetadataError
+from .. import ops
+from ..base import Model
+from ..kv_cache import KVCache
+from ..weights import Shape, Weights
+from . import register
+
+
+@register("qwen2")
+class Qwen2(Model):
+    """Qwen2/Qwen2.5 dense models (0.5B to 72B)."""
+
+    # llama.cpp's qwen2 loads an optional ``output.bias``; qwen3 does not
+    output_bias_allowed = True
+
+    # -- tensors ---------------------------------------------------------------------------------
+    def load_tensors(self, w: Weights) -> None:
+        c = self.config
+        # llama.cpp asserts both for this graph: one head size, all of it rotated
+        if c.head_dim_v != c.head_dim:
+            raise MetadataError(f"must equal key_length ({c.head_dim}) for {c.arch}, got "
+                                f"{c.head_dim_v}", key=f"{c.arch}.attention.value_length")
+        if c.rope_dim != c.head_dim:
+            raise MetadataError(f"must equal the head size {c.head_dim} for {c.arch}, got "
+                                f"{c.rope_dim}", key=f"{c.arch}.rope.dimension_count")
+        self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
+        self.output_norm = w.get("output_norm.weight", (c.n_embd,))
+        self.output = w.get("output.weight", (c.n_vocab, c.n_embd), optional=True)
+        if self.output is None:  # tied: the embedding doubles as the output projection
+            self.output = self.token_embd
+        self.output_bias = (w.get("output.bias", (c.n_vocab,), optional=True)
+                            if self.output_bias_allowed else None)
+        self.layers = []
+        for i in range(c.n_layer):
+            qkv, qkv_bias = w.qkv_specs(i, c.n_embd, c.n_embd_q, c.n_embd_k, c.n_embd_v)
+            self.layers.append(w.layer(i, {
+                "attn_norm": (c.n_embd,),
+                **qkv,
+                **self.extra_layer_tensors(),
+                "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
+                "ffn_norm": (c.n_embd,),
+                "ffn_gate": (c.n_ff, c.n_embd),
+                "ffn_up": (c.n_ff, c.n_embd),
+                "ffn_down": (c.n_embd, c.n_ff),
+            }, optional=qkv_bias))
+
+    def extra_layer_tensors(self) -> dict[str, Shape]:
+        """Required per-layer tensors beyond Qwen2's (a subclass's hook)."""
+        return {}
+
+    # -- forward ---------------------------------------------------------------------------------
+    def _forward(self, ids: np.ndarray, pos0: int, cache: KVCache, out: slice) -> np.ndarray:
+        c = self.config
+        n_kv = pos0 + len(ids)
+        pos = np.arange(pos0, n_kv)
+        rope = ops.rope_table(pos, c.rope_dim, c.rope_base, c.rope_freq_scale)
+        mask = ops.attention_mask(pos, n_kv)               # causal only
+        x = self.token_embd.rows(ids)                      # (T, n_embd)
+        last = len(self.layers) - 1
+        for il, layer in enumerate(self.layers):
+            h = ops.rmsnorm(x, layer.attn_norm, c.norm_eps)
+            a = self.attention(il, layer, h, rope, mask, cache)
+            if il == last:  # only the wanted rows go on (llama.cpp's inp_out_ids)
+                a, x = a[out], x[out]
+            x = x + a
+            h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
+            x = x + self.ffn(layer, h)
+        x = ops.rmsnorm(x, self.output_norm, c.norm_eps)
+        return ops.linear(x, self.output, self.output_bias)  # (rows, n_vocab)
+
+    def project(self, layer: Any, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Q (T, H, d), K (T, H_kv, d), V (T, H_kv, d_v) of h (T, n_embd), before RoPE."""
+        c = self.config
+        n = len(h)
+        q, k, v = ops.qkv(h, layer, c.n_embd_q, c.n_embd_k)  # biases added, as llama.cpp
+        return (q.reshape(n, c.n_head, c.head_dim), k.reshape(n, c.n_head_kv, c.head_dim),
+                v.reshape(n, c.n_head_kv, c.head_dim_v))
+
+    def attention(self, il: int, layer: Any, h: np.ndarray, rope: np.ndarray,
+                  mask: np.ndarray, cache: KVCache) -> np.ndarray:
+        """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the cache."""
+        c = self.config
+        q, k, v = self.project(layer, h)
+        q = ops.rope_neox(q, rope)
+        k = ops.rope_neox(k, rope)
+        keys, values = cache.store(il, k, v)               # (H_kv, S, d), (H_kv, S, d_v)
+        a = ops.attention(q, keys, values, mask, 1.0 / math.sqrt(c.head_dim))
+        return ops.linear(a, layer.attn_output)
+
+    def ffn(self, layer: Any, h: np.ndarray) -> np.ndarray:
+        """SwiGLU: down(silu(gate(h)) * up(h)). h (T, n_embd) -> (T, n_embd)."""
+        g = ops.linear(h, layer.ffn_gate)                  # (T, n_ff)
+        u = ops.linear(h, layer.ffn_up)                    # (T, n_ff)
+        return ops.linear(ops.swiglu(g, u), layer.ffn_down)

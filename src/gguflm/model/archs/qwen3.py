@@ -1,0 +1,36 @@
+"""Qwen3 dense models (``general.architecture`` = ``qwen3``), as llama.cpp's
+src/models/qwen3.cpp runs them.
+
+Qwen2's graph (NEOX RoPE, SwiGLU, optional Q/K/V biases, tied output when ``output.weight``
+is absent) plus one change: Q and K each get an RMSNorm per head, one [head_dim] weight
+(``attn_q_norm``, ``attn_k_norm``) shared by all heads, after the projection and before
+RoPE. The head size comes from ``attention.key_length`` (128 in the real models, so
+n_head * head_dim need not equal n_embd).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import ops
+from ..weights import Shape
+from . import register
+from .qwen2 import Qwen2
+
+
+@register("qwen3")
+class Qwen3(Qwen2):
+    """Qwen3 (0.6B to 32B dense)."""
+
+    output_bias_allowed = False
+
+    def extra_layer_tensors(self) -> dict[str, Shape]:
+        d = self.config.head_dim
+        return {"attn_q_norm": (d,), "attn_k_norm": (d,)}
+
+    def project(self, layer: Any, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        q, k, v = super().project(layer, h)
+        eps = self.config.norm_eps
+        return ops.rmsnorm(q, layer.attn_q_norm, eps), ops.rmsnorm(k, layer.attn_k_norm, eps), v
