@@ -53,6 +53,18 @@ def test_cached_and_uncached_logits_agree(tiny) -> None:
     np.testing.assert_allclose(tiny.forward(IDS, tiny.new_cache(16)), full[-1], atol=1e-5)
 
 
+def test_long_batches_are_split(tiny, monkeypatch) -> None:
+    """Past MAX_BATCH tokens a forward pass runs in slices; the logits do not change."""
+    from gguflm.model import base
+
+    full = tiny.logits(IDS)
+    monkeypatch.setattr(base, "MAX_BATCH", 5)
+    np.testing.assert_allclose(tiny.logits(IDS), full, atol=2e-4)
+    cache = tiny.new_cache(16)
+    np.testing.assert_allclose(tiny.forward(IDS, cache), full[-1], atol=2e-4)
+    assert cache.n == len(IDS)
+
+
 def test_order_matters(tiny) -> None:
     """Attention without positions is blind to order; with RoPE, swapping two earlier
     tokens changes the last logits (and changing them changes it too)."""
