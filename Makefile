@@ -40,8 +40,7 @@ dev: $(VENV)/.stamp-test
 
 # --- the two commands in the README ----------------------------------------------------
 
-run: $(VENV)/.stamp-run
-	$(BIN)/gguflm pull $(MODEL)
+run: $(VENV)/.stamp-run  # MODEL may be a path or a known name (pulled on first use)
 	$(BIN)/gguflm run $(MODEL) -p "$(PROMPT)" -n $(N)
 
 test: $(VENV)/.stamp-test
