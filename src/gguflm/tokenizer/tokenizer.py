@@ -183,8 +183,9 @@ class Tokenizer:
 
         When the vocabulary adds a space prefix (SentencePiece) and ``ids`` starts with BOS,
         the space that prefix put before the first word is dropped, so that
-        ``decode(encode(text)) == text``. This is what llama-cpp-python's ``detokenize``
-        returns (the reference data's ``detokenized``); ``detokenize`` is llama.cpp's own.
+        ``decode(encode(text)) == text``. This matches llama-cpp-python's ``detokenize``
+        (the reference data's ``detokenized``), which drops a space after BOS whatever the
+        vocabulary; ``detokenize`` is llama.cpp's own ``llama_detokenize``.
         """
         ids = list(ids)
         data = b"".join([self.token_to_piece(t, special) for t in ids])
