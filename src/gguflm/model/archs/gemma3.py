@@ -1,0 +1,172 @@
+"""Gemma 3 text models (``general.architecture`` = ``gemma3``), as llama.cpp's
+src/models/gemma3.cpp runs them.
+
+Differences from Llama: the embedding is scaled by sqrt(n_embd) (in float32, as ggml does:
+25.2982 for 640, not Hugging Face's bf16-rounded 25.25); Q and K get a per-head RMSNorm
+before RoPE; attention and FFN outputs are RMS-normed again before each residual add; the
+FFN is GELU(tanh)-gated; RoPE is NEOX style (split halves). Layers alternate between
+sliding-window attention with their own RoPE base and full attention with ``rope.freq_base``
+(five local, then one global, by default). RMSNorm weights are used as stored: the GGUF
+converter already folded Gemma's ``1 + w``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...gguf.errors import MetadataError
+from .. import ops
+from ..base import Model
+from ..config import Meta, ModelConfig
+from ..kv_cache import KVCache
+from ..weights import Weights
+from . import register
+
+# Without a ``sliding_window_pattern`` key, every 6th layer (5, 11, ...) is global
+# (llama.cpp: load_swa_pattern(ml, 6), dense_first = false).
+DEFAULT_SWA_PERIOD = 6
+# llama.cpp's hparams default when ``rope.freq_base_swa`` is absent.
+DEFAULT_ROPE_BASE_SWA = 10000.0
+
+
+@dataclass(frozen=True)
+class Gemma3Config(ModelConfig):
+    """Adds the local/global layer pattern and Gemma's scalars (GGUF key in each comment)."""
+
+    swa_layers: tuple[bool, ...]  # {arch}.attention.sliding_window_pattern (period or per layer)
+    rope_base_swa: float     # {arch}.rope.freq_base_swa (default 10000): local layers' RoPE base
+    attn_scale: float        # 1/sqrt(key_length); 1/sqrt(n_embd/n_head) for the 27B model
+    final_softcap: float     # {arch}.final_logit_softcapping (0: none)
+
+    @classmethod
+    def extra(cls, meta: Meta, common: dict[str, Any]) -> dict[str, Any]:
+        n_layer = common["n_layer"]
+        if common["sliding_window"] > 0:
+            swa = _swa_pattern(meta, n_layer)
+        else:  # no window: every layer is global (llama.cpp's LLAMA_SWA_TYPE_NONE)
+            swa = (False,) * n_layer
+        # llama.cpp ties the 27B model's query_pre_attn_scalar (n_embd / n_head = 168) to
+        # its layer count; every other size scales by the head size.
+        if n_layer == 62:
+            scale = 1.0 / math.sqrt(common["n_embd"] // common["n_head"])
+        else:
+            scale = 1.0 / math.sqrt(common["head_dim"])
+        return dict(
+            swa_layers=swa,
+            rope_base_swa=meta.float("rope.freq_base_swa", DEFAULT_ROPE_BASE_SWA),
+            attn_scale=scale,
+            final_softcap=meta.float("final_logit_softcapping", 0.0, positive=False),
+        )
+
+
+def _swa_pattern(meta: Meta, n_layer: int) -> tuple[bool, ...]:
+    """Which layers use the sliding window: a per-layer array of flags, or a period p
+    (layer il is local unless il % p == p - 1; p = 0 makes every layer local)."""
+    key = meta.key("attention.sliding_window_pattern")
+    value = meta.metadata.get(key)
+    if value is None:
+        value = DEFAULT_SWA_PERIOD
+    if isinstance(value, np.ndarray | list | tuple):
+        flags = [bool(v) for v in value]
+        if len(flags) != n_layer:
+            raise MetadataError(f"has {len(flags)} entries for {n_layer} layers", key=key)
+        return tuple(flags)
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+        raise MetadataError(f"expected a layer period or per-layer flags, got {value!r}",
+                            key=key)
+    p = int(value)
+    return tuple(p == 0 or il % p < p - 1 for il in range(n_layer))
+
+
+@register("gemma3")
+class Gemma3(Model):
+    """Gemma 3 (270M to 27B text models): tied output unless ``output.weight`` is given."""
+
+    config_class = Gemma3Config
+    config: Gemma3Config
+
+    # -- tensors ---------------------------------------------------------------------------------
+    def load_tensors(self, w: Weights) -> None:
+        c = self.config
+        self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
+        self.output_norm = w.get("output_norm.weight", (c.n_embd,))
+        self.output = w.get("output.weight", (c.n_vocab, c.n_embd), optional=True)
+        if self.output is None:  # tied: the embedding doubles as the output projection
+            self.output = self.token_embd
+        self.layers = [w.layer(i, {
+            "attn_norm": (c.n_embd,),
+            "attn_q": (c.n_embd_q, c.n_embd),
+            "attn_k": (c.n_embd_k, c.n_embd),
+            "attn_v": (c.n_embd_v, c.n_embd),
+            "attn_q_norm": (c.head_dim,),
+            "attn_k_norm": (c.head_dim,),
+            "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
+            "post_attention_norm": (c.n_embd,),
+            "ffn_norm": (c.n_embd,),
+            "ffn_gate": (c.n_ff, c.n_embd),
+            "ffn_up": (c.n_ff, c.n_embd),
+            "ffn_down": (c.n_embd, c.n_ff),
+            "post_ffw_norm": (c.n_embd,),
+        }) for i in range(c.n_layer)]
+
+    # -- forward ---------------------------------------------------------------------------------
+    def _forward(self, ids: np.ndarray, pos0: int, cache: KVCache, out: slice) -> np.ndarray:
+        c = self.config
+        n_kv = pos0 + len(ids)
+        pos = np.arange(pos0, n_kv)
+        # local layers: own RoPE base, no frequency scaling (llama.cpp's *_train_swa values)
+        rope = {False: ops.rope_table(pos, c.rope_dim, c.rope_base, c.rope_freq_scale),
+                True: ops.rope_table(pos, c.rope_dim, c.rope_base_swa)}
+        masks = {False: ops.attention_mask(pos, n_kv),
+                 True: ops.attention_mask(pos, n_kv, c.sliding_window)}
+        x = self.token_embd.rows(ids) * np.sqrt(np.float32(c.n_embd))  # float32, as sqrtf
+        last = len(self.layers) - 1
+        for il, layer in enumerate(self.layers):
+            local = c.swa_layers[il]
+            h = ops.rmsnorm(x, layer.attn_norm, c.norm_eps)
+            a = self.attention(il, layer, h, rope[local], masks[local],
+                               c.sliding_window if local else 0, cache)
+            if il == last:  # only the wanted rows go on (llama.cpp's inp_out_ids)
+                a, x = a[out], x[out]
+            x = x + ops.rmsnorm(a, layer.post_attention_norm, c.norm_eps)
+            h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
+            x = x + ops.rmsnorm(self.ffn(layer, h), layer.post_ffw_norm, c.norm_eps)
+        x = ops.rmsnorm(x, self.output_norm, c.norm_eps)
+        logits = self.output.matmul(x)                        # (rows, n_vocab)
+        if c.final_softcap > 0:
+            logits = ops.softcap(logits, c.final_softcap)
+        return logits
+
+    def attention(self, il: int, layer: Any, h: np.ndarray,
+                  rope: np.ndarray, mask: np.ndarray, window: int,
+                  cache: KVCache) -> np.ndarray:
+        """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the cache."""
+        c = self.config
+        n = len(h)
+        q = ops.linear(h, layer.attn_q).reshape(n, c.n_head, c.head_dim)
+        k = ops.linear(h, layer.attn_k).reshape(n, c.n_head_kv, c.head_dim)
+        v = ops.linear(h, layer.attn_v).reshape(n, c.n_head_kv, c.head_dim_v)
+        q = ops.rope_neox(ops.rmsnorm(q, layer.attn_q_norm, c.norm_eps), rope)
+        k = ops.rope_neox(ops.rmsnorm(k, layer.attn_k_norm, c.norm_eps), rope)
+        keys, values = cache.store(il, k, v)                 # (H_kv, S, d), (H_kv, S, d_v)
+        start = _first_visible(cache.n, window)
+        if start:  # keys before the first query's window are masked anyway: skip them
+            keys, values, mask = keys[:, start:], values[:, start:], mask[:, start:]
+        a = ops.attention(q, keys, values, mask, c.attn_scale)
+        return ops.linear(a, layer.attn_output)
+
+    def ffn(self, layer: Any, h: np.ndarray) -> np.ndarray:
+        """GeGLU: down(gelu_tanh(gate(h)) * up(h)). h (T, n_embd) -> (T, n_embd)."""
+        g = ops.linear(h, layer.ffn_gate)                    # (T, n_ff)
+        u = ops.linear(h, layer.ffn_up)                      # (T, n_ff)
+        return ops.linear(ops.geglu(g, u), layer.ffn_down)
+
+
+def _first_visible(pos0: int, window: int) -> int:
+    """The first key position any query at pos0.. can see through a window (0: no window)."""
+    return max(0, pos0 - window + 1) if window > 0 else 0
+
