@@ -16,7 +16,7 @@ from ..gguf.errors import GGUFError
 # order = order shown in --help; a module that does not exist yet is skipped
 COMMAND_MODULES = [
     "pull", "inspect", "tensor", "edit", "tokenize", "run", "chat",
-    "perplexity", "bench", "serve",
+    "perplexity", "bench", "serve", "archs",
 ]
 
 

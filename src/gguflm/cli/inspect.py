@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {w.message}", file=sys.stderr)
     with f:
         summary = summarize(f)
+        summary["architecture_supported"] = _supported(summary["architecture"])
+        summary["ignored_keys"] = _ignored_keys(summary["architecture"])
         if args.json:
             _print_json(f, summary, args.query)
         else:
@@ -138,12 +140,55 @@ def _print_text(f: Any, s: dict[str, Any], args: argparse.Namespace) -> None:
     sys.stdout.write("\n".join(out) + "\n")
 
 
+def _supported(arch: Any) -> bool | None:
+    """Whether gguflm's architecture registry runs ``arch`` (None: the file names none)."""
+    if not isinstance(arch, str) or not arch:
+        return None
+    from ..model import archs
+
+    return arch in archs.supported()
+
+
+def _ignored_keys(arch: Any) -> list[str]:
+    """Metadata keys (without the ``{arch}.`` prefix) that the architecture's implementation
+    ignores, as llama.cpp does (e.g. Phi-3's sliding window): its ``ignored_keys``."""
+    if not _supported(arch):
+        return []
+    from ..model import archs
+
+    return list(getattr(archs.get(arch), "ignored_keys", ()))
+
+
+def _window_and_caps(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """Sliding-window and soft-capping rows, only for files that declare them."""
+    rows = []
+    if s.get("sliding_window") is not None:
+        pattern = s.get("sliding_window_pattern")
+        if isinstance(pattern, list):
+            pattern = "".join("L" if p else "G" for p in pattern) + " (L: local, G: global)"
+        ignored = "attention.sliding_window" in s.get("ignored_keys", ())
+        rows.append(("sliding window", f"{s['sliding_window']} tokens"
+                     + (f", pattern {pattern}" if pattern is not None else "")
+                     + (f" (ignored by {s['architecture']}, as in llama.cpp)" if ignored
+                        else "")))
+    caps = [f"{name} {s[key]:g}" for name, key in (("attention", "attn_logit_softcapping"),
+                                                   ("final logits", "final_logit_softcapping"))
+            if isinstance(s.get(key), int | float)]
+    if caps:
+        rows.append(("soft-capping", ", ".join(caps)))
+    return rows
+
+
 def _summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     def val(x: Any) -> str:
         return "-" if x is None else str(x)
 
+    arch = val(s["architecture"])
+    if s.get("architecture_supported") is not None:
+        arch += (" (runs in gguflm)" if s["architecture_supported"]
+                 else " (gguflm cannot run it: see `gguflm archs`)")
     rows = [
-        ("architecture", val(s["architecture"])),
+        ("architecture", arch),
         ("name", val(s["name"])),
         ("parameters", _params(s["n_params"])),
         ("tensor bytes", _mb(s["n_bytes"])),
@@ -163,6 +208,8 @@ def _summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("layers", val(s["block_count"])),
         ("heads / kv heads", heads),
         ("head dim", val(s["head_dim"])),
+        ("attention", val(s.get("attention"))),
+        *_window_and_caps(s),
         ("feed forward", val(s["feed_forward_length"])),
         ("vocab size", val(s["vocab_size"])),
         ("tokenizer", f"{val(s['tokenizer_model'])} (pre: {val(s['tokenizer_pre'])})"),

@@ -84,6 +84,13 @@ def summarize(f: GGUFFile) -> dict[str, Any]:
         "head_count": head_count,
         "head_count_kv": head_count_kv,
         "head_dim": head_dim,
+        "attention": _attention_kind(head_count, head_count_kv),
+        # sliding-window and soft-capping keys as the file declares them; whether and how an
+        # architecture honours them (which layers slide, defaults) is the model's business
+        "sliding_window": arch_key("attention.sliding_window"),
+        "sliding_window_pattern": arch_key("attention.sliding_window_pattern"),
+        "attn_logit_softcapping": arch_key("attn_logit_softcapping"),
+        "final_logit_softcapping": arch_key("final_logit_softcapping"),
         "vocab_size": vocab,
         "tokenizer_model": _plain(md.get("tokenizer.ggml.model")),
         "tokenizer_pre": _plain(md.get("tokenizer.ggml.pre")),
@@ -95,6 +102,24 @@ def summarize(f: GGUFFile) -> dict[str, Any]:
         "kv_cache_bytes_per_token": kv_per_token,
         "output_tied": "output.weight" not in f.tensors if f.tensors else None,
     }
+
+
+def _attention_kind(n_head: Any, n_head_kv: Any) -> str | None:
+    """"multi-head", "multi-query" or "grouped-query (G query heads per KV head)" from the
+    head counts (per-layer arrays: the first layer's)."""
+    if isinstance(n_head, list):
+        n_head = n_head[0] if n_head else None
+    if isinstance(n_head_kv, list):
+        n_head_kv = n_head_kv[0] if n_head_kv else None
+    if not isinstance(n_head, int) or n_head <= 0:
+        return None
+    if n_head_kv is None or n_head_kv == n_head:
+        return "multi-head"
+    if not isinstance(n_head_kv, int) or n_head_kv <= 0:
+        return None
+    if n_head_kv == 1:
+        return "multi-query"
+    return f"grouped-query ({n_head / n_head_kv:g} query heads per KV head)"
 
 
 def to_json(value: Any) -> Any:

@@ -48,10 +48,12 @@ class Phi3Config(ModelConfig):
 
 @register("phi3")
 class Phi3(Model):
-    """Phi-3 family dense models; tied output when ``output.weight`` is absent."""
+    """Phi-3, Phi-3.5 and Phi-4-mini: fused QKV and gate/up projections, LongRoPE."""
 
     config_class = Phi3Config
     config: Phi3Config
+    # llama.cpp disables Phi's sliding window (see the module docstring); `inspect` says so
+    ignored_keys = ("attention.sliding_window",)
 
     # -- tensors ---------------------------------------------------------------------------------
     def load_tensors(self, w: Weights) -> None:

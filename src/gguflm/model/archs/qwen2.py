@@ -26,8 +26,10 @@ from . import register
 
 @register("qwen2")
 class Qwen2(Model):
-    """Qwen2/Qwen2.5 dense models (0.5B to 72B)."""
+    """Qwen2 and Qwen2.5 dense models: Q/K/V biases, NEOX RoPE."""
 
+    # llama.cpp's qwen2/qwen3 graphs attend causally over the whole context; `inspect` says so
+    ignored_keys = ("attention.sliding_window",)
     # llama.cpp's qwen2 loads an optional ``output.bias``; qwen3 does not
     output_bias_allowed = True
 

@@ -22,7 +22,7 @@ from .qwen2 import Qwen2
 
 @register("qwen3")
 class Qwen3(Qwen2):
-    """Qwen3 (0.6B to 32B dense)."""
+    """Qwen3 dense models: Qwen2's graph plus per-head Q/K RMSNorm."""
 
     output_bias_allowed = False
 
