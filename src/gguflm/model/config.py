@@ -83,6 +83,23 @@ class Meta:
                                 key=self.key(name))
         return value
 
+    def swa_layers(self, n_layer: int, default_period: int) -> tuple[bool, ...]:
+        """Which layers use the sliding window, as llama.cpp's load_swa_pattern (dense
+        last): ``attention.sliding_window_pattern`` as per-layer flags, or a period p
+        (default ``default_period``): layer il slides unless il % p == p - 1; p = 0: all."""
+        key = self.key("attention.sliding_window_pattern")
+        value = self.metadata.get(key, default_period)
+        if isinstance(value, np.ndarray | list | tuple):
+            flags = tuple(bool(v) for v in value)
+            if len(flags) != n_layer:
+                raise MetadataError(f"has {len(flags)} entries for {n_layer} layers", key=key)
+            return flags
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+            raise MetadataError(f"expected a layer period or per-layer flags, got {value!r}",
+                                key=key)
+        p = int(value)
+        return tuple(p == 0 or il % p < p - 1 for il in range(n_layer))
+
 
 @dataclass(frozen=True)
 class ModelConfig:

@@ -1,0 +1,132 @@
+"""Gemma 2 (``general.architecture`` = ``gemma2``), as llama.cpp's src/models/gemma2.cpp
+runs it.
+
+Like Gemma 3 without the Q/K head norms, plus soft-capping: the embedding is scaled by
+sqrt(n_embd) (in float32, as ggml's sqrtf); RMSNorm weights are used as stored (the GGUF
+converter already folded Gemma's ``1 + w``); attention and FFN outputs are RMS-normed again
+before each residual add; the FFN is GELU(tanh)-gated; RoPE is NEOX style. Attention scores
+are soft-capped (cap * tanh(s / cap), ``attn_logit_softcapping``, default 50) before the
+mask, and so are the final logits (``final_logit_softcapping``, default 30). Layers
+alternate: even ones slide a window over the keys (``attention.sliding_window``, default
+4096: a key is visible when 0 <= query pos - key pos < window), odd ones see the whole
+context. The output is always the token embedding (llama.cpp never loads ``output.weight``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import ops
+from ..base import Model
+from ..config import Meta, ModelConfig
+from ..kv_cache import KVCache
+from ..weights import Weights
+from . import register
+
+# llama.cpp's defaults for files that lack the keys
+DEFAULT_WINDOW = 4096
+DEFAULT_SWA_PERIOD = 2          # load_swa_pattern(ml, 2): layers 0, 2, 4, ... slide
+DEFAULT_ATTN_SOFTCAP = 50.0
+DEFAULT_FINAL_SOFTCAP = 30.0
+
+
+@dataclass(frozen=True)
+class Gemma2Config(ModelConfig):
+    """Adds the local/global layer pattern and Gemma 2's scalars (GGUF key in each comment)."""
+
+    swa_layers: tuple[bool, ...]  # {arch}.attention.sliding_window_pattern (default period 2)
+    rope_base_swa: float     # {arch}.rope.freq_base_swa (default: rope.freq_base)
+    attn_scale: float        # 1/sqrt(key_length); 1/sqrt(n_embd/n_head) for the 27B model
+    attn_softcap: float      # {arch}.attn_logit_softcapping (default 50)
+    final_softcap: float     # {arch}.final_logit_softcapping (default 30)
+
+    @classmethod
+    def extra(cls, meta: Meta, common: dict[str, Any]) -> dict[str, Any]:
+        n_layer = common["n_layer"]
+        # llama.cpp sizes the 27B model (46 layers) by query_pre_attn_scalar = n_embd / n_head
+        if n_layer == 46:
+            scale = 1.0 / math.sqrt(common["n_embd"] // common["n_head"])
+        else:
+            scale = 1.0 / math.sqrt(common["head_dim"])
+        return dict(
+            sliding_window=meta.int("attention.sliding_window", DEFAULT_WINDOW),
+            swa_layers=meta.swa_layers(n_layer, DEFAULT_SWA_PERIOD),
+            rope_base_swa=meta.float("rope.freq_base_swa", common["rope_base"]),
+            attn_scale=scale,
+            attn_softcap=meta.float("attn_logit_softcapping", DEFAULT_ATTN_SOFTCAP),
+            final_softcap=meta.float("final_logit_softcapping", DEFAULT_FINAL_SOFTCAP),
+        )
+
+
+@register("gemma2")
+class Gemma2(Model):
+    """Gemma 2 (2B, 9B, 27B): soft-capped attention and logits, alternating sliding window."""
+
+    config_class = Gemma2Config
+    config: Gemma2Config
+
+    # -- tensors ---------------------------------------------------------------------------------
+    def load_tensors(self, w: Weights) -> None:
+        c = self.config
+        self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
+        self.output_norm = w.get("output_norm.weight", (c.n_embd,))
+        self.layers = []
+        for i in range(c.n_layer):
+            qkv, qkv_bias = w.qkv_specs(i, c.n_embd, c.n_embd_q, c.n_embd_k, c.n_embd_v)
+            self.layers.append(w.layer(i, {
+                "attn_norm": (c.n_embd,),
+                **qkv,
+                "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
+                "post_attention_norm": (c.n_embd,),
+                "ffn_norm": (c.n_embd,),
+                "ffn_gate": (c.n_ff, c.n_embd),
+                "ffn_up": (c.n_ff, c.n_embd),
+                "ffn_down": (c.n_embd, c.n_ff),
+                "post_ffw_norm": (c.n_embd,),
+            }, optional=qkv_bias))
+
+    # -- forward ---------------------------------------------------------------------------------
+    def _forward(self, ids: np.ndarray, pos0: int, cache: KVCache, out: slice) -> np.ndarray:
+        c = self.config
+        n_kv = pos0 + len(ids)
+        pos = np.arange(pos0, n_kv)
+        rope = {False: ops.rope_table(pos, c.rope_dim, c.rope_base, c.rope_freq_scale),
+                True: ops.rope_table(pos, c.rope_dim, c.rope_base_swa, c.rope_freq_scale)}
+        masks = {False: ops.attention_mask(pos, n_kv),
+                 True: ops.attention_mask(pos, n_kv, c.sliding_window)}
+        x = self.token_embd.rows(ids) * np.sqrt(np.float32(c.n_embd))  # float32, as sqrtf
+        last = len(self.layers) - 1
+        for il, layer in enumerate(self.layers):
+            local = c.swa_layers[il]
+            h = ops.rmsnorm(x, layer.attn_norm, c.norm_eps)
+            a = self.attention(il, layer, h, rope[local], masks[local], cache)
+            if il == last:  # only the wanted rows go on (llama.cpp's inp_out_ids)
+                a, x = a[out], x[out]
+            x = x + ops.rmsnorm(a, layer.post_attention_norm, c.norm_eps)
+            h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
+            x = x + ops.rmsnorm(self.ffn(layer, h), layer.post_ffw_norm, c.norm_eps)
+        x = ops.rmsnorm(x, self.output_norm, c.norm_eps)
+        return ops.softcap(self.token_embd.matmul(x), c.final_softcap)  # (rows, n_vocab)
+
+    def attention(self, il: int, layer: Any, h: np.ndarray, rope: np.ndarray,
+                  mask: np.ndarray, cache: KVCache) -> np.ndarray:
+        """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the cache."""
+        c = self.config
+        n = len(h)
+        q, k, v = ops.qkv(h, layer, c.n_embd_q, c.n_embd_k)
+        q = ops.rope_neox(q.reshape(n, c.n_head, c.head_dim), rope)
+        k = ops.rope_neox(k.reshape(n, c.n_head_kv, c.head_dim), rope)
+        v = v.reshape(n, c.n_head_kv, c.head_dim_v)
+        keys, values = cache.store(il, k, v)               # (H_kv, S, d), (H_kv, S, d_v)
+        a = ops.attention(q, keys, values, mask, c.attn_scale, softcap=c.attn_softcap)
+        return ops.linear(a, layer.attn_output)
+
+    def ffn(self, layer: Any, h: np.ndarray) -> np.ndarray:
+        """GeGLU: down(gelu_tanh(gate(h)) * up(h)). h (T, n_embd) -> (T, n_embd)."""
+        g = ops.linear(h, layer.ffn_gate)                  # (T, n_ff)
+        u = ops.linear(h, layer.ffn_up)                    # (T, n_ff)
+        return ops.linear(ops.geglu(g, u), layer.ffn_down)
