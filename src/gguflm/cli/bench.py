@@ -8,9 +8,10 @@ no tokenizer or sampler time is counted. Each test runs once untimed (warm-up), 
 and the process's peak resident memory.
 
 ``--vs-llama-cpp`` runs llama.cpp (llama-cpp-python) on the same file, thread count and
-token ids in the same run, after our measurements, and prints the ratios. When
+token ids in the same run, each repetition right after ours (a noisy neighbour on a shared
+machine then slows both alike), and prints the ratios of the medians. When
 llama-cpp-python is not importable here, ``--llama-python PY`` names an interpreter that
-has it (llama.cpp then runs in that child process).
+has it (llama.cpp then runs in that child process, and the peak RSS is ours alone).
 """
 
 from __future__ import annotations
@@ -94,97 +95,147 @@ def _token_ids(n_vocab: int, count: int, seed: int) -> list[int]:
     return [int(t) for t in rng.integers(0, n_vocab, size=count)]
 
 
-def _bench_ours(model: Any, prompt: list[int], gen: list[int], reps: int) -> dict[str, Any]:
-    n_ctx = max(len(prompt), len(gen), 1)
-    res: dict[str, Any] = {}
-    if prompt:
-        times = []
-        for i in range(reps + 1):
-            cache = model.new_cache(n_ctx)
-            t0 = time.perf_counter()
-            model.forward(prompt, cache)
-            if i:  # the first run is the warm-up
-                times.append(time.perf_counter() - t0)
-        res["pp"] = _stats([len(prompt) / t for t in times])
-    if gen:
-        times = []
-        for i in range(reps + 1):
-            cache = model.new_cache(n_ctx)
-            t0 = time.perf_counter()
-            for tok in gen:
-                model.forward([tok], cache)
-            if i:
-                times.append(time.perf_counter() - t0)
-        res["tg"] = _stats([len(gen) / t for t in times])
-    return res
+class _Ours:
+    """Our model: one timed pp or tg run per call (seconds)."""
+
+    def __init__(self, model: Any, n_ctx: int) -> None:
+        self.model, self.n_ctx = model, n_ctx
+
+    def pp(self, prompt: list[int]) -> float:
+        cache = self.model.new_cache(self.n_ctx)
+        t0 = time.perf_counter()
+        self.model.forward(prompt, cache)
+        return time.perf_counter() - t0
+
+    def tg(self, gen: list[int]) -> float:
+        cache = self.model.new_cache(self.n_ctx)
+        t0 = time.perf_counter()
+        for tok in gen:
+            self.model.forward([tok], cache)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        pass
 
 
-# Runs in this process or in a child interpreter; argv: model threads reps prompt gen (json)
+# llama.cpp through llama-cpp-python: in this process, or as a child interpreter that reads
+# one command per line ("pp" / "tg" / "quit") and answers the seconds it took.
 _LLAMA_SCRIPT = r'''
-import json, statistics, sys, time
-import llama_cpp
+import json, sys, time
 from llama_cpp import Llama
 
-def bench(path, threads, reps, prompt, gen):
-    n_ctx = max(len(prompt), len(gen), 1) + 8
-    llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=max(len(prompt), 1),
-                n_ubatch=max(len(prompt), 1), n_threads=threads, n_threads_batch=threads,
-                logits_all=False, verbose=False)
-    res = {"version": getattr(llama_cpp, "__version__", "?")}
-    def stats(v):
-        return {"median": statistics.median(v), "mean": statistics.fmean(v),
-                "std": statistics.stdev(v) if len(v) > 1 else 0.0}
-    if prompt:
-        times = []
-        for i in range(reps + 1):
-            llm.reset()
-            t0 = time.perf_counter()
-            llm.eval(prompt)
-            if i:
-                times.append(time.perf_counter() - t0)
-        res["pp"] = stats([len(prompt) / t for t in times])
-    if gen:
-        times = []
-        for i in range(reps + 1):
-            llm.reset()
-            t0 = time.perf_counter()
-            for tok in gen:
-                llm.eval([tok])
-            if i:
-                times.append(time.perf_counter() - t0)
-        res["tg"] = stats([len(gen) / t for t in times])
-    llm.close()
-    return res
+class Runner:
+    def __init__(self, path, threads, n_ctx, n_batch):
+        self.llm = Llama(model_path=path, n_ctx=n_ctx + 8, n_batch=n_batch, n_ubatch=n_batch,
+                         n_threads=threads, n_threads_batch=threads, logits_all=False,
+                         verbose=False)
+
+    def pp(self, prompt):
+        self.llm.reset()
+        t0 = time.perf_counter()
+        self.llm.eval(prompt)
+        return time.perf_counter() - t0
+
+    def tg(self, gen):
+        self.llm.reset()
+        t0 = time.perf_counter()
+        for tok in gen:
+            self.llm.eval([tok])
+        return time.perf_counter() - t0
+
+    def close(self):
+        self.llm.close()
 
 if __name__ == "__main__":
-    path, threads, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    prompt, gen = json.loads(sys.argv[4]), json.loads(sys.argv[5])
-    print(json.dumps(bench(path, threads, reps, prompt, gen)))
+    path, threads, n_ctx, n_batch = sys.argv[1], *map(int, sys.argv[2:5])
+    prompt, gen = json.loads(sys.argv[5]), json.loads(sys.argv[6])
+    r = Runner(path, threads, n_ctx, n_batch)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "quit":
+            break
+        print(r.pp(prompt) if cmd == "pp" else r.tg(gen), flush=True)
+    r.close()
 '''
 
 
-def _bench_llama_cpp(path: Path, threads: int, reps: int, prompt: list[int], gen: list[int],
-                     python: str | None) -> dict[str, Any]:
-    if python is None:
+class _LlamaChild:
+    """llama.cpp in a child interpreter (one that has llama-cpp-python)."""
+
+    def __init__(self, python: str, path: Path, threads: int, n_ctx: int, n_batch: int,
+                 prompt: list[int], gen: list[int]) -> None:
+        self.prompt, self.gen = prompt, gen
+        env = dict(os.environ)
+        if os.environ.get("GGUFLM_OMP_DEFAULTED"):  # our passive default is not llama.cpp's
+            env.pop("OMP_WAIT_POLICY", None)
+        cmd = [python, "-c", _LLAMA_SCRIPT, str(path), str(threads), str(n_ctx), str(n_batch),
+               json.dumps(prompt), json.dumps(gen)]
         try:
-            import llama_cpp  # noqa: F401
-        except ImportError:
-            raise CLIError("--vs-llama-cpp needs llama-cpp-python (pip install "
-                           "llama-cpp-python), or --llama-python PY naming an interpreter "
-                           "that has it") from None
-        namespace: dict[str, Any] = {"__name__": "gguflm_llama_bench"}
-        exec(compile(_LLAMA_SCRIPT, "<llama-bench>", "exec"), namespace)  # noqa: S102
-        return namespace["bench"](str(path), threads, reps, prompt, gen)
-    cmd = [python, "-c", _LLAMA_SCRIPT, str(path), str(threads), str(reps), json.dumps(prompt),
-           json.dumps(gen)]
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True, env=env)
+        except OSError as e:
+            raise CLIError(f"cannot run {python}: {e.strerror or e}") from None
+        self._expect("ready")
+
+    def _expect(self, what: str) -> str:
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line:
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            tail = (err.strip().splitlines() or ["(no output)"])[-1]
+            raise CLIError(f"llama.cpp run failed: {tail}")
+        return line.strip()
+
+    def _ask(self, cmd: str) -> float:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return float(self._expect(cmd))
+
+    def pp(self, prompt: list[int]) -> float:
+        return self._ask("pp")
+
+    def tg(self, gen: list[int]) -> float:
+        return self._ask("tg")
+
+    def close(self) -> None:
+        if self.proc.poll() is None and self.proc.stdin:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+        self.proc.wait(timeout=60)
+
+
+def _llama_runner(python: str | None, path: Path, threads: int, n_ctx: int, n_batch: int,
+                  prompt: list[int], gen: list[int]) -> Any:
+    if python is not None:
+        return _LlamaChild(python, path, threads, n_ctx, n_batch, prompt, gen)
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    except OSError as e:
-        raise CLIError(f"cannot run {python}: {e.strerror or e}") from None
-    if r.returncode != 0:
-        tail = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise CLIError(f"llama.cpp run failed under {python}: {tail}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        raise CLIError("--vs-llama-cpp needs llama-cpp-python (pip install llama-cpp-python), "
+                       "or --llama-python PY naming an interpreter that has it") from None
+    namespace: dict[str, Any] = {"__name__": "gguflm_llama_bench"}
+    exec(compile(_LLAMA_SCRIPT, "<llama-bench>", "exec"), namespace)  # noqa: S102
+    return namespace["Runner"](str(path), threads, n_ctx, n_batch)
+
+
+def _measure(runners: dict[str, Any], prompt: list[int], gen: list[int],
+             reps: int) -> dict[str, dict[str, dict[str, float]]]:
+    """Each test, each runner in turn within a repetition (so that a noisy neighbour hits
+    both alike); the first repetition is an untimed warm-up."""
+    res: dict[str, dict[str, Any]] = {name: {} for name in runners}
+    for test, ids in (("pp", prompt), ("tg", gen)):
+        if not ids:
+            continue
+        times: dict[str, list[float]] = {name: [] for name in runners}
+        for rep in range(reps + 1):
+            for name, runner in runners.items():
+                dt = getattr(runner, test)(ids)
+                if rep:
+                    times[name].append(dt)
+        for name in runners:
+            res[name][test] = _stats([len(ids) / t for t in times[name]])
+    return res
 
 
 def _fmt(s: dict[str, float] | None) -> str:
@@ -200,6 +251,12 @@ def run(args: argparse.Namespace) -> int:
 
     path = resolve(args.model or hub.DEFAULT_MODEL)
     threads = set_threads(args.threads)
+    from ..quant import kernels
+
+    if not kernels.is_compiled():
+        print("compiling the kernels (first run only, this takes a minute)...", file=sys.stderr,
+              flush=True)
+    compile_s = kernels.warm_up()
     t0 = time.perf_counter()
     model = load_model(path)
     load_s = time.perf_counter() - t0
@@ -211,10 +268,20 @@ def run(args: argparse.Namespace) -> int:
     model.forward(prompt[:2] or gen[:2], model.new_cache(4))
     model.forward(gen[:1] or prompt[:1], model.new_cache(4))
     warmup_s = time.perf_counter() - t0
-    ours = _bench_ours(model, prompt, gen, args.repetitions)
-    rss = _peak_rss_mb()
+    n_ctx = max(len(prompt), len(gen), 1)
+    runners: dict[str, Any] = {"gguflm": _Ours(model, n_ctx)}
+    if args.vs_llama_cpp:
+        runners["llama.cpp"] = _llama_runner(args.llama_python, path, threads, n_ctx,
+                                             max(len(prompt), 1), prompt, gen)
+    try:
+        measured = _measure(runners, prompt, gen, args.repetitions)
+    finally:
+        for runner in runners.values():
+            runner.close()
+    ours = measured["gguflm"]
+    rss = _peak_rss_mb()  # includes llama.cpp's when it ran in this process
     file_mb = os.path.getsize(path) / 2**20
-    kv_mb = model.new_cache(max(args.n_prompt, args.n_gen, 1)).nbytes / 2**20
+    kv_mb = model.new_cache(n_ctx).nbytes / 2**20
     result: dict[str, Any] = {
         "model": str(path), "file_mb": round(file_mb, 1), "threads": threads,
         "n_prompt": args.n_prompt, "n_gen": args.n_gen, "repetitions": args.repetitions,
@@ -222,11 +289,11 @@ def run(args: argparse.Namespace) -> int:
         "tg_tps": ours["tg"]["median"] if "tg" in ours else None,
         "pp": ours.get("pp"), "tg": ours.get("tg"),
         "peak_rss_mb": round(rss, 1), "kv_cache_mb": round(kv_mb, 1),
-        "load_s": round(load_s, 3), "first_forward_s": round(warmup_s, 3),
+        "kernels_s": round(compile_s, 3), "load_s": round(load_s, 3),
+        "first_forward_s": round(warmup_s, 3),
     }
-    del model
-    if args.vs_llama_cpp:
-        ref = _bench_llama_cpp(path, threads, args.repetitions, prompt, gen, args.llama_python)
+    if "llama.cpp" in measured:
+        ref = measured["llama.cpp"]
         result["llama_cpp"] = ref
         for test in ("pp", "tg"):
             if test in ours and test in ref:
@@ -237,7 +304,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"model: {path.name} ({file_mb:.1f} MiB), threads: {threads}, "
           f"repetitions: {args.repetitions}")
-    print(f"start-up: load {load_s:.2f} s, first forward (kernels load/compile) {warmup_s:.2f} s")
+    print(f"start-up: kernels {compile_s:.2f} s, model load {load_s:.2f} s, first forward "
+          f"{warmup_s:.2f} s")
     for test, n in (("pp", args.n_prompt), ("tg", args.n_gen)):
         if test not in ours:
             continue

@@ -60,7 +60,9 @@ SIMD = _simd_kind()
 # Idle OpenMP workers sleep instead of spinning: between our parallel products the model runs
 # serial numpy code, and spinning workers would take its core (measured: 2-3x slower tokens
 # when the cores are shared). Only a default; the environment wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "passive"
+    os.environ["GGUFLM_OMP_DEFAULTED"] = "1"  # so benchmarks can leave llama.cpp's alone
 
 # float16 bit pattern -> float32, for block scales read straight from the weight bytes
 F16_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
@@ -554,6 +556,33 @@ def qmatmul(kind: int, w: np.ndarray, x: np.ndarray, out: np.ndarray,
     else:
         qmatmul_rows(kind, w, qa, da, aux, F16_TABLE, out, 0, w.shape[0])
     return out
+
+
+def is_compiled() -> bool:
+    """True when the kernels' machine code is cached on disk: starting then takes about a
+    second; otherwise the first product compiles them (tens of seconds, once)."""
+    try:
+        return all(len(fn._cache._cache_file._load_index()) > 0
+                   for fn in (qmatmul_rows, qmatmul_par, quantize_q8_0, quantize_q8_k))
+    except Exception:  # noqa: BLE001 - numba internals moved: assume the slow path
+        return False
+
+
+def warm_up() -> float:
+    """Compile (first run) or load (later runs) the kernels for memory-mapped weights;
+    returns the seconds it took. Lets a command say "compiling" before it happens."""
+    import time
+
+    t0 = time.perf_counter()
+    for kind in (KIND_Q8_0, KIND_Q4_K):
+        qk, ts = BLOCK[kind]
+        w = np.zeros((4, ts), np.uint8)
+        w.flags.writeable = False  # tensor views of the mmapped file are read-only
+        out = np.empty((1, 4), np.float32)
+        x = np.zeros((1, qk), np.float32)
+        qmatmul(kind, w, x, out, parallel=False)
+        qmatmul(kind, w, x, out, parallel=True)
+    return time.perf_counter() - t0
 
 
 # -- F16 weights: float dot in float32 lanes (numba vectorizes this loop itself) -----------
