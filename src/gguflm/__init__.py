@@ -6,6 +6,8 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .api import LLM as LLM
+    from .api import InvalidRequestError as InvalidRequestError
     from .model import Model
     from .tokenizer import Tokenizer as Tokenizer
 
@@ -28,4 +30,8 @@ def __getattr__(name: str):
         from .tokenizer import Tokenizer
 
         return Tokenizer
+    if name in ("LLM", "InvalidRequestError"):  # the Python API (api.py), also lazily
+        from . import api
+
+        return getattr(api, name)
     raise AttributeError(f"module 'gguflm' has no attribute {name!r}")

@@ -10,11 +10,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from .sampling import Sampler
+
+if TYPE_CHECKING:
+    from ..model.kv_cache import KVCache
 
 __all__ = ["Generation", "PromptTooLongError", "Timings", "generate", "stream_text"]
 
@@ -78,6 +81,10 @@ class Generation:
     tokens: list[int] = field(default_factory=list)
     stop: str | None = None
     timings: Timings = field(default_factory=Timings)
+    # Reuse: an existing cache whose first ``n_reuse`` positions hold this prompt's first
+    # tokens (a chat's earlier turns); only the rest of the prompt is evaluated.
+    cache: KVCache | None = None
+    n_reuse: int = 0
     _started: bool = False
 
     def __iter__(self) -> Iterator[int]:
@@ -87,11 +94,14 @@ class Generation:
         return self._run()
 
     def _run(self) -> Iterator[int]:
-        cache = self.model.new_cache(self.n_ctx)
+        cache = self.cache if self.cache is not None else self.model.new_cache(self.n_ctx)
+        # keep the reusable prefix, but evaluate at least one token: its logits come next
+        keep = max(0, min(self.n_reuse, cache.n, len(self.prompt_ids) - 1))
+        cache.truncate(keep)
         t0 = time.perf_counter()
-        logits = self.model.forward(self.prompt_ids, cache)  # (n_vocab,) at the last position
+        logits = self.model.forward(self.prompt_ids[keep:], cache)  # (n_vocab,) at the last
         self.sampler.accept_all(self.prompt_ids)  # the penalties see the prompt, as llama.cpp's
-        self.timings.prompt_tokens = len(self.prompt_ids)
+        self.timings.prompt_tokens = len(self.prompt_ids) - keep  # the tokens evaluated
         self.timings.prompt_seconds = time.perf_counter() - t0
         while True:
             if 0 <= self.max_tokens <= len(self.tokens):
@@ -123,11 +133,21 @@ class Generation:
 
 def generate(model: _Model, prompt_ids: Iterable[int], sampler: Sampler, *,
              max_tokens: int = -1, n_ctx: int | None = None,
-             eog_ids: Iterable[int] = ()) -> Generation:
+             eog_ids: Iterable[int] = (), cache: KVCache | None = None,
+             n_reuse: int = 0) -> Generation:
     """A ``Generation`` (iterate it for the ids) of up to ``max_tokens`` tokens after
     ``prompt_ids``, in a context of ``n_ctx`` positions (default: just enough for the prompt
-    and ``max_tokens``; required when ``max_tokens`` is -1)."""
+    and ``max_tokens``; required when ``max_tokens`` is -1).
+
+    With ``cache`` (an existing KV cache; its size is the context) the first ``n_reuse``
+    prompt tokens are taken as already cached there; the cache is cut back to them and only
+    the rest is evaluated. Afterwards ``cache.n`` positions hold ``(prompt + tokens)[:n]``.
+    """
     prompt = [int(t) for t in prompt_ids]
+    if cache is not None:
+        if n_ctx is not None and n_ctx != cache.n_ctx:
+            raise ValueError(f"n_ctx {n_ctx} differs from the given cache's {cache.n_ctx}")
+        n_ctx = cache.n_ctx
     if not prompt:
         raise PromptTooLongError("the prompt is empty (no tokens to start from)")
     if max_tokens < -1:
@@ -143,7 +163,8 @@ def generate(model: _Model, prompt_ids: Iterable[int], sampler: Sampler, *,
         raise PromptTooLongError(
             f"the prompt is {len(prompt)} tokens, longer than the context of {n_ctx}")
     return Generation(model, prompt, sampler, max_tokens=max_tokens, n_ctx=n_ctx,
-                      eog_ids=frozenset(int(t) for t in eog_ids))
+                      eog_ids=frozenset(int(t) for t in eog_ids), cache=cache,
+                      n_reuse=n_reuse if cache is not None else 0)
 
 
 def stream_text(ids: Iterable[int], decoder: _Decoder) -> Iterator[str]:

@@ -1,0 +1,89 @@
+"""``gguflm serve [MODEL]``: an OpenAI-compatible HTTP API on one model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import CLIError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..hub import DEFAULT_MODEL
+
+    p = subparsers.add_parser(
+        "serve", help="serve an OpenAI-compatible HTTP API",
+        description="Serve MODEL (a GGUF file or a known model name, default "
+                    f"{DEFAULT_MODEL}) over HTTP: GET /health and /v1/models, POST "
+                    "/v1/completions and /v1/chat/completions (JSON, or Server-Sent Events "
+                    "with \"stream\": true). Requests are answered one at a time, in turn.")
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL",
+                   help=f"GGUF file or known model name (default: {DEFAULT_MODEL})")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8080,
+                   help="port to listen on; 0: any free port (default: 8080)")
+    add_model_options(p)
+    p.add_argument("--max-queue", type=int, default=None, metavar="N",
+                   help="requests running or waiting at most; more get 503 (default: 256)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every request to stderr")
+    p.set_defaults(func=serve)
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """-c, -t and --chat-template, shared with ``gguflm chat``."""
+    p.add_argument("-c", "--ctx-size", type=int, metavar="N_CTX",
+                   help="context size in tokens (default: 4096, at most the model's training "
+                        "context)")
+    p.add_argument("-t", "--threads", type=int, metavar="N",
+                   help="threads (default: the cores available)")
+    p.add_argument("--chat-template", metavar="FILE",
+                   help="use this chat template (Jinja text, or a tokenizer_config.json) "
+                        "instead of the model's")
+
+
+def load_llm(args: argparse.Namespace):  # noqa: ANN201 - gguflm.api.LLM, imported lazily
+    """The LLM for ``args`` (model, -c, -t, --chat-template), errors as CLIError."""
+    from ..api import LLM, InvalidRequestError
+    from ..hub import KNOWN_MODELS
+    from .pull import resolve
+
+    if args.ctx_size is not None and args.ctx_size < 1:
+        raise CLIError(f"-c must be at least 1, got {args.ctx_size}")
+    if args.threads is not None and args.threads < 1:
+        raise CLIError(f"-t must be at least 1, got {args.threads}")
+    path = resolve(args.model)  # pulls a known model with progress shown
+    try:
+        llm = LLM(path, n_ctx=args.ctx_size, threads=args.threads,
+                  chat_template=args.chat_template)
+    except InvalidRequestError as e:
+        raise CLIError(str(e)) from None
+    if args.model in KNOWN_MODELS:
+        llm.model_id = args.model  # the name the user gave, as clients will see it
+    return llm
+
+
+def serve(args: argparse.Namespace) -> int:
+    from ..server import DEFAULT_MAX_QUEUE, make_server
+
+    if not 0 <= args.port <= 65535:
+        raise CLIError(f"--port must be 0..65535, got {args.port}")
+    max_queue = DEFAULT_MAX_QUEUE if args.max_queue is None else args.max_queue
+    if max_queue < 1:
+        raise CLIError(f"--max-queue must be at least 1, got {max_queue}")
+    llm = load_llm(args)
+    try:
+        server = make_server(llm, args.host, args.port, max_queue=max_queue,
+                             verbose=args.verbose)
+    except OSError as e:
+        raise CLIError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    print(f"gguflm serve: {llm.model_id} (n_ctx {llm.n_ctx}, {llm.threads} threads, chat "
+          f"template: {llm.chat_template.name}) listening on {server.url}/v1",
+          file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("gguflm serve: stopped", file=sys.stderr)
+    finally:
+        server.server_close()
+    return 0
