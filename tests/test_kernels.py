@@ -156,3 +156,30 @@ def test_portable_simd_variants(zoo, simd: str, tmp_path) -> None:  # noqa: ANN0
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_bench_command_json(reference, capsys) -> None:  # noqa: ANN001
+    """``gguflm bench --json`` on a small real file: llama-bench's figures, as one object."""
+    import json
+
+    from gguflm.cli import main
+    from gguflm.quant.matrix import set_threads
+
+    model = reference / "tiny-llama-q4_0" / "tiny-llama-q4_0.gguf"
+    try:
+        assert main(["bench", str(model), "-p", "8", "-n", "4", "-r", "2", "-t", "1",
+                     "--json"]) == 0
+    finally:
+        set_threads(None)  # back to the default for the tests that follow
+    res = json.loads(capsys.readouterr().out)
+    assert res["threads"] == 1 and res["n_prompt"] == 8 and res["n_gen"] == 4
+    assert res["pp_tps"] > 0 and res["tg_tps"] > 0 and res["peak_rss_mb"] > 0
+    assert res["pp"]["median"] == res["pp_tps"] and res["tg"]["std"] >= 0
+
+
+def test_bench_command_errors(reference, capsys) -> None:  # noqa: ANN001
+    from gguflm.cli import main
+
+    model = reference / "tiny-llama-q4_0" / "tiny-llama-q4_0.gguf"
+    assert main(["bench", str(model), "-p", "0", "-n", "0"]) == 1
+    assert "nothing to measure" in capsys.readouterr().err
