@@ -2,8 +2,9 @@
 
 Start-up is measured in a fresh interpreter per file (imports excluded, as a user of an
 already-imported gguflm sees it): open the GGUF file, build the Tokenizer, tokenize one short
-prompt (which builds the BPE merges table, done on first use). Throughput: encode the Apache-2.0 licence text (cold word cache: a new Tokenizer per
-run) and decode its ids, best of --repeat.
+prompt (which builds the BPE merges table, done on first use). Throughput: encode the
+Apache-2.0 licence text (cold word cache: a new Tokenizer per run) and decode its ids, best
+of --repeat.
 
     .venv/bin/python benchmarks/bench_tokenizer.py [--repeat 3]
 """
