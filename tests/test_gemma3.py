@@ -199,6 +199,24 @@ def test_weight_types_vary_per_tensor(tmp_path) -> None:
     np.testing.assert_allclose(q.logits(IDS), want, atol=0.05 * np.abs(want).max())
 
 
+def test_fused_qkv_and_biases(tmp_path) -> None:
+    """llama.cpp's create_tensor_qkv: one fused attn_qkv (rows [q | k | v]) loads like the
+    separate projections; optional biases are honoured."""
+    md = _md(attention__sliding_window=4)
+    sep = random_tensors(md, seed=5)
+    fused = {k: v for k, v in sep.items() if not any(f".attn_{x}." in k for x in "qkv")}
+    for i in range(2):
+        fused[f"blk.{i}.attn_qkv.weight"] = np.concatenate(
+            [sep[f"blk.{i}.attn_{x}.weight"] for x in "qkv"])
+    a = gguflm.load_model(write_model(tmp_path / "sep.gguf", md, sep)).logits(IDS)
+    b = gguflm.load_model(write_model(tmp_path / "fused.gguf", md, fused)).logits(IDS)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
+    biased = random_tensors(md, seed=5, with_optional=(".bias",))
+    assert "blk.1.attn_v.bias" in biased
+    c = gguflm.load_model(write_model(tmp_path / "bias.gguf", md, biased)).logits(IDS)
+    assert np.abs(c - a).max() > 1e-2
+
+
 # -- load-time errors ---------------------------------------------------------------------------
 
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from ...gguf.errors import MetadataError
 from .. import ops
 from ..base import Model
 from ..config import Meta, ModelConfig
@@ -46,7 +45,7 @@ class Gemma3Config(ModelConfig):
     def extra(cls, meta: Meta, common: dict[str, Any]) -> dict[str, Any]:
         n_layer = common["n_layer"]
         if common["sliding_window"] > 0:
-            swa = _swa_pattern(meta, n_layer)
+            swa = meta.swa_layers(n_layer, DEFAULT_SWA_PERIOD)
         else:  # no window: every layer is global (llama.cpp's LLAMA_SWA_TYPE_NONE)
             swa = (False,) * n_layer
         # llama.cpp ties the 27B model's query_pre_attn_scalar (n_embd / n_head = 168) to
@@ -61,25 +60,6 @@ class Gemma3Config(ModelConfig):
             attn_scale=scale,
             final_softcap=meta.float("final_logit_softcapping", 0.0, positive=False),
         )
-
-
-def _swa_pattern(meta: Meta, n_layer: int) -> tuple[bool, ...]:
-    """Which layers use the sliding window: a per-layer array of flags, or a period p
-    (layer il is local unless il % p == p - 1; p = 0 makes every layer local)."""
-    key = meta.key("attention.sliding_window_pattern")
-    value = meta.metadata.get(key)
-    if value is None:
-        value = DEFAULT_SWA_PERIOD
-    if isinstance(value, np.ndarray | list | tuple):
-        flags = [bool(v) for v in value]
-        if len(flags) != n_layer:
-            raise MetadataError(f"has {len(flags)} entries for {n_layer} layers", key=key)
-        return tuple(flags)
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
-        raise MetadataError(f"expected a layer period or per-layer flags, got {value!r}",
-                            key=key)
-    p = int(value)
-    return tuple(p == 0 or il % p < p - 1 for il in range(n_layer))
 
 
 @register("gemma3")
@@ -97,21 +77,23 @@ class Gemma3(Model):
         self.output = w.get("output.weight", (c.n_vocab, c.n_embd), optional=True)
         if self.output is None:  # tied: the embedding doubles as the output projection
             self.output = self.token_embd
-        self.layers = [w.layer(i, {
-            "attn_norm": (c.n_embd,),
-            "attn_q": (c.n_embd_q, c.n_embd),
-            "attn_k": (c.n_embd_k, c.n_embd),
-            "attn_v": (c.n_embd_v, c.n_embd),
-            "attn_q_norm": (c.head_dim,),
-            "attn_k_norm": (c.head_dim,),
-            "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
-            "post_attention_norm": (c.n_embd,),
-            "ffn_norm": (c.n_embd,),
-            "ffn_gate": (c.n_ff, c.n_embd),
-            "ffn_up": (c.n_ff, c.n_embd),
-            "ffn_down": (c.n_embd, c.n_ff),
-            "post_ffw_norm": (c.n_embd,),
-        }) for i in range(c.n_layer)]
+        self.layers = []
+        for i in range(c.n_layer):
+            # one fused attn_qkv or attn_q/k/v, biases optional (llama.cpp's create_tensor_qkv)
+            qkv, qkv_bias = w.qkv_specs(i, c.n_embd, c.n_embd_q, c.n_embd_k, c.n_embd_v)
+            self.layers.append(w.layer(i, {
+                "attn_norm": (c.n_embd,),
+                **qkv,
+                "attn_q_norm": (c.head_dim,),
+                "attn_k_norm": (c.head_dim,),
+                "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
+                "post_attention_norm": (c.n_embd,),
+                "ffn_norm": (c.n_embd,),
+                "ffn_gate": (c.n_ff, c.n_embd),
+                "ffn_up": (c.n_ff, c.n_embd),
+                "ffn_down": (c.n_embd, c.n_ff),
+                "post_ffw_norm": (c.n_embd,),
+            }, optional=qkv_bias))
 
     # -- forward ---------------------------------------------------------------------------------
     def _forward(self, ids: np.ndarray, pos0: int, cache: KVCache, out: slice) -> np.ndarray:
@@ -147,9 +129,10 @@ class Gemma3(Model):
         """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the cache."""
         c = self.config
         n = len(h)
-        q = ops.linear(h, layer.attn_q).reshape(n, c.n_head, c.head_dim)
-        k = ops.linear(h, layer.attn_k).reshape(n, c.n_head_kv, c.head_dim)
-        v = ops.linear(h, layer.attn_v).reshape(n, c.n_head_kv, c.head_dim_v)
+        q, k, v = ops.qkv(h, layer, c.n_embd_q, c.n_embd_k)
+        q = q.reshape(n, c.n_head, c.head_dim)
+        k = k.reshape(n, c.n_head_kv, c.head_dim)
+        v = v.reshape(n, c.n_head_kv, c.head_dim_v)
         q = ops.rope_neox(ops.rmsnorm(q, layer.attn_q_norm, c.norm_eps), rope)
         k = ops.rope_neox(ops.rmsnorm(k, layer.attn_k_norm, c.norm_eps), rope)
         keys, values = cache.store(il, k, v)                 # (H_kv, S, d), (H_kv, S, d_v)
