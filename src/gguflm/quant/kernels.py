@@ -131,7 +131,8 @@ def quantize_q8_0(x: np.ndarray, qa: np.ndarray, da: np.ndarray, sa: np.ndarray)
 
 @njit(cache=True, nogil=True)
 def quantize_q8_k(x: np.ndarray, qa: np.ndarray, da: np.ndarray, bsum: np.ndarray) -> None:
-    """x (n, K) f32 -> qa (n, K) i8, da (n, K/256) f32, bsum (n, K/16) f32 (integer sums).
+    """x (n, K) f32 -> qa (n, K) i8, da (n, K/256) f32, bsum (n, K/32) f32 (integer sums of
+    each 32 values: Q8_K's 16-value bsums in pairs, as the Q4_K/Q5_K minimums use them).
 
     ggml's quantize_row_q8_K: scale from the signed value of largest magnitude,
     iscale = -127/max, q = min(127, nearest_int(iscale * x)), d = 1/iscale.
@@ -150,30 +151,30 @@ def quantize_q8_k(x: np.ndarray, qa: np.ndarray, da: np.ndarray, bsum: np.ndarra
             if amax == 0:
                 for j in range(256):
                     qa[i, b * 256 + j] = 0
-                for j in range(16):
-                    bsum[i, b * 16 + j] = 0
+                for j in range(8):
+                    bsum[i, b * 8 + j] = 0
                 da[i, b] = 0
                 continue
             iscale = np.float32(-127.0) / vmax
-            for g in range(16):
+            for g in range(8):
                 s = 0
-                for j in range(16):
-                    e = b * 256 + g * 16 + j
+                for j in range(32):
+                    e = b * 256 + g * 32 + j
                     q = min(127, np.int32(np.rint(iscale * x[i, e])))
                     qa[i, e] = q
                     s += q
-                bsum[i, b * 16 + g] = s
+                bsum[i, b * 8 + g] = s
             da[i, b] = np.float32(1.0) / iscale
 
 
 def quantize_activations(x: np.ndarray, kind: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The 8-bit form of ``x (n, K)`` that weights of ggml type ``kind`` multiply with:
-    ``(qa (n, K) i8, da (n, K/QK) f32, aux)`` with aux the Q8_1 sums or Q8_K 16-sums."""
+    ``(qa (n, K) i8, da (n, K/QK) f32, aux)`` with aux the Q8_1 sums or Q8_K 32-sums."""
     n, k = x.shape
     qa = np.empty((n, k), np.int8)
     if kind in K_KINDS:
         da = np.empty((n, k // 256), np.float32)
-        aux = np.empty((n, k // 16), np.float32)
+        aux = np.empty((n, k // 32), np.float32)
         quantize_q8_k(x, qa, da, aux)
     else:
         da = np.empty((n, k // 32), np.float32)
@@ -267,14 +268,17 @@ class _Gen:
         return self.b.and_(v, self.splat8(15, 32))
 
     def bits32(self, qh: ir.Value, shift_to: int) -> ir.Value:
-        """i32 ``qh`` -> <32 x i8>: bit e of qh moved to bit ``shift_to`` of element e."""
-        v = self.b.insert_element(ir.Constant(_vt(_I32, 32), ir.Undefined), qh,
-                                  ir.Constant(_I32, 0))
-        v = self.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, 32), [0] * 32))
-        v = self.b.lshr(v, ir.Constant(_vt(_I32, 32), list(range(32))))
-        v = self.b.and_(v, ir.Constant(_vt(_I32, 32), [1] * 32))
-        v = self.b.trunc(v, _vt(_I8, 32))
-        return self.b.shl(v, self.splat8(shift_to, 32)) if shift_to else v
+        """i32 ``qh`` -> <32 x i8>: bit e of qh moved to bit ``shift_to`` of element e.
+
+        Byte e/8 of qh is broadcast to element e and tested against 1 << (e%8): a byte
+        shuffle and a compare, instead of 32 variable shifts."""
+        b = self.b
+        v = b.bitcast(qh, _vt(_I8, 4))
+        v = b.shuffle_vector(v, v, ir.Constant(_vt(_I32, 32), [e // 8 for e in range(32)]))
+        hit = b.icmp_unsigned("!=", b.and_(v, ir.Constant(_vt(_I8, 32),
+                                                        [1 << (e % 8) for e in range(32)])),
+                              self.splat8(0, 32))
+        return b.select(hit, self.splat8(1 << shift_to, 32), self.splat8(0, 32))
 
     # the integer dot: <32 x i16> . <32 x i16> -> <16 x i32> (adjacent pairs summed)
     def madd16(self, w16: ir.Value, a16: ir.Value) -> ir.Value:
@@ -338,22 +342,34 @@ def _unpack_legacy(g: _Gen, kind: int, row, off):  # noqa: ANN001, ANN202
 
 
 def _k_scales(g: _Gen, row, off):  # noqa: ANN001, ANN202
-    """Q4_K/Q5_K's 8 six-bit (scale, min) pairs (ggml get_scale_min_k4), as i32 values."""
-    q = [g.u8(row, g.b.add(off, g.c64(4 + i))) for i in range(12)]
+    """Q4_K/Q5_K's 8 six-bit scales and 8 mins (ggml get_scale_min_k4) as <16 x float>
+    (scales in lanes 0-7, mins in 8-15), unpacked with word-wide masks as ggml's x86 code
+    does rather than 16 byte-by-byte extractions."""
     bld = g.b
+
+    def word(k: int) -> ir.Value:
+        p = bld.bitcast(g.at(row, bld.add(off, g.c64(4 + 4 * k))), _I32.as_pointer())
+        return bld.load(p, align=1)
 
     def c(v: int) -> ir.Constant:
         return ir.Constant(_I32, v)
 
-    sc, mn = [], []
-    for j in range(8):
-        if j < 4:
-            sc.append(bld.and_(q[j], c(63)))
-            mn.append(bld.and_(q[j + 4], c(63)))
-        else:
-            sc.append(bld.or_(bld.and_(q[j + 4], c(15)), bld.shl(bld.lshr(q[j - 4], c(6)), c(4))))
-            mn.append(bld.or_(bld.lshr(q[j + 4], c(4)), bld.shl(bld.lshr(q[j], c(6)), c(4))))
-    return sc, mn
+    u0, u1, u2 = word(0), word(1), word(2)
+    hi2 = c(0x03030303)
+    s_lo = bld.and_(u0, c(0x3F3F3F3F))
+    m_lo = bld.and_(u1, c(0x3F3F3F3F))
+    s_hi = bld.or_(bld.and_(u2, c(0x0F0F0F0F)), bld.shl(bld.and_(bld.lshr(u0, c(6)), hi2), c(4)))
+    m_hi = bld.or_(bld.and_(bld.lshr(u2, c(4)), c(0x0F0F0F0F)),
+                   bld.shl(bld.and_(bld.lshr(u1, c(6)), hi2), c(4)))
+    v = ir.Constant(_vt(_I32, 4), ir.Undefined)
+    for k, x in enumerate((s_lo, s_hi, m_lo, m_hi)):
+        v = bld.insert_element(v, x, c(k))
+    return bld.uitofp(bld.zext(bld.bitcast(v, _vt(_I8, 16)), _vt(_I32, 16)), _vt(_F32, 16))
+
+
+def _lanes(g: _Gen, v: ir.Value, idx: list[int]) -> ir.Value:
+    """<16 x float> made of lanes ``idx`` of ``v`` (a broadcast, or two halves)."""
+    return g.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, len(idx)), idx))
 
 
 def _unpack_k(g: _Gen, kind: int, row, off):  # noqa: ANN001, ANN202
@@ -361,8 +377,8 @@ def _unpack_k(g: _Gen, kind: int, row, off):  # noqa: ANN001, ANN202
     groups = []
     if kind == KIND_Q6_K:
         d = g.f16(row, bld.add(off, g.c64(208)))
-        scl = [bld.fmul(d, bld.sitofp(bld.load(g.at(row, bld.add(off, g.c64(192 + i)))), _F32))
-               for i in range(16)]
+        sc8 = g.vload(row, bld.add(off, g.c64(192)), 16)  # int8 scales, one per 16 values
+        scl = bld.fmul(bld.sitofp(bld.sext(sc8, _vt(_I32, 16)), _vt(_F32, 16)), g.splatf(d))
         for n in range(2):
             ql0, qh0 = 64 * n, 128 + 32 * n
             qh = g.vload(row, bld.add(off, g.c64(qh0)), 32)
@@ -370,12 +386,14 @@ def _unpack_k(g: _Gen, kind: int, row, off):  # noqa: ANN001, ANN202
                 low = g.nibbles32(row, bld.add(off, g.c64(ql0 + 32 * (grp & 1))), grp >= 2)
                 hb = bld.and_(bld.lshr(qh, g.splat8(2 * grp, 32)), g.splat8(3, 32))
                 w = bld.sub(bld.or_(low, bld.shl(hb, g.splat8(4, 32))), g.splat8(32, 32))
-                s0 = 8 * n + 2 * grp  # one scale per 16 values: lanes 0-7, then 8-15
-                groups.append((w, g.halves_f(scl[s0], scl[s0 + 1]), 128 * n + 32 * grp))
+                s0 = 8 * n + 2 * grp  # lanes 0-7 cover values 0-15, lanes 8-15 values 16-31
+                groups.append((w, _lanes(g, scl, [s0] * 8 + [s0 + 1] * 8), 128 * n + 32 * grp))
         return groups, None
     d = g.f16(row, off)
     dmin = g.f16(row, bld.add(off, g.c64(2)))
-    sc, mn = _k_scales(g, row, off)
+    sm = _k_scales(g, row, off)
+    scales = bld.fmul(sm, g.splatf(d))
+    mins = bld.fmul(_lanes(g, sm, list(range(8, 16))), _lanes(g, g.splatf(dmin), list(range(8))))
     qs0 = 16 if kind == KIND_Q4_K else 48
     qh = g.vload(row, bld.add(off, g.c64(16)), 32) if kind == KIND_Q5_K else None
     for s in range(8):
@@ -383,8 +401,8 @@ def _unpack_k(g: _Gen, kind: int, row, off):  # noqa: ANN001, ANN202
         if qh is not None:
             hb = bld.and_(bld.lshr(qh, g.splat8(s, 32)), g.splat8(1, 32))
             w = bld.or_(w, bld.shl(hb, g.splat8(4, 32)))
-        groups.append((w, bld.fmul(d, bld.sitofp(sc[s], _F32)), 32 * s))
-    return groups, ("kmin", dmin, mn)
+        groups.append((w, _lanes(g, scales, [s] * 16), 32 * s))
+    return groups, ("kmin", mins)
 
 
 def _emit_type_loop(g: _Gen, kind: int, rows, acts, nb, accp, accsp) -> None:  # noqa: ANN001
@@ -406,48 +424,44 @@ def _emit_type_loop(g: _Gen, kind: int, rows, acts, nb, accp, accsp) -> None:  #
             wide = [(bld.sext(w, _vt(_I16, 32)), sw) for w, sw, _ in groups]
             for i, (_, _, aux_p) in enumerate(acts):
                 acc = bld.load(accp[j][i])
-                if kind in K_KINDS:  # sum the groups, then one scale by d_act
+                if kind in K_KINDS:  # sum the groups (and minimums), then scale by d_act
                     blk = None
                     for k, (w16, sw) in enumerate(wide):
                         f = bld.sitofp(g.madd16(w16, a16[i][k]), _vt(_F32, 16))
-                        swv = sw if isinstance(sw.type, ir.VectorType) else g.splatf(sw)
-                        t = bld.fmul(f, swv, flags=("fast",))
+                        t = bld.fmul(f, sw, flags=("fast",))
                         blk = t if blk is None else bld.fadd(blk, t, flags=("fast",))
+                    if extra is not None:  # - dmin * sum_s min_s * sum(q_act in group s)
+                        p8 = bld.bitcast(g.at(aux_p, bld.mul(b, g.c64(8))),
+                                         _vt(_F32, 8).as_pointer())
+                        m8 = bld.fmul(extra[1], bld.load(p8, align=4), flags=("fast",))
+                        m16 = bld.shuffle_vector(m8, ir.Constant(_vt(_F32, 8), [0.0] * 8),
+                                                 ir.Constant(_vt(_I32, 16), list(range(16))))
+                        blk = bld.fsub(blk, m16, flags=("fast",))
                     acc = bld.fadd(bld.fmul(blk, g.splatf(dabs[i]), flags=("fast",)), acc,
                                    flags=("fast",))
-                else:
-                    w16, sw = wide[0]
-                    acc = g.fma(acc, g.madd16(w16, a16[i][0]), g.splatf(bld.fmul(sw, dabs[i])))
-                bld.store(acc, accp[j][i])
-                if extra is None:
+                    bld.store(acc, accp[j][i])
                     continue
-                accs = bld.load(accsp[j][i])
-                if extra[0] == "m":  # + m * sum(x), Q8_1's stored block sum
+                w16, sw = wide[0]
+                acc = g.fma(acc, g.madd16(w16, a16[i][0]), g.splatf(bld.fmul(sw, dabs[i])))
+                bld.store(acc, accp[j][i])
+                if extra is not None:  # + m * sum(x), Q8_1's stored block sum
+                    accs = bld.load(accsp[j][i])
                     accs = bld.fadd(accs, bld.fmul(extra[1], g.load_f32(aux_p, b)))
-                else:  # - dmin * d_act * sum_s min_s * sum(q_act in group s)
-                    msum = ir.Constant(_I32, 0)
-                    for s, mn in enumerate(extra[2]):
-                        bidx = bld.add(bld.mul(b, g.c64(16)), g.c64(2 * s))
-                        bs = bld.fadd(g.load_f32(aux_p, bidx),
-                                      g.load_f32(aux_p, bld.add(bidx, g.c64(1))))
-                        msum = bld.add(msum, bld.mul(mn, bld.fptosi(bs, _I32)))
-                    accs = bld.fsub(accs, bld.fmul(bld.fmul(extra[1], dabs[i]),
-                                                   bld.sitofp(msum, _F32)))
-                bld.store(accs, accsp[j][i])
+                    bld.store(accs, accsp[j][i])
 
 
 def _make_rowdot(nr: int, na: int):  # noqa: ANN202 - returns a numba intrinsic
-    """Intrinsic ``rowdot(kind, w (R, row_bytes) u8, r0, qa (n, K) i8, da (n, K/QK) f32,
-    aux (n, .) f32, tbl, i0, out (n, R) f32)``: ``out[i0+i, r0+j] = W[r0+j] . x[i0+i]`` for
-    ``j < nr``, ``i < na``. Several rows share each activation load and give the CPU
+    """Intrinsic ``rowdot(kind, w (R, row_bytes) u8, r0, rs, qa (n, K) i8, da (n, K/QK) f32,
+    aux (n, .) f32, tbl, i0, out (n, R) f32)``: ``out[i0+i, r0+j*rs] = W[r0+j*rs] . x[i0+i]``
+    for ``j < nr``, ``i < na``. Several rows share each activation load and give the CPU
     independent accumulator chains; ``kind`` (a ggml type id) selects the block loop."""
 
     @intrinsic
-    def rowdot(typingctx, kind, w, r0, qa, da, aux, tbl, i0, out):  # noqa: ANN001, ANN202, ARG001
-        sig = types.int64(kind, w, r0, qa, da, aux, tbl, i0, out)
+    def rowdot(typingctx, kind, w, r0, rs, qa, da, aux, tbl, i0, out):  # noqa: ANN001, ANN202, ARG001
+        sig = types.int64(kind, w, r0, rs, qa, da, aux, tbl, i0, out)
 
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            kind_, ws, r0_, qas, das, auxs, tbls, i0_, outs = (
+            kind_, ws, r0_, rs_, qas, das, auxs, tbls, i0_, outs = (
                 context.make_array(t)(context, builder, v) if isinstance(t, types.Array) else v
                 for t, v in zip(signature.args, args, strict=True))
             g = _Gen(builder, tbls.data)
@@ -458,7 +472,8 @@ def _make_rowdot(nr: int, na: int):  # noqa: ANN202 - returns a numba intrinsic
                 p = bld.gep(bld.bitcast(arr.data, _I8.as_pointer()), [bld.mul(i, stride)])
                 return bld.bitcast(p, elem.as_pointer())
 
-            rows = [row_ptr(ws, bld.add(r0_, g.c64(j)), _I8) for j in range(nr)]
+            ridx = [bld.add(r0_, bld.mul(rs_, g.c64(j))) for j in range(nr)]
+            rows = [row_ptr(ws, ri, _I8) for ri in ridx]
             nbytes = cgutils.unpack_tuple(bld, ws.shape)[1]
             acts = []
             for i in range(na):
@@ -481,7 +496,7 @@ def _make_rowdot(nr: int, na: int):  # noqa: ANN202 - returns a numba intrinsic
             bld.position_at_end(done)
             out_stride = cgutils.unpack_tuple(bld, outs.strides)
             for j in range(nr):
-                rr = bld.add(r0_, g.c64(j))
+                rr = ridx[j]
                 for i in range(na):
                     res = bld.fadd(g.hsum(bld.load(accp[j][i])), bld.load(accsp[j][i]))
                     ii = bld.add(i0_, g.c64(i))
@@ -512,36 +527,45 @@ ROW_CHUNK = 16  # weight rows per parallel work item (kept hot while all activat
 def qmatmul_rows(kind, w, qa, da, aux, tbl, out, r0, r1):  # noqa: ANN001, ANN201
     """W rows r0:r1 (R, row_bytes) u8 @ activations (n, K) -> out[:, r0:r1] (n, R) f32."""
     n = qa.shape[0]
-    for c0 in range(r0, r1, ROW_CHUNK):
-        c1 = min(r1, c0 + ROW_CHUNK)
-        i = 0
-        while i + 4 <= n:
-            r = c0
-            while r + 2 <= c1:
-                _rd_2x4(kind, w, r, qa, da, aux, tbl, i, out)
-                r += 2
-            if r < c1:
-                _rd_1x4(kind, w, r, qa, da, aux, tbl, i, out)
-            i += 4
-        while i < n:
-            r = c0
-            while r + 4 <= c1:
-                _rd_4x1(kind, w, r, qa, da, aux, tbl, i, out)
-                r += 4
-            while r < c1:
-                _rd_1x1(kind, w, r, qa, da, aux, tbl, i, out)
-                r += 1
-            i += 1
+    if n >= 4:  # a batch: tiles of ROW_CHUNK rows stay in cache while activations pass
+        for c0 in range(r0, r1, ROW_CHUNK):
+            c1 = min(r1, c0 + ROW_CHUNK)
+            i = 0
+            while i + 4 <= n:
+                r = c0
+                while r + 2 <= c1:
+                    _rd_2x4(kind, w, r, 1, qa, da, aux, tbl, i, out)
+                    r += 2
+                if r < c1:
+                    _rd_1x4(kind, w, r, 1, qa, da, aux, tbl, i, out)
+                i += 4
+            while i < n:
+                for r in range(c0, c1):
+                    _rd_1x1(kind, w, r, 1, qa, da, aux, tbl, i, out)
+                i += 1
+        return
+    # token by token: the weights stream from memory once per activation row. Four rows per
+    # pass, taken from four quarters of the range, so that each quarter is one long
+    # sequential stream for the prefetcher (adjacent rows would make short broken streams).
+    quarter = (r1 - r0) // 4
+    for i in range(n):
+        for k in range(quarter):
+            _rd_4x1(kind, w, r0 + k, quarter, qa, da, aux, tbl, i, out)
+        for r in range(r0 + 4 * quarter, r1):
+            _rd_1x1(kind, w, r, 1, qa, da, aux, tbl, i, out)
+
+
+STREAM_CHUNK = 2048  # weight rows per parallel work item when decoding (long streams)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def qmatmul_par(kind, w, qa, da, aux, tbl, out):  # noqa: ANN001, ANN201
     """W (R, row_bytes) u8 @ activations (n, K) -> out (n, R) f32, rows in parallel chunks."""
     rows = w.shape[0]
-    nchunk = (rows + ROW_CHUNK - 1) // ROW_CHUNK
+    step = ROW_CHUNK if qa.shape[0] >= 4 else STREAM_CHUNK
+    nchunk = (rows + step - 1) // step
     for c in prange(nchunk):
-        qmatmul_rows(kind, w, qa, da, aux, tbl, out, c * ROW_CHUNK,
-                     min(rows, (c + 1) * ROW_CHUNK))
+        qmatmul_rows(kind, w, qa, da, aux, tbl, out, c * step, min(rows, (c + 1) * step))
 
 
 def qmatmul(kind: int, w: np.ndarray, x: np.ndarray, out: np.ndarray,
@@ -636,7 +660,7 @@ def twin_quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def twin_quantize_q8_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Numpy twin of ``quantize_q8_k``: (qa int8 (n,K), da (n,K/256), bsum (n,K/16))."""
+    """Numpy twin of ``quantize_q8_k``: (qa int8 (n,K), da (n,K/256), bsum (n,K/32))."""
     xb = x.reshape(x.shape[0], -1, 256).astype(np.float32)
     idx = np.abs(xb).argmax(-1)
     vmax = np.take_along_axis(xb, idx[..., None], -1)[..., 0]
@@ -645,7 +669,7 @@ def twin_quantize_q8_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     q = np.minimum(127, np.rint(xb * iscale[..., None])).astype(np.int32)
     with np.errstate(divide="ignore"):
         d = np.where(iscale != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
-    bsum = q.reshape(x.shape[0], -1, 16).sum(-1).astype(np.float32)
+    bsum = q.reshape(x.shape[0], -1, 32).sum(-1).astype(np.float32)
     return q.reshape(x.shape).astype(np.int8), d, bsum
 
 
