@@ -73,6 +73,14 @@ def test_stream_pieces_add_up_to_generate(llm: LLM) -> None:
         len(llm.tokenize(PROMPT)) - 1
 
 
+def test_warm_up_leaves_the_context_alone(llm: LLM) -> None:
+    llm.generate(PROMPT, max_tokens=2, temperature=0)
+    assert llm.warm_up() > 0
+    again = llm.generate(PROMPT, max_tokens=2, temperature=0)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == \
+        len(llm.tokenize(PROMPT)) - 1
+
+
 def test_stop_strings(llm: LLM) -> None:
     full = llm.generate(PROMPT, max_tokens=8, temperature=0)["choices"][0]["text"]
     assert "\n" in full  # " Paris.\n\n..." on SmolLM2; the cuts below rely on it

@@ -418,6 +418,19 @@ class LLM:
                 self._cached = (prompt + gen.tokens)[:cache.n]
                 self.last_run = req.usage() | {"finish_reason": req.finish_reason}
 
+    def warm_up(self) -> float:
+        """Load (or, on a first run, compile) the kernels and touch the weights with one
+        token through the model, so that the first real request does not pay for it.
+        Leaves the context alone; returns the seconds it took."""
+        from .quant.matrix import set_threads
+
+        t0 = time.perf_counter()
+        with self._hold():
+            set_threads(self.threads)
+            token = self.tokenizer.bos_id if self.tokenizer.bos_id is not None else 0
+            self.model.forward([token], self.model.new_cache(1))
+        return time.perf_counter() - t0
+
     def _hold(self) -> _Held:
         return _Held(self)
 

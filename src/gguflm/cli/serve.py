@@ -60,6 +60,12 @@ def load_llm(args: argparse.Namespace):  # noqa: ANN201 - gguflm.api.LLM, import
         raise CLIError(str(e)) from None
     if args.model in KNOWN_MODELS:
         llm.model_id = args.model  # the name the user gave, as clients will see it
+    from ..quant import kernels
+
+    if not kernels.is_compiled():
+        print("gguflm: compiling the kernels (first run only, may take a minute) ...",
+              file=sys.stderr, flush=True)
+    llm.warm_up()  # the first request should not pay for loading the kernels
     return llm
 
 
