@@ -10,8 +10,9 @@ import time
 from . import CLIError
 
 DEFAULT_N_PREDICT = 128
-# Context when generating without a limit (-n -1) and no -c: llama.cpp's default size.
-UNLIMITED_N_CTX = 4096
+# Default context without -c: llama.cpp's default size (as gguflm.LLM and serve use),
+# capped by the model's training context and grown when the prompt and N need more.
+DEFAULT_N_CTX = 4096
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,8 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"tokens to generate at most; -1: until the end of generation or "
                         f"of the context (default: {DEFAULT_N_PREDICT})")
     p.add_argument("-c", "--ctx-size", type=int, metavar="N_CTX",
-                   help="context size in tokens (default: just enough for the prompt and N; "
-                        f"with -n -1, {UNLIMITED_N_CTX} or the model's training context)")
+                   help=f"context size in tokens (default: {DEFAULT_N_CTX}, llama.cpp's, or "
+                        "the model's training context if smaller; more if the prompt and N "
+                        "need it)")
     s = p.add_argument_group("sampling (defaults: llama.cpp's)")
     s.add_argument("--temp", type=float, help="temperature; 0 or less: greedy (default 0.8)")
     s.add_argument("--top-k", type=int, help="keep the K most likely tokens; 0: off (40)")
@@ -90,13 +92,12 @@ def _prompt_text(args: argparse.Namespace) -> str:
 def _context_size(args: argparse.Namespace, n_prompt: int, n_ctx_train: int) -> int:
     if args.ctx_size is not None:
         n_ctx = args.ctx_size
-    elif args.n_predict < 0:
-        n_ctx = min(UNLIMITED_N_CTX, n_ctx_train) if n_ctx_train > 0 else UNLIMITED_N_CTX
     else:
-        # the last generated token is never evaluated, so it needs no cache slot
-        n_ctx = n_prompt + max(args.n_predict - 1, 0)
-        if n_ctx_train > 0:
-            n_ctx = min(n_ctx, n_ctx_train)
+        n_ctx = min(DEFAULT_N_CTX, n_ctx_train) if n_ctx_train > 0 else DEFAULT_N_CTX
+        if args.n_predict >= 0:
+            # the last generated token is never evaluated, so it needs no cache slot
+            needed = n_prompt + max(args.n_predict - 1, 0)
+            n_ctx = max(n_ctx, min(needed, n_ctx_train) if n_ctx_train > 0 else needed)
     if n_prompt > n_ctx:
         flag = "-c" if args.ctx_size is not None else "the model's training context"
         raise CLIError(f"the prompt is {n_prompt} tokens, longer than the context of "
