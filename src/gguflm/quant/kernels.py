@@ -558,9 +558,33 @@ def qmatmul_rows(kind, w, qa, da, aux, tbl, out, r0, r1):  # noqa: ANN001, ANN20
 STREAM_CHUNK = 2048  # weight rows per parallel work item when decoding (long streams)
 
 
+@njit(cache=True, nogil=True)
+def _quantize_for(kind, x):  # noqa: ANN001, ANN202
+    # x (n, K) f32 -> (qa (n, K) i8, da (n, K/QK) f32, aux (n, K/32) f32) for weight type kind
+    n, k = x.shape
+    qa = np.empty((n, k), np.int8)
+    aux = np.empty((n, k // 32), np.float32)
+    if kind == KIND_Q4_K or kind == KIND_Q5_K or kind == KIND_Q6_K:
+        da = np.empty((n, k // 256), np.float32)
+        quantize_q8_k(x, qa, da, aux)
+    else:
+        da = np.empty((n, k // 32), np.float32)
+        quantize_q8_0(x, qa, da, aux)
+    return qa, da, aux
+
+
+@njit(cache=True, nogil=True)
+def qmatmul_serial(kind, w, x, tbl, out):  # noqa: ANN001, ANN201
+    """W (R, row_bytes) u8 @ x (n, K) f32 -> out (n, R) f32 on this thread (x quantized
+    here: one call per product keeps the per-token Python overhead small)."""
+    qa, da, aux = _quantize_for(kind, x)
+    qmatmul_rows(kind, w, qa, da, aux, tbl, out, 0, w.shape[0])
+
+
 @njit(cache=True, nogil=True, parallel=True)
-def qmatmul_par(kind, w, qa, da, aux, tbl, out):  # noqa: ANN001, ANN201
-    """W (R, row_bytes) u8 @ activations (n, K) -> out (n, R) f32, rows in parallel chunks."""
+def qmatmul_par(kind, w, x, tbl, out):  # noqa: ANN001, ANN201
+    """W (R, row_bytes) u8 @ x (n, K) f32 -> out (n, R) f32, rows in parallel chunks."""
+    qa, da, aux = _quantize_for(kind, x)
     rows = w.shape[0]
     step = ROW_CHUNK if qa.shape[0] >= 4 else STREAM_CHUNK
     nchunk = (rows + step - 1) // step
@@ -574,11 +598,10 @@ def qmatmul(kind: int, w: np.ndarray, x: np.ndarray, out: np.ndarray,
 
     Quantizes ``x`` to 8 bits the way ggml does for this type, then runs the kernel.
     """
-    qa, da, aux = quantize_activations(x, kind)
     if parallel:
-        qmatmul_par(kind, w, qa, da, aux, F16_TABLE, out)
+        qmatmul_par(kind, w, x, F16_TABLE, out)
     else:
-        qmatmul_rows(kind, w, qa, da, aux, F16_TABLE, out, 0, w.shape[0])
+        qmatmul_serial(kind, w, x, F16_TABLE, out)
     return out
 
 
@@ -587,7 +610,7 @@ def is_compiled() -> bool:
     second; otherwise the first product compiles them (tens of seconds, once)."""
     try:
         return all(len(fn._cache._cache_file._load_index()) > 0
-                   for fn in (qmatmul_rows, qmatmul_par, quantize_q8_0, quantize_q8_k))
+                   for fn in (qmatmul_serial, qmatmul_par))
     except Exception:  # noqa: BLE001 - numba internals moved: assume the slow path
         return False
 

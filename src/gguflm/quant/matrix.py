@@ -126,8 +126,10 @@ PARALLEL_MIN_MACS = 1 << 21
 def _quantized_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
     from gguflm.quant import kernels
 
-    macs = x.shape[0] * m.shape[0] * m.shape[1]
-    kernels.qmatmul(int(m.type), m.raw, x, out, parallel=macs >= PARALLEL_MIN_MACS)
+    if x.shape[0] * m.shape[0] * m.shape[1] >= PARALLEL_MIN_MACS:
+        kernels.qmatmul_par(int(m.type), m.raw, x, kernels.F16_TABLE, out)
+    else:
+        kernels.qmatmul_serial(int(m.type), m.raw, x, kernels.F16_TABLE, out)
     return True
 
 
