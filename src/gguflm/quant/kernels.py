@@ -588,7 +588,7 @@ def qmatmul_par(kind, w, x, tbl, out):  # noqa: ANN001, ANN201
     rows = w.shape[0]
     step = ROW_CHUNK if qa.shape[0] >= 4 else STREAM_CHUNK
     nchunk = (rows + step - 1) // step
-    for c in prange(nchunk):
+    for c in prange(nchunk):  # callers hand chunks out one at a time: parallel_chunksize(1)
         qmatmul_rows(kind, w, qa, da, aux, tbl, out, c * step, min(rows, (c + 1) * step))
 
 
@@ -599,7 +599,8 @@ def qmatmul(kind: int, w: np.ndarray, x: np.ndarray, out: np.ndarray,
     Quantizes ``x`` to 8 bits the way ggml does for this type, then runs the kernel.
     """
     if parallel:
-        qmatmul_par(kind, w, x, F16_TABLE, out)
+        with numba.parallel_chunksize(1):
+            qmatmul_par(kind, w, x, F16_TABLE, out)
     else:
         qmatmul_serial(kind, w, x, F16_TABLE, out)
     return out

@@ -124,10 +124,15 @@ PARALLEL_MIN_MACS = 1 << 21
 
 
 def _quantized_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
+    import numba
+
     from gguflm.quant import kernels
 
     if x.shape[0] * m.shape[0] * m.shape[1] >= PARALLEL_MIN_MACS:
-        kernels.qmatmul_par(int(m.type), m.raw, x, kernels.F16_TABLE, out)
+        # chunks handed out one at a time: when a worker waits for a core (a shared
+        # machine), the other threads take its share instead of waiting for it at the end
+        with numba.parallel_chunksize(1):
+            kernels.qmatmul_par(int(m.type), m.raw, x, kernels.F16_TABLE, out)
     else:
         kernels.qmatmul_serial(int(m.type), m.raw, x, kernels.F16_TABLE, out)
     return True
