@@ -417,13 +417,11 @@ def _emit_type_loop(g: _Gen, kind: int, rows, acts, nb, accp, accsp) -> None:  #
         abase = bld.mul(b, g.c64(qk))
         unpacked = [unpack(g, kind, row, bld.mul(b, g.c64(ts))) for row in rows]
         dabs = [g.load_f32(da_p, b) for _, da_p, _ in acts]
-        da_splat = [g.splatf(d) for d in dabs] if kind in LEGACY_KINDS else []
         n_groups = len(unpacked[0][0])
         a16 = [[bld.sext(g.vload(qa_p, bld.add(abase, g.c64(unpacked[0][0][k][2])), 32),
                          _vt(_I16, 32)) for k in range(n_groups)] for qa_p, _, _ in acts]
         for j, (groups, extra) in enumerate(unpacked):
-            wide = [(bld.sext(w, _vt(_I16, 32)),
-                     g.splatf(sw) if kind in LEGACY_KINDS else sw) for w, sw, _ in groups]
+            wide = [(bld.sext(w, _vt(_I16, 32)), sw) for w, sw, _ in groups]
             for i, (_, _, aux_p) in enumerate(acts):
                 acc = bld.load(accp[j][i])
                 if kind in K_KINDS:  # sum the groups (and minimums), then scale by d_act
@@ -443,9 +441,8 @@ def _emit_type_loop(g: _Gen, kind: int, rows, acts, nb, accp, accsp) -> None:  #
                                    flags=("fast",))
                     bld.store(acc, accp[j][i])
                     continue
-                w16, sw = wide[0]  # sw: the weight scale, splatted once per row and block
-                acc = g.fma(acc, g.madd16(w16, a16[i][0]),
-                            bld.fmul(sw, da_splat[i], flags=("fast",)))
+                w16, sw = wide[0]
+                acc = g.fma(acc, g.madd16(w16, a16[i][0]), g.splatf(bld.fmul(sw, dabs[i])))
                 bld.store(acc, accp[j][i])
                 if extra is not None:  # + m * sum(x), Q8_1's stored block sum
                     accs = bld.load(accsp[j][i])
@@ -513,11 +510,13 @@ def _make_rowdot(nr: int, na: int):  # noqa: ANN202 - returns a numba intrinsic
     return rowdot
 
 
-# (weight rows, activation rows) per call: 4x1 for token-by-token decoding; 1x8 for batches
-# (each unpacked weight block serves 8 activation rows: measured best, up to 1.3x for Q6_K)
+# (weight rows, activation rows) per call: 4x1 for token-by-token decoding; for batches 1x8
+# (an unpacked block serves 8 activation rows: 1.3x for Q6_K), except Q4_1: 2x4 (LLVM
+# spills registers in its 1x8 loop: 0.6x)
 _rd_4x1 = _make_rowdot(4, 1)
 _rd_1x1 = _make_rowdot(1, 1)
 _rd_1x8 = _make_rowdot(1, 8)
+_rd_2x4 = _make_rowdot(2, 4)
 _rd_1x4 = _make_rowdot(1, 4)
 
 # ======================================================================================
@@ -535,12 +534,17 @@ def qmatmul_rows(kind, w, qa, da, aux, tbl, out, r0, r1):  # noqa: ANN001, ANN20
         for c0 in range(r0, r1, ROW_CHUNK):
             c1 = min(r1, c0 + ROW_CHUNK)
             i = 0
-            while i + 8 <= n:
-                for r in range(c0, c1):
-                    _rd_1x8(kind, w, r, 1, qa, da, aux, tbl, i, out)
-                i += 8
-            if i + 4 <= n:
-                for r in range(c0, c1):
+            if kind != KIND_Q4_1:
+                while i + 8 <= n:
+                    for r in range(c0, c1):
+                        _rd_1x8(kind, w, r, 1, qa, da, aux, tbl, i, out)
+                    i += 8
+            while i + 4 <= n:
+                r = c0
+                while r + 2 <= c1:
+                    _rd_2x4(kind, w, r, 1, qa, da, aux, tbl, i, out)
+                    r += 2
+                if r < c1:
                     _rd_1x4(kind, w, r, 1, qa, da, aux, tbl, i, out)
                 i += 4
             while i < n:
