@@ -293,6 +293,7 @@ def run(args: argparse.Namespace) -> int:
         "first_forward_s": round(warmup_s, 3),
     }
     if "llama.cpp" in measured:
+        result["rss_includes_llama_cpp"] = args.llama_python is None
         ref = measured["llama.cpp"]
         result["llama_cpp"] = ref
         for test in ("pp", "tg"):
@@ -314,6 +315,8 @@ def run(args: argparse.Namespace) -> int:
         if "llama_cpp" in result and test in result["llama_cpp"]:
             print(f"{test}{n:<5} llama.cpp {_fmt(result['llama_cpp'][test])} tokens/s"
                   f"   ratio {result[f'ratio_{test}']:.2f}x")
+    note = " (llama.cpp's included: it ran in this process)" \
+        if result.get("rss_includes_llama_cpp") else ""
     print(f"peak RSS: {rss:.1f} MiB (model file {file_mb:.1f} MiB + KV cache {kv_mb:.1f} MiB; "
-          f"ratio {rss / (file_mb + kv_mb):.2f})")
+          f"ratio {rss / (file_mb + kv_mb):.2f}){note}")
     return 0
