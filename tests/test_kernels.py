@@ -60,6 +60,21 @@ def test_kernel_matches_twin_and_float(zoo, name: str) -> None:  # noqa: ANN001
     np.testing.assert_array_equal(out, serial)
 
 
+@pytest.mark.parametrize("k", [1536, 37])
+def test_f16_kernel_matches_twin(k: int) -> None:
+    """F16 rows (any length: 16 values per vector step, then a scalar tail), serial and
+    parallel, against the numpy twin."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((45, k)).astype(np.float16).view(np.uint16)
+    x = rng.standard_normal((2, k)).astype(np.float16).astype(np.float32)
+    twin = kernels.twin_f16_matmul(w, x)
+    out = np.full((2, 45), np.nan, np.float32)
+    kernels.f16_matmul_rows(w, x, out, 0, 45)
+    assert _rel(out, twin) < 1e-6
+    kernels.f16_matmul_par(w, x, out)
+    assert _rel(out, twin) < 1e-6
+
+
 @pytest.mark.parametrize("quant,twin,qk", [
     (kernels.quantize_q8_0, kernels.twin_quantize_q8_0, 32),
     (kernels.quantize_q8_k, kernels.twin_quantize_q8_k, 256),

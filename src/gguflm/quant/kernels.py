@@ -641,32 +641,89 @@ def warm_up() -> float:
     return time.perf_counter() - t0
 
 
-# -- F16 weights: float dot in float32 lanes (numba vectorizes this loop itself) -----------
+# -- F16 weights: fp16 -> float32 conversion in the vector unit (F16C), float dot products --
 
 
-@njit(cache=True, nogil=True, fastmath=True)
-def _f16_rows(w, x, out, r0, r1):  # noqa: ANN001, ANN202
-    # W rows r0:r1 (R, K) as uint16 fp16 bits @ x (n, K) f32 -> out[:, r0:r1]
-    n, k = x.shape
-    tbl = F16_TABLE
-    wf = np.empty(k, np.float32)
-    for r in range(r0, r1):
-        for j in range(k):
-            wf[j] = tbl[w[r, j]]
-        for i in range(n):
-            acc = np.float32(0.0)
-            for j in range(k):
-                acc += wf[j] * x[i, j]
-            out[i, r] = acc
+def _make_f16_rowdot(nr: int):  # noqa: ANN202 - returns a numba intrinsic
+    """Intrinsic ``f16dot(w (R, K) u16, r0, rs, x (n, K) f32, i, out (n, R) f32)``:
+    ``out[i, r0+j*rs] = W[r0+j*rs] . x[i]`` for ``j < nr``, 16 values per step."""
+
+    @intrinsic
+    def f16dot(typingctx, w, r0, rs, x, i, out):  # noqa: ANN001, ANN202, ARG001
+        sig = types.int64(w, r0, rs, x, i, out)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            ws, r0_, rs_, xs, i_, outs = (
+                context.make_array(t)(context, builder, v) if isinstance(t, types.Array) else v
+                for t, v in zip(signature.args, args, strict=True))
+            bld = builder
+            g = _Gen(bld, None)
+
+            def row_ptr(arr, row, elem):  # noqa: ANN001, ANN202
+                stride = cgutils.unpack_tuple(bld, arr.strides)[0]
+                p = bld.gep(bld.bitcast(arr.data, _I8.as_pointer()), [bld.mul(row, stride)])
+                return bld.bitcast(p, elem.as_pointer())
+
+            ridx = [bld.add(r0_, bld.mul(rs_, g.c64(j))) for j in range(nr)]
+            rows = [row_ptr(ws, ri, _I16) for ri in ridx]
+            xrow = row_ptr(xs, i_, _F32)
+            k = cgutils.unpack_tuple(bld, ws.shape)[1]
+            nfull = bld.udiv(k, g.c64(16))
+            zero = ir.Constant(_vt(_F32, 16), [0.0] * 16)
+            accp = [cgutils.alloca_once_value(bld, zero) for _ in range(nr)]
+            tailp = [cgutils.alloca_once_value(bld, ir.Constant(_F32, 0.0)) for _ in range(nr)]
+            half16 = ir.VectorType(ir.HalfType(), 16)
+            with cgutils.for_range(bld, nfull) as loop:
+                off = bld.mul(loop.index, g.c64(16))
+                xv = bld.load(bld.bitcast(bld.gep(xrow, [off]), _vt(_F32, 16).as_pointer()),
+                              align=4)
+                for j, row in enumerate(rows):
+                    hv = bld.load(bld.bitcast(bld.gep(row, [off]), half16.as_pointer()), align=2)
+                    wf = bld.fpext(hv, _vt(_F32, 16))
+                    acc = bld.load(accp[j])
+                    bld.store(bld.fadd(bld.fmul(wf, xv, flags=("fast",)), acc, flags=("fast",)),
+                              accp[j])
+            with cgutils.for_range_slice(bld, bld.mul(nfull, g.c64(16)), k, g.c64(1)) as (e, _):
+                xe = bld.load(bld.gep(xrow, [e]))
+                for j, row in enumerate(rows):
+                    we = bld.fpext(bld.bitcast(bld.load(bld.gep(row, [e])), ir.HalfType()), _F32)
+                    bld.store(bld.fadd(bld.load(tailp[j]), bld.fmul(we, xe)), tailp[j])
+            ostride = cgutils.unpack_tuple(bld, outs.strides)
+            for j in range(nr):
+                res = bld.fadd(g.hsum(bld.load(accp[j])), bld.load(tailp[j]))
+                off = bld.add(bld.mul(i_, ostride[0]), bld.mul(ridx[j], ostride[1]))
+                p = bld.gep(bld.bitcast(outs.data, _I8.as_pointer()), [off])
+                bld.store(res, bld.bitcast(p, _F32.as_pointer()))
+            return context.get_constant(types.int64, 0)
+
+        return sig, codegen
+
+    return f16dot
+
+
+_f16_4 = _make_f16_rowdot(4)
+_f16_1 = _make_f16_rowdot(1)
+
+
+@njit(cache=True, nogil=True)
+def f16_matmul_rows(w, x, out, r0, r1):  # noqa: ANN001, ANN201
+    """W rows r0:r1 (R, K) fp16 bits (uint16) @ x (n, K) f32 -> out[:, r0:r1] (n, R) f32;
+    four far-apart rows per pass (long sequential streams, as for the quantized types)."""
+    quarter = (r1 - r0) // 4
+    for i in range(x.shape[0]):
+        for k in range(quarter):
+            _f16_4(w, r0 + k, quarter, x, i, out)
+        for r in range(r0 + 4 * quarter, r1):
+            _f16_1(w, r, 1, x, i, out)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def f16_matmul_par(w, x, out):  # noqa: ANN001, ANN201
-    """W (R, K) fp16 bits (uint16) @ x (n, K) f32 -> out (n, R) f32."""
+    """W (R, K) fp16 bits (uint16) @ x (n, K) f32 -> out (n, R) f32, rows in parallel."""
     rows = w.shape[0]
-    nchunk = (rows + ROW_CHUNK - 1) // ROW_CHUNK
+    nchunk = (rows + STREAM_CHUNK - 1) // STREAM_CHUNK
     for c in prange(nchunk):
-        _f16_rows(w, x, out, c * ROW_CHUNK, min(rows, (c + 1) * ROW_CHUNK))
+        f16_matmul_rows(w, x, out, c * STREAM_CHUNK, min(rows, (c + 1) * STREAM_CHUNK))
 
 
 # ======================================================================================
@@ -756,6 +813,12 @@ def twin_unpack(kind: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
     scale = d[..., None] * sc
     offset = -(dmin[..., None] * mn)
     return q.reshape(r, -1), scale.reshape(r, -1), offset.reshape(r, -1)
+
+
+def twin_f16_matmul(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Numpy twin of ``f16_matmul_rows``: ``W (R, K) fp16 bits @ x (n, K) -> (n, R)``."""
+    wf = np.ascontiguousarray(w).view(np.float16).astype(np.float64)
+    return (x.astype(np.float64) @ wf.T).astype(np.float32)
 
 
 def twin_qmatmul(kind: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -143,7 +143,14 @@ def _f16_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
         return False
     from gguflm.quant import kernels
 
-    kernels.f16_matmul_par(m.raw.view(np.uint16), x, out)
+    w = m.raw.view(np.uint16)
+    if x.shape[0] * m.shape[0] * m.shape[1] >= PARALLEL_MIN_MACS:
+        import numba
+
+        with numba.parallel_chunksize(1):
+            kernels.f16_matmul_par(w, x, out)
+    else:
+        kernels.f16_matmul_rows(w, x, out, 0, m.shape[0])
     return True
 
 
