@@ -3,7 +3,7 @@
 Kept lean for CI: tokens for every prompt, teacher-forced logits for three of the nine
 cases, perplexity at -c 128 (all 18 chunks) and the first -c 1024 chunk (the one that
 reaches past the 512-token sliding window), and eight greedy tokens through ``gguflm run``.
-benchmarks/check_gemma3.py measures every bar on all cases and prints the figures.
+benchmarks/check_reference.py measures every bar on all cases and prints the figures.
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
-"""Every bar of the Gemma 3 issue, measured on gemma-3-270m Q4_K_M against llama.cpp's data.
+"""Every bar of the engine and Gemma 3 issues, measured against one reference folder.
 
-    .venv/bin/python benchmarks/check_gemma3.py [--model PATH] [--skip-ppl] [--skip-run]
+    .venv/bin/python benchmarks/check_reference.py [REF] [--model PATH] [--skip-ppl] [--skip-run]
+
+REF is a folder name under shared/reference (default gemma3-270m-q4_k_m; also
+smollm2-135m-q4_1, tiny-llama-f16, tiny-llama-q4_0); the model is the reference's own file
+when the folder holds one, else the pulled model of that name.
 
 Prints: tokenizer agreement (tokenize.json, greedy.json prompts) and load time;
 teacher-forced logits on all nine cases (de-shifted top-20 worst and median step, top-1
@@ -28,7 +32,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = Path(os.environ.get("GGUFLM_REFERENCE", REPO.parent / "shared" / "reference"))
-FOLDER = REFERENCE / "gemma3-270m-q4_k_m"
+FOLDER = REFERENCE / "gemma3-270m-q4_k_m"  # set from the command line in main()
+PULLED = {"gemma3-270m-q4_k_m": "gemma3-270m", "smollm2-135m-q4_1": "smollm2-135m"}
 sys.path.insert(0, str(REPO / "tests"))
 
 from refcheck import Steps, compare_case, load_cases, teacher_forced_ids  # noqa: E402
@@ -40,7 +45,8 @@ def tokenizer_bars(path: Path):
     t0 = time.perf_counter()
     tok = Tokenizer.from_file(path)
     t_load = time.perf_counter() - t0
-    cases = json.loads((FOLDER / "tokenize.json").read_text())["cases"]
+    tj = FOLDER / "tokenize.json"
+    cases = json.loads(tj.read_text())["cases"] if tj.is_file() else []
     ok = sum(tok.encode(c["text"], add_special=False, parse_special=c["parse_special"])
              == c["ids"] and tok.decode(c["ids"]) == c["detokenized"] for c in cases)
     greedy = load_cases(FOLDER)
@@ -65,7 +71,8 @@ def teacher_forced(model) -> None:
           f"{s['raw_median']:.3f} (bar 0.6; de-shifted {s['dev_median']:.3f})")
     print(f"             last-prompt logits de-meaned: max {s['last_max']:.3f} (bar 2.0), "
           f"p99 {s['last_p99']:.3f} (bar 1.0); top-1 agreement {s['agree']:.1%}, "
-          f"disagreements at margin >= 1.0: {bad or 'none'}")
+          f"disagreements at margin >= 1.0: {bad or 'none'}; at margin >= 0.25 (the F16 "
+          f"tiny models' bar): {steps.disagreements(0.25) or 'none'}")
 
 
 def free_running(path: Path) -> None:
@@ -92,14 +99,15 @@ def free_running(path: Path) -> None:
         margin = top[0][1] - top[1][1]
         print(f"greedy       {case['id']:8s} first differs at step {diff}: llama.cpp's margin "
               f"{margin:.3f} ({'ok' if margin < 1.0 else 'FAIL'}: bar < 1.0)")
-    print(f"greedy       {full}/9 cases match all tokens")
+    print(f"greedy       {full}/{len(load_cases(FOLDER))} cases match all tokens")
 
 
 def perplexities(model, tok) -> None:
     from gguflm.engine.perplexity import perplexity
 
-    for name, n_ctx in (("perplexity.json", 128), ("perplexity-c1024.json", 1024)):
-        want = json.loads((FOLDER / name).read_text())
+    for file in sorted(FOLDER.glob("perplexity*.json")):
+        want = json.loads(file.read_text())
+        n_ctx = want["n_ctx"]
         text = (REFERENCE / "text" / want["text_file"]).read_text(encoding="utf-8")
         tokens = tok.encode(text, add_special=True)
         t0 = time.perf_counter()
@@ -137,17 +145,27 @@ def run_process(path: Path) -> None:
 
 
 def main() -> int:
+    global FOLDER
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("reference", nargs="?", default=FOLDER.name,
+                    help="folder under shared/reference (default: %(default)s)")
     ap.add_argument("--model", default=None, help="the GGUF file (default: the cached one)")
     ap.add_argument("--skip-ppl", action="store_true", help="skip the perplexity runs")
     ap.add_argument("--skip-run", action="store_true", help="skip the CLI runs")
     args = ap.parse_args()
+    FOLDER = REFERENCE / args.reference
     if not FOLDER.is_dir():
         print(f"reference data not found at {FOLDER}", file=sys.stderr)
         return 1
     from gguflm import hub, load_model
 
-    path = Path(args.model) if args.model else hub.resolve_model("gemma3-270m")
+    own = sorted(FOLDER.glob("*.gguf"))
+    if args.model:
+        path = Path(args.model)
+    elif own:
+        path = own[0]
+    else:
+        path = hub.resolve_model(PULLED[FOLDER.name])
     if not args.skip_run:
         run_process(path)  # first, so that nothing else has warmed up the process
     tok = tokenizer_bars(path)
