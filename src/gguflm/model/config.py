@@ -133,6 +133,19 @@ class ModelConfig:
     def n_embd_v(self) -> int:
         return self.n_head_kv * self.head_dim_v
 
+    def require_one_head_size(self) -> None:
+        """A MetadataError unless values have the keys' head size (graphs that assume it)."""
+        if self.head_dim_v != self.head_dim:
+            raise MetadataError(f"must equal key_length ({self.head_dim}) for {self.arch}, "
+                                f"got {self.head_dim_v}",
+                                key=f"{self.arch}.attention.value_length")
+
+    def require_full_rope(self) -> None:
+        """A MetadataError unless RoPE rotates the whole head (graphs that assume it)."""
+        if self.rope_dim != self.head_dim:
+            raise MetadataError(f"must equal the head size {self.head_dim} for {self.arch}, "
+                                f"got {self.rope_dim}", key=f"{self.arch}.rope.dimension_count")
+
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any], n_vocab_fallback: int = 0
                       ) -> ModelConfig:

@@ -8,6 +8,7 @@ heads, H_kv the key/value heads, S the cached positions (including this batch), 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -158,16 +159,36 @@ def softcap(x: np.ndarray, cap: float) -> np.ndarray:
 # -- projections several architectures share ----------------------------------------------------
 
 
-def qkv(x: np.ndarray, layer: Any, n_q: int, n_k: int
-        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q (T, n_q), K (T, n_k), V (T, n_v) projections of x (T, n_embd), as llama.cpp's
+def qkv(x: np.ndarray, layer: Any, n_head: int, n_head_kv: int, head_dim: int,
+        head_dim_v: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q (T, H, d), K (T, H_kv, d), V (T, H_kv, d_v) heads of x (T, n_embd), as llama.cpp's
     build_qkv: ``layer`` holds one fused ``attn_qkv`` (rows [q | k | v]) or separate
     ``attn_q``/``attn_k``/``attn_v``, each with an optional bias added here (before RoPE).
-    Load the tensors with ``Weights.qkv_specs``."""
+    Load the tensors with ``Weights.layer(i, ..., qkv=config)``."""
+    n = len(x)
+    n_q, n_k = n_head * head_dim, n_head_kv * head_dim
     fused = getattr(layer, "attn_qkv", None)
     if fused is not None:
         y = linear(x, fused, getattr(layer, "attn_qkv_bias", None))
-        return y[:, :n_q], y[:, n_q:n_q + n_k], y[:, n_q + n_k:]
-    return (linear(x, layer.attn_q, getattr(layer, "attn_q_bias", None)),
-            linear(x, layer.attn_k, getattr(layer, "attn_k_bias", None)),
-            linear(x, layer.attn_v, getattr(layer, "attn_v_bias", None)))
+        q, k, v = y[:, :n_q], y[:, n_q:n_q + n_k], y[:, n_q + n_k:]
+    else:
+        q = linear(x, layer.attn_q, getattr(layer, "attn_q_bias", None))
+        k = linear(x, layer.attn_k, getattr(layer, "attn_k_bias", None))
+        v = linear(x, layer.attn_v, getattr(layer, "attn_v_bias", None))
+    return (q.reshape(n, n_head, head_dim), k.reshape(n, n_head_kv, head_dim),
+            v.reshape(n, n_head_kv, head_dim_v))
+
+
+def glu_ffn(x: np.ndarray, layer: Any, glu: Callable[[np.ndarray, np.ndarray], np.ndarray]
+            ) -> np.ndarray:
+    """down(glu(gate(x), up(x))): llama.cpp's build_ffn with a parallel gate. x (T, n_embd)
+    -> (T, n_embd); ``glu`` is ``swiglu`` or ``geglu``. Without an ``ffn_gate`` tensor,
+    ``ffn_up`` is fused, its rows [gate | up] (Phi-3). Biases are optional throughout."""
+    up = linear(x, layer.ffn_up, getattr(layer, "ffn_up_bias", None))  # (T, n_ff) or 2 n_ff
+    gate = getattr(layer, "ffn_gate", None)
+    if gate is None:
+        n_ff = up.shape[-1] // 2
+        g, up = up[:, :n_ff], up[:, n_ff:]
+    else:
+        g = linear(x, gate, getattr(layer, "ffn_gate_bias", None))   # (T, n_ff)
+    return linear(glu(g, up), layer.ffn_down, getattr(layer, "ffn_down_bias", None))

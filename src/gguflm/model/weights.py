@@ -19,6 +19,7 @@ from ..gguf.errors import TensorInfoError
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..gguf.types import GGMLType
 from ..quant.matrix import QMatrix
+from .config import ModelConfig
 
 Shape = tuple[int, ...]
 
@@ -73,10 +74,26 @@ class Weights:
             return vector(t)
         raise TensorInfoError(f"{len(shape)}-D tensors are not supported here", tensor=name)
 
+    def get_or(self, name: str, shape: Shape, fallback: Any) -> Any:
+        """The tensor ``name`` if the file has it, else ``fallback``: an output projection
+        tied to the token embedding when ``output.weight`` is absent."""
+        t = self.get(name, shape, optional=True)
+        return fallback if t is None else t
+
     def layer(self, i: int, required: Mapping[str, Shape],
-              optional: Mapping[str, Shape] | None = None) -> Layer:
+              optional: Mapping[str, Shape] | None = None, *,
+              qkv: ModelConfig | None = None) -> Layer:
         """Block i's tensors: ``{suffix: shape}``, suffix like ``attn_q.weight`` or
-        ``attn_q.bias`` (a bare name means ``.weight``). Absent optional ones are None."""
+        ``attn_q.bias`` (a bare name means ``.weight``). Absent optional ones are None.
+
+        With ``qkv`` (the model's config), also the attention input projections, as
+        llama.cpp's create_tensor_qkv: one fused ``attn_qkv`` (rows [q | k | v]) when the
+        file has it, else ``attn_q``/``attn_k``/``attn_v``; biases optional either way.
+        ``ops.qkv`` evaluates whichever was loaded."""
+        if qkv is not None:
+            qkv_required, qkv_optional = self._qkv_specs(i, qkv)
+            required = {**qkv_required, **required}
+            optional = {**qkv_optional, **(optional or {})}
         out = Layer()
         for specs, opt in ((required, False), (optional or {}, True)):
             for suffix, shape in specs.items():
@@ -86,17 +103,15 @@ class Weights:
                                                          optional=opt))
         return out
 
-    def qkv_specs(self, i: int, n_embd: int, n_q: int, n_k: int, n_v: int
-                  ) -> tuple[dict[str, Shape], dict[str, Shape]]:
-        """Block i's attention input projections as (required, optional) specs for
-        ``layer``, as llama.cpp's create_tensor_qkv: one fused ``attn_qkv`` (rows
-        [q | k | v]) when the file has it, else ``attn_q``/``attn_k``/``attn_v``; biases
-        optional either way. ``ops.qkv`` evaluates whichever was loaded."""
+    def _qkv_specs(self, i: int, c: ModelConfig) -> tuple[dict[str, Shape], dict[str, Shape]]:
+        """Block i's fused or separate Q/K/V projections as (required, optional) specs."""
         if self.has(f"blk.{i}.attn_qkv.weight"):
-            n = n_q + n_k + n_v
-            return {"attn_qkv": (n, n_embd)}, {"attn_qkv.bias": (n,)}
-        return ({"attn_q": (n_q, n_embd), "attn_k": (n_k, n_embd), "attn_v": (n_v, n_embd)},
-                {"attn_q.bias": (n_q,), "attn_k.bias": (n_k,), "attn_v.bias": (n_v,)})
+            n = c.n_embd_q + c.n_embd_k + c.n_embd_v
+            return {"attn_qkv": (n, c.n_embd)}, {"attn_qkv.bias": (n,)}
+        return ({"attn_q": (c.n_embd_q, c.n_embd), "attn_k": (c.n_embd_k, c.n_embd),
+                 "attn_v": (c.n_embd_v, c.n_embd)},
+                {"attn_q.bias": (c.n_embd_q,), "attn_k.bias": (c.n_embd_k,),
+                 "attn_v.bias": (c.n_embd_v,)})
 
     def check_all_used(self) -> None:
         """A tensor nobody asked for means a file this architecture does not understand

@@ -74,20 +74,17 @@ class Gemma2(Model):
         c = self.config
         self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
         self.output_norm = w.get("output_norm.weight", (c.n_embd,))
-        self.layers = []
-        for i in range(c.n_layer):
-            qkv, qkv_bias = w.qkv_specs(i, c.n_embd, c.n_embd_q, c.n_embd_k, c.n_embd_v)
-            self.layers.append(w.layer(i, {
-                "attn_norm": (c.n_embd,),
-                **qkv,
-                "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
-                "post_attention_norm": (c.n_embd,),
-                "ffn_norm": (c.n_embd,),
-                "ffn_gate": (c.n_ff, c.n_embd),
-                "ffn_up": (c.n_ff, c.n_embd),
-                "ffn_down": (c.n_embd, c.n_ff),
-                "post_ffw_norm": (c.n_embd,),
-            }, optional=qkv_bias))
+        # + attn_qkv or attn_q/k/v, biases optional (qkv=c: llama.cpp's create_tensor_qkv)
+        self.layers = [w.layer(i, {
+            "attn_norm": (c.n_embd,),
+            "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
+            "post_attention_norm": (c.n_embd,),
+            "ffn_norm": (c.n_embd,),
+            "ffn_gate": (c.n_ff, c.n_embd),
+            "ffn_up": (c.n_ff, c.n_embd),
+            "ffn_down": (c.n_embd, c.n_ff),
+            "post_ffw_norm": (c.n_embd,),
+        }, qkv=c) for i in range(c.n_layer)]
 
     # -- forward ---------------------------------------------------------------------------------
     def _forward(self, ids: np.ndarray, pos0: int, cache: KVCache, out: slice) -> np.ndarray:
@@ -108,7 +105,8 @@ class Gemma2(Model):
                 a, x = a[out], x[out]
             x = x + ops.rmsnorm(a, layer.post_attention_norm, c.norm_eps)
             h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
-            x = x + ops.rmsnorm(self.ffn(layer, h), layer.post_ffw_norm, c.norm_eps)
+            f = ops.glu_ffn(h, layer, ops.geglu)           # GeGLU
+            x = x + ops.rmsnorm(f, layer.post_ffw_norm, c.norm_eps)
         x = ops.rmsnorm(x, self.output_norm, c.norm_eps)
         return ops.softcap(self.token_embd.matmul(x), c.final_softcap)  # (rows, n_vocab)
 
@@ -116,17 +114,9 @@ class Gemma2(Model):
                   mask: np.ndarray, cache: KVCache) -> np.ndarray:
         """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the cache."""
         c = self.config
-        n = len(h)
-        q, k, v = ops.qkv(h, layer, c.n_embd_q, c.n_embd_k)
-        q = ops.rope_neox(q.reshape(n, c.n_head, c.head_dim), rope)
-        k = ops.rope_neox(k.reshape(n, c.n_head_kv, c.head_dim), rope)
-        v = v.reshape(n, c.n_head_kv, c.head_dim_v)
+        q, k, v = ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
+        q = ops.rope_neox(q, rope)
+        k = ops.rope_neox(k, rope)
         keys, values = cache.store(il, k, v)               # (H_kv, S, d), (H_kv, S, d_v)
         a = ops.attention(q, keys, values, mask, c.attn_scale, softcap=c.attn_softcap)
         return ops.linear(a, layer.attn_output)
-
-    def ffn(self, layer: Any, h: np.ndarray) -> np.ndarray:
-        """GeGLU: down(gelu_tanh(gate(h)) * up(h)). h (T, n_embd) -> (T, n_embd)."""
-        g = ops.linear(h, layer.ffn_gate)                  # (T, n_ff)
-        u = ops.linear(h, layer.ffn_up)                    # (T, n_ff)
-        return ops.linear(ops.geglu(g, u), layer.ffn_down)

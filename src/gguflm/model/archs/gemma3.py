@@ -74,26 +74,20 @@ class Gemma3(Model):
         c = self.config
         self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
         self.output_norm = w.get("output_norm.weight", (c.n_embd,))
-        self.output = w.get("output.weight", (c.n_vocab, c.n_embd), optional=True)
-        if self.output is None:  # tied: the embedding doubles as the output projection
-            self.output = self.token_embd
-        self.layers = []
-        for i in range(c.n_layer):
-            # one fused attn_qkv or attn_q/k/v, biases optional (llama.cpp's create_tensor_qkv)
-            qkv, qkv_bias = w.qkv_specs(i, c.n_embd, c.n_embd_q, c.n_embd_k, c.n_embd_v)
-            self.layers.append(w.layer(i, {
-                "attn_norm": (c.n_embd,),
-                **qkv,
-                "attn_q_norm": (c.head_dim,),
-                "attn_k_norm": (c.head_dim,),
-                "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
-                "post_attention_norm": (c.n_embd,),
-                "ffn_norm": (c.n_embd,),
-                "ffn_gate": (c.n_ff, c.n_embd),
-                "ffn_up": (c.n_ff, c.n_embd),
-                "ffn_down": (c.n_embd, c.n_ff),
-                "post_ffw_norm": (c.n_embd,),
-            }, optional=qkv_bias))
+        self.output = w.get_or("output.weight", (c.n_vocab, c.n_embd), self.token_embd)  # tied
+        # + attn_qkv or attn_q/k/v, biases optional (qkv=c: llama.cpp's create_tensor_qkv)
+        self.layers = [w.layer(i, {
+            "attn_norm": (c.n_embd,),
+            "attn_q_norm": (c.head_dim,),
+            "attn_k_norm": (c.head_dim,),
+            "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
+            "post_attention_norm": (c.n_embd,),
+            "ffn_norm": (c.n_embd,),
+            "ffn_gate": (c.n_ff, c.n_embd),
+            "ffn_up": (c.n_ff, c.n_embd),
+            "ffn_down": (c.n_embd, c.n_ff),
+            "post_ffw_norm": (c.n_embd,),
+        }, qkv=c) for i in range(c.n_layer)]
 
     # -- forward ---------------------------------------------------------------------------------
     def _forward(self, ids: np.ndarray, pos0: int, cache: KVCache, out: slice) -> np.ndarray:
@@ -116,7 +110,8 @@ class Gemma3(Model):
                 a, x = a[out], x[out]
             x = x + ops.rmsnorm(a, layer.post_attention_norm, c.norm_eps)
             h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
-            x = x + ops.rmsnorm(self.ffn(layer, h), layer.post_ffw_norm, c.norm_eps)
+            f = ops.glu_ffn(h, layer, ops.geglu)           # GeGLU
+            x = x + ops.rmsnorm(f, layer.post_ffw_norm, c.norm_eps)
         x = ops.rmsnorm(x, self.output_norm, c.norm_eps)
         logits = self.output.matmul(x)                        # (rows, n_vocab)
         if c.final_softcap > 0:
@@ -128,11 +123,7 @@ class Gemma3(Model):
                   cache: KVCache) -> np.ndarray:
         """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the cache."""
         c = self.config
-        n = len(h)
-        q, k, v = ops.qkv(h, layer, c.n_embd_q, c.n_embd_k)
-        q = q.reshape(n, c.n_head, c.head_dim)
-        k = k.reshape(n, c.n_head_kv, c.head_dim)
-        v = v.reshape(n, c.n_head_kv, c.head_dim_v)
+        q, k, v = ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
         q = ops.rope_neox(ops.rmsnorm(q, layer.attn_q_norm, c.norm_eps), rope)
         k = ops.rope_neox(ops.rmsnorm(k, layer.attn_k_norm, c.norm_eps), rope)
         keys, values = cache.store(il, k, v)                 # (H_kv, S, d), (H_kv, S, d_v)
@@ -141,12 +132,6 @@ class Gemma3(Model):
             keys, values, mask = keys[:, start:], values[:, start:], mask[:, start:]
         a = ops.attention(q, keys, values, mask, c.attn_scale)
         return ops.linear(a, layer.attn_output)
-
-    def ffn(self, layer: Any, h: np.ndarray) -> np.ndarray:
-        """GeGLU: down(gelu_tanh(gate(h)) * up(h)). h (T, n_embd) -> (T, n_embd)."""
-        g = ops.linear(h, layer.ffn_gate)                    # (T, n_ff)
-        u = ops.linear(h, layer.ffn_up)                      # (T, n_ff)
-        return ops.linear(ops.geglu(g, u), layer.ffn_down)
 
 
 def _first_visible(pos0: int, window: int) -> int:

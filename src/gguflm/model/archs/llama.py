@@ -12,7 +12,6 @@ import math
 
 import numpy as np
 
-from ...gguf.errors import MetadataError
 from .. import ops
 from ..base import Model
 from ..kv_cache import KVCache
@@ -27,14 +26,10 @@ class Llama(Model):
     # -- tensors ---------------------------------------------------------------------------------
     def load_tensors(self, w: Weights) -> None:
         c = self.config
-        if c.rope_dim != c.head_dim:  # llama.cpp asserts the same for this architecture
-            raise MetadataError(f"must equal the head size {c.head_dim} for llama, got "
-                                f"{c.rope_dim}", key=f"{c.arch}.rope.dimension_count")
+        c.require_full_rope()  # llama.cpp asserts the same for this architecture
         self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
         self.output_norm = w.get("output_norm.weight", (c.n_embd,))
-        self.output = w.get("output.weight", (c.n_vocab, c.n_embd), optional=True)
-        if self.output is None:  # tied: the embedding doubles as the output projection
-            self.output = self.token_embd
+        self.output = w.get_or("output.weight", (c.n_vocab, c.n_embd), self.token_embd)  # tied
         self.rope_freqs = w.get("rope_freqs.weight", (c.rope_dim // 2,), optional=True)
         self.layers = [w.layer(i, {
             "attn_norm": (c.n_embd,),
@@ -67,7 +62,7 @@ class Llama(Model):
             h = ops.rmsnorm(x, layer.attn_norm, c.norm_eps)
             x = x + self.attention(il, layer, h, rope, mask, cache)
             h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
-            x = x + self.ffn(layer, h)
+            x = x + ops.glu_ffn(h, layer, ops.swiglu)      # SwiGLU, biases optional
         x = ops.rmsnorm(x[out], self.output_norm, c.norm_eps)
         return self.output.matmul(x)                       # (rows, n_vocab)
 
@@ -75,18 +70,9 @@ class Llama(Model):
                   mask: np.ndarray, cache: KVCache) -> np.ndarray:
         """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the cache."""
         c = self.config
-        n = len(h)
-        q = ops.linear(h, layer.attn_q, layer.attn_q_bias).reshape(n, c.n_head, c.head_dim)
-        k = ops.linear(h, layer.attn_k, layer.attn_k_bias).reshape(n, c.n_head_kv, c.head_dim)
-        v = ops.linear(h, layer.attn_v, layer.attn_v_bias).reshape(n, c.n_head_kv, c.head_dim_v)
+        q, k, v = ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
         q = ops.rope_norm(q, rope)
         k = ops.rope_norm(k, rope)
         keys, values = cache.store(il, k, v)               # (H_kv, S, d), (H_kv, S, d_v)
         a = ops.attention(q, keys, values, mask, 1.0 / math.sqrt(c.head_dim))
         return ops.linear(a, layer.attn_output, layer.attn_output_bias)
-
-    def ffn(self, layer, h: np.ndarray) -> np.ndarray:
-        """SwiGLU: down(silu(gate(h)) * up(h)). h (T, n_embd) -> (T, n_embd)."""
-        g = ops.linear(h, layer.ffn_gate, layer.ffn_gate_bias)   # (T, n_ff)
-        u = ops.linear(h, layer.ffn_up, layer.ffn_up_bias)       # (T, n_ff)
-        return ops.linear(ops.swiglu(g, u), layer.ffn_down, layer.ffn_down_bias)

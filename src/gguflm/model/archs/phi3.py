@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ...gguf.errors import MetadataError, TensorInfoError
+from ...gguf.errors import TensorInfoError
 from .. import ops
 from ..base import Model
 from ..config import Meta, ModelConfig
@@ -58,14 +58,10 @@ class Phi3(Model):
     # -- tensors ---------------------------------------------------------------------------------
     def load_tensors(self, w: Weights) -> None:
         c = self.config
-        if c.head_dim_v != c.head_dim:  # llama.cpp asserts one head size for this graph
-            raise MetadataError(f"must equal key_length ({c.head_dim}) for {c.arch}, got "
-                                f"{c.head_dim_v}", key=f"{c.arch}.attention.value_length")
+        c.require_one_head_size()  # llama.cpp asserts it for this graph
         self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
         self.output_norm = w.get("output_norm.weight", (c.n_embd,))
-        self.output = w.get("output.weight", (c.n_vocab, c.n_embd), optional=True)
-        if self.output is None:  # tied: the embedding doubles as the output projection
-            self.output = self.token_embd
+        self.output = w.get_or("output.weight", (c.n_vocab, c.n_embd), self.token_embd)  # tied
         # LongRoPE frequency divisors: both or neither (llama.cpp needs the one it picks)
         n_freq = c.rope_dim // 2
         self.rope_long = w.get("rope_factors_long.weight", (n_freq,), optional=True)
@@ -74,17 +70,14 @@ class Phi3(Model):
             missing = "rope_factors_short" if self.rope_short is None else "rope_factors_long"
             raise TensorInfoError("missing: LongRoPE needs both long and short factors",
                                   tensor=f"{missing}.weight")
-        self.layers = []
-        for i in range(c.n_layer):
-            qkv, qkv_bias = w.qkv_specs(i, c.n_embd, c.n_embd_q, c.n_embd_k, c.n_embd_v)
-            self.layers.append(w.layer(i, {
-                "attn_norm": (c.n_embd,),
-                **qkv,
-                "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
-                "ffn_norm": (c.n_embd,),
-                "ffn_up": (2 * c.n_ff, c.n_embd),     # [gate | up]
-                "ffn_down": (c.n_embd, c.n_ff),
-            }, optional=qkv_bias))
+        # + attn_qkv or attn_q/k/v, biases optional (qkv=c: llama.cpp's create_tensor_qkv)
+        self.layers = [w.layer(i, {
+            "attn_norm": (c.n_embd,),
+            "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
+            "ffn_norm": (c.n_embd,),
+            "ffn_up": (2 * c.n_ff, c.n_embd),     # [gate | up]
+            "ffn_down": (c.n_embd, c.n_ff),
+        }, qkv=c) for i in range(c.n_layer)]
 
     # -- forward ---------------------------------------------------------------------------------
     def rope(self, pos: np.ndarray, n_ctx: int) -> np.ndarray:
@@ -111,7 +104,7 @@ class Phi3(Model):
                 a, x = a[out], x[out]
             x = x + a
             h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
-            x = x + self.ffn(layer, h)
+            x = x + ops.glu_ffn(h, layer, ops.swiglu)      # SwiGLU from the fused ffn_up
         x = ops.rmsnorm(x, self.output_norm, c.norm_eps)
         return self.output.matmul(x)                       # (rows, n_vocab)
 
@@ -119,17 +112,9 @@ class Phi3(Model):
                   mask: np.ndarray, cache: KVCache) -> np.ndarray:
         """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the cache."""
         c = self.config
-        n = len(h)
-        q, k, v = ops.qkv(h, layer, c.n_embd_q, c.n_embd_k)
-        q = ops.rope_neox(q.reshape(n, c.n_head, c.head_dim), rope)
-        k = ops.rope_neox(k.reshape(n, c.n_head_kv, c.head_dim), rope)
-        v = v.reshape(n, c.n_head_kv, c.head_dim_v)
+        q, k, v = ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
+        q = ops.rope_neox(q, rope)
+        k = ops.rope_neox(k, rope)
         keys, values = cache.store(il, k, v)               # (H_kv, S, d), (H_kv, S, d_v)
         a = ops.attention(q, keys, values, mask, 1.0 / math.sqrt(c.head_dim))
         return ops.linear(a, layer.attn_output)
-
-    def ffn(self, layer: Any, h: np.ndarray) -> np.ndarray:
-        """SwiGLU from one fused projection: down(silu(gate) * up), [gate | up] = ffn_up(h)."""
-        n_ff = self.config.n_ff
-        gu = ops.linear(h, layer.ffn_up)                   # (T, 2 * n_ff)
-        return ops.linear(ops.swiglu(gu[:, :n_ff], gu[:, n_ff:]), layer.ffn_down)

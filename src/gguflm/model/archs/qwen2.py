@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from ...gguf.errors import MetadataError
 from .. import ops
 from ..base import Model
 from ..kv_cache import KVCache
@@ -36,33 +35,23 @@ class Qwen2(Model):
     # -- tensors ---------------------------------------------------------------------------------
     def load_tensors(self, w: Weights) -> None:
         c = self.config
-        # llama.cpp asserts both for this graph: one head size, all of it rotated
-        if c.head_dim_v != c.head_dim:
-            raise MetadataError(f"must equal key_length ({c.head_dim}) for {c.arch}, got "
-                                f"{c.head_dim_v}", key=f"{c.arch}.attention.value_length")
-        if c.rope_dim != c.head_dim:
-            raise MetadataError(f"must equal the head size {c.head_dim} for {c.arch}, got "
-                                f"{c.rope_dim}", key=f"{c.arch}.rope.dimension_count")
+        c.require_one_head_size()  # llama.cpp asserts both for this graph
+        c.require_full_rope()
         self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
         self.output_norm = w.get("output_norm.weight", (c.n_embd,))
-        self.output = w.get("output.weight", (c.n_vocab, c.n_embd), optional=True)
-        if self.output is None:  # tied: the embedding doubles as the output projection
-            self.output = self.token_embd
+        self.output = w.get_or("output.weight", (c.n_vocab, c.n_embd), self.token_embd)  # tied
         self.output_bias = (w.get("output.bias", (c.n_vocab,), optional=True)
                             if self.output_bias_allowed else None)
-        self.layers = []
-        for i in range(c.n_layer):
-            qkv, qkv_bias = w.qkv_specs(i, c.n_embd, c.n_embd_q, c.n_embd_k, c.n_embd_v)
-            self.layers.append(w.layer(i, {
-                "attn_norm": (c.n_embd,),
-                **qkv,
-                **self.extra_layer_tensors(),
-                "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
-                "ffn_norm": (c.n_embd,),
-                "ffn_gate": (c.n_ff, c.n_embd),
-                "ffn_up": (c.n_ff, c.n_embd),
-                "ffn_down": (c.n_embd, c.n_ff),
-            }, optional=qkv_bias))
+        # + attn_qkv or attn_q/k/v, biases optional (qkv=c: llama.cpp's create_tensor_qkv)
+        self.layers = [w.layer(i, {
+            "attn_norm": (c.n_embd,),
+            **self.extra_layer_tensors(),
+            "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
+            "ffn_norm": (c.n_embd,),
+            "ffn_gate": (c.n_ff, c.n_embd),
+            "ffn_up": (c.n_ff, c.n_embd),
+            "ffn_down": (c.n_embd, c.n_ff),
+        }, qkv=c) for i in range(c.n_layer)]
 
     def extra_layer_tensors(self) -> dict[str, Shape]:
         """Required per-layer tensors beyond Qwen2's (a subclass's hook)."""
@@ -84,17 +73,14 @@ class Qwen2(Model):
                 a, x = a[out], x[out]
             x = x + a
             h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
-            x = x + self.ffn(layer, h)
+            x = x + ops.glu_ffn(h, layer, ops.swiglu)      # SwiGLU
         x = ops.rmsnorm(x, self.output_norm, c.norm_eps)
         return ops.linear(x, self.output, self.output_bias)  # (rows, n_vocab)
 
     def project(self, layer: Any, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Q (T, H, d), K (T, H_kv, d), V (T, H_kv, d_v) of h (T, n_embd), before RoPE."""
-        c = self.config
-        n = len(h)
-        q, k, v = ops.qkv(h, layer, c.n_embd_q, c.n_embd_k)  # biases added, as llama.cpp
-        return (q.reshape(n, c.n_head, c.head_dim), k.reshape(n, c.n_head_kv, c.head_dim),
-                v.reshape(n, c.n_head_kv, c.head_dim_v))
+        c = self.config  # biases added before RoPE, as llama.cpp
+        return ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
 
     def attention(self, il: int, layer: Any, h: np.ndarray, rope: np.ndarray,
                   mask: np.ndarray, cache: KVCache) -> np.ndarray:
@@ -106,9 +92,3 @@ class Qwen2(Model):
         keys, values = cache.store(il, k, v)               # (H_kv, S, d), (H_kv, S, d_v)
         a = ops.attention(q, keys, values, mask, 1.0 / math.sqrt(c.head_dim))
         return ops.linear(a, layer.attn_output)
-
-    def ffn(self, layer: Any, h: np.ndarray) -> np.ndarray:
-        """SwiGLU: down(silu(gate(h)) * up(h)). h (T, n_embd) -> (T, n_embd)."""
-        g = ops.linear(h, layer.ffn_gate)                  # (T, n_ff)
-        u = ops.linear(h, layer.ffn_up)                    # (T, n_ff)
-        return ops.linear(ops.swiglu(g, u), layer.ffn_down)
