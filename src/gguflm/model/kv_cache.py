@@ -1,10 +1,10 @@
 """The key/value cache: per layer, the keys and values of every position evaluated so far.
 
 Preallocated for ``n_ctx`` positions in float32, in anonymous memory whose pages are
-committed only when written, so memory grows with use (see ``_lazy_zeros``). Layout per layer is (n_head_kv, n_ctx, head_dim) so each KV head's
-keys are one contiguous (positions, head_dim) matrix for the attention products. Positions
-are absolute: cache slot i holds position i, which is what causal and sliding-window masks
-are computed from.
+committed only when written, so memory grows with use (see ``_lazy_zeros``). Layout per
+layer is (n_head_kv, n_ctx, head_dim) so each KV head's keys are one contiguous (positions,
+head_dim) matrix for the attention products. Positions are absolute: cache slot i holds
+position i, which is what causal and sliding-window masks are computed from.
 """
 
 from __future__ import annotations
