@@ -125,6 +125,23 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, sca
     return out.reshape(n_kv_head, group, n_tok, -1).transpose(2, 0, 1, 3).reshape(n_tok, -1)
 
 
+def cached_attention(cache: Any, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                     mask: np.ndarray, scale: float, softcap: float = 0.0, window: int = 0
+                     ) -> np.ndarray:
+    """llama.cpp's build_attn, less the output projection: store this batch's k (T, H_kv, d)
+    and v (T, H_kv, d_v) in layer ``il`` of the KV cache (at positions cache.n..), then
+    attend with q (T, H, d) over every cached position -> (T, H * d_v).
+
+    With a sliding ``window`` > 0 the keys before the first query's window (masked anyway)
+    are skipped, so long contexts cost local layers only the window.
+    """
+    keys, values = cache.store(il, k, v)                    # (H_kv, S, d), (H_kv, S, d_v)
+    start = max(0, cache.n - window + 1) if window > 0 else 0
+    if start:
+        keys, values, mask = keys[:, start:], values[:, start:], mask[:, start:]
+    return attention(q, keys, values, mask, scale, softcap)
+
+
 # -- activations ------------------------------------------------------------------------------
 
 

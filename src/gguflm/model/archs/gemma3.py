@@ -126,15 +126,7 @@ class Gemma3(Model):
         q, k, v = ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
         q = ops.rope_neox(ops.rmsnorm(q, layer.attn_q_norm, c.norm_eps), rope)
         k = ops.rope_neox(ops.rmsnorm(k, layer.attn_k_norm, c.norm_eps), rope)
-        keys, values = cache.store(il, k, v)                 # (H_kv, S, d), (H_kv, S, d_v)
-        start = _first_visible(cache.n, window)
-        if start:  # keys before the first query's window are masked anyway: skip them
-            keys, values, mask = keys[:, start:], values[:, start:], mask[:, start:]
-        a = ops.attention(q, keys, values, mask, c.attn_scale)
+        # local layers skip the keys before the window (masked anyway)
+        a = ops.cached_attention(cache, il, q, k, v, mask, c.attn_scale, window=window)
         return ops.linear(a, layer.attn_output)
-
-
-def _first_visible(pos0: int, window: int) -> int:
-    """The first key position any query at pos0.. can see through a window (0: no window)."""
-    return max(0, pos0 - window + 1) if window > 0 else 0
 

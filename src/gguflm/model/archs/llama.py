@@ -71,8 +71,6 @@ class Llama(Model):
         """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the cache."""
         c = self.config
         q, k, v = ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
-        q = ops.rope_norm(q, rope)
-        k = ops.rope_norm(k, rope)
-        keys, values = cache.store(il, k, v)               # (H_kv, S, d), (H_kv, S, d_v)
-        a = ops.attention(q, keys, values, mask, 1.0 / math.sqrt(c.head_dim))
+        q, k = ops.rope_norm(q, rope), ops.rope_norm(k, rope)
+        a = ops.cached_attention(cache, il, q, k, v, mask, 1.0 / math.sqrt(c.head_dim))
         return ops.linear(a, layer.attn_output, layer.attn_output_bias)
