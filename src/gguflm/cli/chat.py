@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from . import CLIError
+from .common import add_model_argument
 from .serve import add_model_options, load_llm
 
 HELP = ("/reset clears the conversation, /exit (or Ctrl-D) leaves; Ctrl-C stops a reply")
@@ -23,8 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=f"Chat with MODEL (a GGUF file or a known model name, default "
                     f"{DEFAULT_MODEL}) through its chat template. Replies stream as they are "
                     f"generated; earlier turns are not evaluated again. {HELP}.")
-    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL",
-                   help=f"GGUF file or known model name (default: {DEFAULT_MODEL})")
+    add_model_argument(p, optional=True)
     p.add_argument("--system", metavar="TEXT", help="a system message to start with")
     p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
                    help="tokens per reply at most; -1: until the model ends its turn (default)")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import CLIError
+from .common import add_model_argument
 
 _TYPE_ALIASES = {
     "u8": "uint8", "i8": "int8", "u16": "uint16", "i16": "int16", "u32": "uint32",
@@ -53,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Write a copy of MODEL with metadata keys set or deleted (never in "
                     "place). Types: uint8..uint64, int8..int64, float32, float64, bool, "
                     "string, array[T] (VALUE as a JSON list).")
-    p.add_argument("model", metavar="MODEL", help="GGUF file or known model name")
+    add_model_argument(p)
     p.set_defaults(edits=[])
     p.add_argument("--set", action=_SetAction, metavar="KEY=VALUE",
                    help="set KEY (repeatable); an existing key keeps its type")

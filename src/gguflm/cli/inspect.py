@@ -9,6 +9,7 @@ import warnings
 from typing import Any
 
 from . import CLIError
+from .common import add_model_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Show a GGUF file's header, a model summary and its metadata "
                     "(arrays as type, length and first elements). MODEL is a path or a "
                     "known model name (pulled on first use).")
-    p.add_argument("model", metavar="MODEL", help="GGUF file or known model name")
+    add_model_argument(p)
     p.add_argument("--tensors", action="store_true",
                    help="also list every tensor: name, type, shape (ggml order), offset, size")
     p.add_argument("--query", metavar="TEXT",

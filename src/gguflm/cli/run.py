@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 from . import CLIError
+from .common import add_model_argument, load_model, read_text
 
 DEFAULT_N_PREDICT = 128
 # Default context without -c: llama.cpp's default size (as gguflm.LLM and serve use),
@@ -24,11 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     f"name, default {DEFAULT_MODEL}), streaming it to stdout. Sampling "
                     "follows llama.cpp: its defaults, its order (penalties, top-k, top-p, "
                     "min-p, temperature) and, for a given --seed, its random numbers.")
-    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL",
-                   help=f"GGUF file or known model name (default: {DEFAULT_MODEL})")
+    add_model_argument(p, optional=True)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-p", "--prompt", help="the prompt text")
-    src.add_argument("-f", "--file", metavar="FILE", help="read the prompt from FILE")
+    src.add_argument("-f", "--file", metavar="FILE", help="read the prompt from FILE ('-': stdin)")
     p.add_argument("-n", "--n-predict", type=int, default=DEFAULT_N_PREDICT, metavar="N",
                    help=f"tokens to generate at most; -1: until the end of generation or "
                         f"of the context (default: {DEFAULT_N_PREDICT})")
@@ -79,16 +78,6 @@ def _sampler_params(args: argparse.Namespace):
         raise CLIError(f"invalid sampling option: {e}".replace("_", "-")) from None
 
 
-def _prompt_text(args: argparse.Namespace) -> str:
-    if args.prompt is not None:
-        return args.prompt
-    try:
-        with open(args.file, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise CLIError(f"cannot read the prompt from {args.file}: {e}") from None
-
-
 def _context_size(args: argparse.Namespace, n_prompt: int, n_ctx_train: int) -> int:
     if args.ctx_size is not None:
         n_ctx = args.ctx_size
@@ -111,19 +100,12 @@ def run(args: argparse.Namespace) -> int:
     if args.ctx_size is not None and args.ctx_size < 1:
         raise CLIError(f"-c must be at least 1, got {args.ctx_size}")
     params = _sampler_params(args)
-    text = _prompt_text(args)
+    text = args.prompt if args.prompt is not None else read_text(args.file)
 
-    from .. import load_model
     from ..engine.generate import generate, stream_text
     from ..engine.sampling import Sampler
-    from ..tokenizer import Tokenizer
-    from .pull import resolve
 
-    path = resolve(args.model)
-    t0 = time.perf_counter()
-    model = load_model(path)
-    tokenizer = Tokenizer.from_gguf(model.gguf)
-    load_seconds = time.perf_counter() - t0
+    path, model, tokenizer, load_seconds = load_model(args.model)
 
     prompt = tokenizer.encode(text, add_special=True, parse_special=args.special)
     if not prompt:

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from . import CLIError
+from .common import add_model_argument, say_if_compiling
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,8 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     f"{DEFAULT_MODEL}) over HTTP: GET /health and /v1/models, POST "
                     "/v1/completions and /v1/chat/completions (JSON, or Server-Sent Events "
                     "with \"stream\": true). Requests are answered one at a time, in turn.")
-    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL",
-                   help=f"GGUF file or known model name (default: {DEFAULT_MODEL})")
+    add_model_argument(p, optional=True)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8080,
@@ -60,11 +60,7 @@ def load_llm(args: argparse.Namespace):  # noqa: ANN201 - gguflm.api.LLM, import
         raise CLIError(str(e)) from None
     if args.model in KNOWN_MODELS:
         llm.model_id = args.model  # the name the user gave, as clients will see it
-    from ..quant import kernels
-
-    if not kernels.is_compiled():
-        print("gguflm: compiling the kernels (first run only, may take a minute) ...",
-              file=sys.stderr, flush=True)
+    say_if_compiling()
     llm.warm_up()  # the first request should not pay for loading the kernels
     return llm
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import CLIError
+from .common import add_model_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "(the reverse of ggml's shape). F32/F16/F64 and integer tensors keep "
                     "their type, BF16 becomes float32, quantized types are dequantized "
                     "to float32.")
-    p.add_argument("model", metavar="MODEL", help="GGUF file or known model name")
+    add_model_argument(p)
     p.add_argument("name", metavar="NAME", help="tensor name, e.g. token_embd.weight")
     p.add_argument("-o", "--output", metavar="OUT.npy", required=True, help="output file")
     p.add_argument("--raw", action="store_true",

@@ -8,6 +8,7 @@ import re
 import sys
 
 from . import CLIError
+from .common import add_model_argument, read_text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Tokenize TEXT with MODEL's tokenizer (a GGUF file, vocabulary-only files "
                     "included, or a known model name), as llama.cpp does: one line per token, "
                     "id -> piece (special tokens shown).")
-    p.add_argument("model", metavar="MODEL", help="GGUF file or known model name")
+    add_model_argument(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("text", nargs="?", metavar="TEXT", help="the text to tokenize")
     src.add_argument("-f", "--file", metavar="FILE", help="read the text from FILE ('-': stdin)")
@@ -35,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Print the text of token IDS (separated by spaces or commas; a pasted "
                     "[1, 2, 3] list works too). Control tokens render as nothing unless "
                     "--special.")
-    d.add_argument("model", metavar="MODEL", help="GGUF file or known model name")
+    add_model_argument(d)
     d.add_argument("ids", nargs="+", metavar="IDS", help="token ids")
     d.add_argument("--special", action="store_true", help="render control tokens as their text")
     d.add_argument("--json", action="store_true", help="print one JSON object: ids, text")
@@ -52,13 +53,7 @@ def _tokenizer(model: str):
 def _read_text(args: argparse.Namespace) -> str:
     if args.file is None:
         return args.text
-    try:
-        if args.file == "-":
-            return sys.stdin.read()
-        with open(args.file, encoding="utf-8", errors="surrogateescape") as f:
-            return f.read()
-    except OSError as e:
-        raise CLIError(f"cannot read {args.file}: {e.strerror or e}") from None
+    return read_text(args.file, errors="surrogateescape")
 
 
 def _show(piece: bytes) -> str:
