@@ -19,7 +19,7 @@ _SHOWN_ALWAYS = Attr.CONTROL | Attr.UNKNOWN | Attr.USER_DEFINED  # raw text when
 def make_piece(vocab: Vocab, tid: int) -> bytes:
     """The piece of ``tid`` as shown with ``special=True`` (llama.cpp's piece cache)."""
     text = vocab.tokens[tid]
-    attr = vocab.attrs[tid]
+    attr = int(vocab.attrs[tid])
     if attr & _SHOWN_ALWAYS:
         return text.encode("utf-8", "surrogateescape")
     if attr & Attr.NORMAL:

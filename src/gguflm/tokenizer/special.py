@@ -21,7 +21,7 @@ class SpecialSplitter:
 
     def __init__(self, vocab: Vocab) -> None:
         tokens, attrs = vocab.tokens, vocab.attrs
-        self.all = [(tokens[t], t, attrs[t]) for t in vocab.special_ids]
+        self.all = [(tokens[t], t, int(attrs[t])) for t in vocab.special_ids]
         skip = int(Attr.CONTROL | Attr.UNKNOWN)
         self.user = [entry for entry in self.all if not entry[2] & skip]
 

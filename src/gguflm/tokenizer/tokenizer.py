@@ -27,7 +27,8 @@ class Tokenizer:
         self.vocab = vocab
         self._special = SpecialSplitter(vocab)
         self._model = SPMTokenizer(vocab) if vocab.kind == "spm" else BPETokenizer(vocab)
-        self._pieces: list[bytes | None] = [None] * vocab.n_vocab
+        self._attrs = memoryview(vocab.attrs).cast("B").cast("i")  # indexing gives an int
+        self._pieces: dict[int, bytes] = {}    # filled as tokens are shown
 
     # --- construction ------------------------------------------------------------------------
 
@@ -110,7 +111,7 @@ class Tokenizer:
 
     def token_attr(self, tid: int) -> Attr:
         self._check(tid)
-        return Attr(self.vocab.attrs[tid])
+        return Attr(self._attrs[tid])
 
     def token_id(self, text: str) -> int | None:
         """The id whose vocabulary string is ``text`` exactly, or None."""
@@ -171,9 +172,9 @@ class Tokenizer:
         Control and unknown tokens give ``b""`` unless ``special``.
         """
         self._check(tid)
-        if not special and self.vocab.attrs[tid] & _HIDDEN:
+        if not special and self._attrs[tid] & _HIDDEN:
             return b""
-        piece = self._pieces[tid]
+        piece = self._pieces.get(tid)
         if piece is None:
             piece = self._pieces[tid] = make_piece(self.vocab, tid)
         return piece

@@ -51,7 +51,7 @@ class Attr(enum.IntFlag):
     SINGLE_WORD = 1 << 9
 
 
-# token_type -> attribute; anything else is UNDEFINED
+# token_type -> attribute; anything else (0, 7) is UNDEFINED
 _TYPE_TO_ATTR = np.zeros(8, dtype=np.int32)
 for _t, _a in ((TokenType.UNKNOWN, Attr.UNKNOWN), (TokenType.UNUSED, Attr.UNUSED),
                (TokenType.NORMAL, Attr.NORMAL), (TokenType.CONTROL, Attr.CONTROL),
@@ -104,16 +104,18 @@ class Vocab:
 
     ``kind`` is ``"spm"`` (SentencePiece, ``tokenizer.ggml.model = llama``) or ``"bpe"``.
     ``special`` maps names (bos, eos, eot, eom, unk, sep, pad, mask, fim_*) to ids or None.
-    ``attrs`` holds one ``Attr`` bitmask per token; ``special_ids`` the ids split out of text
-    before tokenizing (control, user-defined and unknown tokens), longest text first.
+    ``scores`` (float32) and ``attrs`` (int32, one ``Attr`` bitmask per token) are numpy
+    arrays: per-token Python objects would cost a 262k vocabulary ~10 MB more.
+    ``special_ids`` are the ids split out of text before tokenizing (control, user-defined
+    and unknown tokens), longest text first.
     """
 
     model: str
     kind: str
     tokens: list[str]
     token_to_id: dict[str, int]
-    scores: list[float]
-    attrs: list[int]
+    scores: np.ndarray
+    attrs: np.ndarray
     special: dict[str, int | None]
     pre_name: str = ""
     pre: PreTokenizer | None = None
@@ -183,22 +185,25 @@ def load_vocab(meta: Mapping[str, Any]) -> Vocab:
                 token_to_id[tokens[i]] = i
         del token_to_id[""]
 
-    scores_arr = _array(meta, K + "scores", n)
-    scores = scores_arr.astype(np.float32).tolist() if scores_arr is not None else [0.0] * n
+    scores = _array(meta, K + "scores", n)
+    # a float32 file array stays a view of the file (no copy)
+    scores = (np.zeros(n, np.float32) if scores is None
+              else np.ascontiguousarray(scores, dtype=np.float32))
     types = _array(meta, K + "token_type", n)
     if types is None:
         attrs_arr = np.full(n, int(Attr.NORMAL), dtype=np.int32)
     else:
-        types = types.astype(np.int64)
-        attrs_arr = np.where((types >= 0) & (types < 8), _TYPE_TO_ATTR[np.clip(types, 0, 7)], 0)
-        attrs_arr = attrs_arr.astype(np.int32)
+        if types.dtype.kind == "f":
+            types = types.astype(np.int64)
+        # types outside 0..7 clip to 0 or 7, both UNDEFINED in the table (few temporaries)
+        attrs_arr = _TYPE_TO_ATTR[np.clip(types, 0, 7)]
 
     pre_name = _get(meta, K + "pre", str, default="")
     special: dict[str, int | None] = dict.fromkeys(
         ["bos", "eos", "eot", "eom", "unk", "sep", "pad", "mask",
          "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep"])
     v = Vocab(model=model, kind="spm" if model == "llama" else "bpe", tokens=tokens,
-              token_to_id=token_to_id, scores=scores, attrs=[], special=special)
+              token_to_id=token_to_id, scores=scores, attrs=attrs_arr, special=special)
     if model == "llama":
         special.update(bos=1, eos=2, unk=0)
         v.add_space_prefix, v.add_bos = True, True
@@ -217,7 +222,6 @@ def load_vocab(meta: Mapping[str, Any]) -> Vocab:
     if v.pre is not None and v.pre.kind == "gemma4":
         v.add_bos = True  # llama.cpp forces BOS for Gemma 4 (pre-tokenizer kind gemma4 only)
     _detect_special(v, attrs_arr)
-    v.attrs = attrs_arr.tolist()
     _per_model_attrs(meta, v)
     return v
 
@@ -313,14 +317,14 @@ def _per_model_attrs(meta: Mapping[str, Any], v: Vocab) -> None:
     def set_attr(text: str, attr: Attr, on: bool) -> None:
         tid = lookup.get(text)
         if tid is not None:
-            attrs[tid] = (attrs[tid] | attr) if on else (attrs[tid] & ~attr)
+            attrs[tid] = (attrs[tid] | int(attr)) if on else (attrs[tid] & ~int(attr))
 
     if (any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code"))
             or any(s in arch for s in ("nomic-bert-moe", "jina-bert-v3"))):
         set_attr("<mask>", Attr.LSTRIP, True)
     elif "phi-3" in name or "phi3" in name:
         for tid in v.special_ids:
-            attrs[tid] |= Attr.RSTRIP
+            attrs[tid] |= int(Attr.RSTRIP)
         set_attr("</s>", Attr.RSTRIP, True)
         for text in ("<unk>", "<s>", "<|endoftext|>"):
             set_attr(text, Attr.RSTRIP, False)
