@@ -18,7 +18,7 @@ import gguflm
 from gguflm.gguf.errors import TensorInfoError
 from gguflm.model import archs
 from refcheck import load_cases, run_reference
-from tinymodel import random_tensors, tiny_metadata, write_model
+from tinymodel import declared_tensors, random_tensors, tiny_metadata, write_model
 
 ARCHS = ["qwen2", "qwen3", "phi3", "gemma2"]
 IDS = [1, 17, 5, 90, 33, 2, 64, 8, 8, 41, 77, 12, 3, 50, 9, 21]
@@ -106,6 +106,21 @@ def test_missing_tensor_is_named(tmp_path, arch) -> None:
     del tensors[name]
     with pytest.raises(TensorInfoError, match=rf"'{name}'.*missing.*'{arch}'"):
         gguflm.load_model(write_model(tmp_path / "m.gguf", md, tensors))
+
+
+@pytest.mark.parametrize(("arch", "overrides", "key"), [
+    ("qwen2", {"attention__value_length": 32}, "qwen2.attention.value_length"),
+    ("phi3", {"attention__value_length": 32}, "phi3.attention.value_length"),
+    ("qwen2", {"rope__dimension_count": 8}, "qwen2.rope.dimension_count"),
+])
+def test_graph_assumptions_fail_at_load(arch, overrides, key) -> None:
+    """llama.cpp asserts one head size (qwen2, phi3) and full RoPE (qwen2): so do we, naming
+    the key, before any tensor is read."""
+    from gguflm.gguf.errors import MetadataError
+
+    with pytest.raises(MetadataError) as e:
+        declared_tensors(_tiny_md(arch, **overrides))
+    assert e.value.key == key
 
 
 def _fuse(tensors: dict, drop_biases: bool = False) -> dict:
