@@ -27,26 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from . import CLIError
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
+from .common import add_model_argument, say_if_compiling
+from .common import non_negative_int as _non_negative
+from .common import positive_int as _positive
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -55,8 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Measure prompt processing (pp: a P-token prompt from an empty cache, "
                     "logits for the last position) and generation (tg: N tokens one at a "
                     "time) in tokens/s, as llama-bench does.")
-    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                   help="a GGUF file or a known model name (default: the default model)")
+    add_model_argument(p, optional=True)
     p.add_argument("-p", "--n-prompt", type=_non_negative, default=128, metavar="P",
                    help="prompt tokens for the pp test (default 128; 0 skips it)")
     p.add_argument("-n", "--n-gen", type=_non_negative, default=64, metavar="N",
@@ -245,17 +227,15 @@ def _fmt(s: dict[str, float] | None) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.n_prompt == 0 and args.n_gen == 0:
         raise CLIError("nothing to measure: -p and -n are both 0")
-    from .. import hub, load_model
+    from .. import load_model
     from ..quant.matrix import set_threads
     from .pull import resolve
 
-    path = resolve(args.model or hub.DEFAULT_MODEL)
+    path = resolve(args.model)
     threads = set_threads(args.threads)
     from ..quant import kernels
 
-    if not kernels.is_compiled():
-        print("compiling the kernels (first run only, this takes a minute)...", file=sys.stderr,
-              flush=True)
+    say_if_compiling()
     compile_s = kernels.warm_up()
     t0 = time.perf_counter()
     model = load_model(path)

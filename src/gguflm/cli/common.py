@@ -73,12 +73,13 @@ class Loaded(NamedTuple):
 
 def load_model(name: str) -> Loaded:
     """MODEL (a path or a known name, pulled with progress on stderr), loaded with its
-    tokenizer."""
+    tokenizer; says so first when the kernels still have to be compiled."""
     from .. import load_model as load
     from ..tokenizer import Tokenizer
     from .pull import resolve
 
     path = resolve(name)
+    say_if_compiling()
     t0 = time.perf_counter()
     model = load(path)
     tokenizer = Tokenizer.from_gguf(model.gguf)
