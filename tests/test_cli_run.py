@@ -79,3 +79,24 @@ def test_unparseable_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -
         main(["run", "-p", "x", "--temp", "warm"])
     assert e.value.code == 2
     assert "invalid float value: 'warm'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("threads", ["0", "two"])
+def test_bad_thread_count_is_a_usage_error(capsys: pytest.CaptureFixture[str],
+                                           threads: str) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["run", "-p", "x", "-t", threads])
+    assert e.value.code == 2
+    assert "-t/--threads" in capsys.readouterr().err
+
+
+def test_thread_count_is_applied(reference: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import numba
+
+    model = str(reference / "tiny-llama-f16" / "tiny-llama-f16.gguf")
+    before = numba.get_num_threads()
+    try:
+        assert main(["run", model, "-p", "hello", "-n", "2", "-t", "1", "--temp", "0"]) == 0
+        assert numba.get_num_threads() == 1
+    finally:
+        numba.set_num_threads(before)

@@ -48,6 +48,12 @@ def add_model_argument(p: argparse.ArgumentParser, *, optional: bool = False) ->
                    help=f"GGUF file or known model name (default: {DEFAULT_MODEL})")
 
 
+def add_threads_argument(p: argparse.ArgumentParser) -> None:
+    """``-t N``: threads for the matrix kernels (default: the cores available)."""
+    p.add_argument("-t", "--threads", type=positive_int, default=None, metavar="N",
+                   help="threads (default: the cores available)")
+
+
 def read_text(path: str | Path, errors: str = "strict") -> str:
     """A UTF-8 text file ('-': standard input), or a CLIError that says why not.
     ``errors="surrogateescape"`` keeps invalid bytes instead of refusing the file."""
@@ -71,14 +77,16 @@ class Loaded(NamedTuple):
     seconds: float   # loading the model and its tokenizer (not pulling it)
 
 
-def load_model(name: str) -> Loaded:
+def load_model(name: str, threads: int | None = None) -> Loaded:
     """MODEL (a path or a known name, pulled with progress on stderr), loaded with its
     tokenizer; says so first when the kernels still have to be compiled."""
     from .. import load_model as load
+    from ..quant.matrix import set_threads
     from ..tokenizer import Tokenizer
     from .pull import resolve
 
     path = resolve(name)
+    set_threads(threads)
     say_if_compiling()
     t0 = time.perf_counter()
     model = load(path)

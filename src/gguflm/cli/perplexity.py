@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from . import CLIError
-from .common import add_model_argument, load_model, positive_int, read_text
+from .common import add_model_argument, add_threads_argument, load_model, positive_int, read_text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "tokens are cut into chunks of N_CTX, each evaluated from an empty cache, "
                     "and the second half of each chunk is scored.")
     add_model_argument(p, optional=True)
+    add_threads_argument(p)
     p.add_argument("-f", "--file", required=True, type=Path, help="the text file to score")
     p.add_argument("-c", "--ctx-size", type=positive_int, default=128, metavar="N_CTX",
                    help="tokens per chunk (default 128)")
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..engine.perplexity import perplexity
 
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, args.threads)
     model, tok = loaded.model, loaded.tokenizer
     tokens = tok.encode(text, add_special=True)
     bos = tok.bos_id if tok.add_bos else None

@@ -7,7 +7,7 @@ import json
 import sys
 
 from . import CLIError
-from .common import add_model_argument, load_model, read_text
+from .common import add_model_argument, add_threads_argument, load_model, read_text
 
 DEFAULT_N_PREDICT = 128
 # Default context without -c: llama.cpp's default size (as gguflm.LLM and serve use),
@@ -25,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "follows llama.cpp: its defaults, its order (penalties, top-k, top-p, "
                     "min-p, temperature) and, for a given --seed, its random numbers.")
     add_model_argument(p, optional=True)
+    add_threads_argument(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-p", "--prompt", help="the prompt text")
     src.add_argument("-f", "--file", metavar="FILE", help="read the prompt from FILE ('-': stdin)")
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     from ..engine.generate import generate, stream_text
     from ..engine.sampling import Sampler
 
-    path, model, tokenizer, load_seconds = load_model(args.model)
+    path, model, tokenizer, load_seconds = load_model(args.model, args.threads)
 
     prompt = tokenizer.encode(text, add_special=True, parse_special=args.special)
     if not prompt:
