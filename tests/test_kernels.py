@@ -101,6 +101,19 @@ def test_q8_0_scales_are_fp16_values() -> None:
     np.testing.assert_array_equal(da, da.astype(np.float16).astype(np.float32))
 
 
+def test_geglu_matches_twin() -> None:
+    rng = np.random.default_rng(5)
+    gate = (rng.standard_normal((3, 4096)) * 4).astype(np.float32)
+    gate[0, :8] = [0.0, -0.0, 1e-6, -3e-5, -60.0, 60.0, -9.999, 1e-30]
+    gate[1] *= np.exp2(rng.integers(-30, 6, 4096)).astype(np.float32)  # tiny to huge
+    up = rng.standard_normal((3, 4096)).astype(np.float32)
+    out = np.empty_like(gate)
+    kernels.geglu(gate, up, out)
+    np.testing.assert_allclose(out, kernels.twin_geglu(gate, up), rtol=1e-5, atol=1e-30)
+    kernels.geglu(gate, up, up)  # in place
+    np.testing.assert_array_equal(up, out)
+
+
 @pytest.mark.parametrize("name", ["Q4_1", "Q6_K", "F16", "BF16", "IQ4_NL", "Q2_K"])
 def test_qmatrix_products_and_rows(zoo, name: str) -> None:  # noqa: ANN001
     """Kernel types and fallback types (dequantized tiles into BLAS) through QMatrix."""

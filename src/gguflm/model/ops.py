@@ -164,8 +164,17 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """gelu_tanh(gate) * up: the Gemma FFN's gated activation. (T, n_ff) x2 -> (T, n_ff)."""
-    return gelu_tanh(gate) * up
+    """gelu_tanh(gate) * up: the Gemma FFN's gated activation. (T, n_ff) x2 -> (T, n_ff).
+
+    One vectorized numba pass (numpy's tanh and temporaries took 10% of a Gemma prompt)."""
+    from gguflm.quant import kernels  # numba: imported when a model runs, not at import
+
+    gate = np.ascontiguousarray(gate, dtype=np.float32)
+    up = np.ascontiguousarray(up, dtype=np.float32)
+    out = np.empty(gate.shape, np.float32)  # gate and up: the same (T, n_ff)
+    kernels.geglu(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]),
+                  out.reshape(-1, out.shape[-1]))
+    return out
 
 
 def softcap(x: np.ndarray, cap: float) -> np.ndarray:

@@ -726,6 +726,55 @@ def f16_matmul_par(w, x, out):  # noqa: ANN001, ANN201
         f16_matmul_rows(w, x, out, c * STREAM_CHUNK, min(rows, (c + 1) * STREAM_CHUNK))
 
 
+# -- GeGLU: gelu_tanh(gate) * up in one vectorized pass -------------------------------------
+
+
+@intrinsic
+def _f32_from_bits(typingctx, i):  # noqa: ANN001, ANN202, ARG001
+    """int32 -> the float32 with those bits (a bitcast the vectorizer keeps in lanes)."""
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+        return builder.bitcast(args[0], _F32)
+
+    return types.float32(types.int32), codegen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _exp_f32(z):  # noqa: ANN001, ANN202
+    """e**z for float32 z in [-87, 87] (callers clamp): Cephes expf's range reduction and
+    polynomial (1-2 ulp), written without a libm call so that loops over it vectorize."""
+    n = np.floor(z * np.float32(1.44269504088896341) + np.float32(0.5))
+    r = z - n * np.float32(0.693359375)
+    r = r - n * np.float32(-2.12194440e-4)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    y = p * (r * r) + r + np.float32(1.0)
+    return y * _f32_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
+def _geglu_flat(x, u, out):  # noqa: ANN001, ANN201
+    # x, u, out (N,) f32 contiguous; a flat loop with selects so that LLVM vectorizes it
+    for j in range(x.shape[0]):
+        v = x[j]
+        y = np.float32(0.7978845608028654) * v * (np.float32(1.0) + np.float32(0.044715) * v * v)
+        z = np.float32(-2.0) * y
+        z = z if z > np.float32(-87.0) else np.float32(-87.0)
+        z = z if z < np.float32(87.0) else np.float32(87.0)
+        out[j] = v / (np.float32(1.0) + _exp_f32(z)) * u[j]
+
+
+@njit(cache=True, nogil=True)
+def geglu(gate, up, out):  # noqa: ANN001, ANN201
+    """gate (T, F) f32, up (T, F) f32 -> out (T, F) f32 = gelu_tanh(gate) * up (C-contiguous;
+    ``out`` may be ``up``). 0.5 x (1 + tanh(y)) is evaluated as x / (1 + e**(-2y)): the same
+    function, with y = sqrt(2/pi) x (1 + 0.044715 x**2) as ggml_gelu_f32 forms it."""
+    _geglu_flat(gate.reshape(-1), up.reshape(-1), out.reshape(-1))
+
+
 # ======================================================================================
 # 4. Numpy twins (slow, readable; the tests hold the kernels to them)
 # ======================================================================================
@@ -843,3 +892,13 @@ def twin_qmatmul(kind: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
         asum = qa64.reshape(n, -1, 32).sum(-1) * np.repeat(da.astype(np.float64), 8, axis=1)
         out += (offset[None].astype(np.float64) * asum[:, None, :]).sum(-1)
     return out.astype(np.float32)
+
+
+
+def twin_geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """Numpy twin of ``geglu``, in float64: 0.5 (1 + tanh(y)) as 1 / (1 + e**(-2y)), which
+    keeps the far negative tail that 1 + tanh would cancel away."""
+    x = gate.astype(np.float64)
+    y = np.sqrt(2 / np.pi) * x * (1 + 0.044715 * x * x)
+    with np.errstate(over="ignore"):
+        return (x / (1 + np.exp(-2 * y)) * up).astype(np.float32)
