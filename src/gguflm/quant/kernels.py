@@ -342,7 +342,7 @@ def _unpack_legacy(g: _Gen, kind: int, row, off):  # noqa: ANN001, ANN202
 
 
 def _k_scales(g: _Gen, row, off):  # noqa: ANN001, ANN202
-    """Q4_K/Q5_K's 8 six-bit scales and 8 mins (ggml get_scale_min_k4) as <16 x float>
+    """Q4_K/Q5_K's 8 six-bit scales and 8 mins (ggml get_scale_min_k4) as <16 x i8>
     (scales in lanes 0-7, mins in 8-15), unpacked with word-wide masks as ggml's x86 code
     does rather than 16 byte-by-byte extractions."""
     bld = g.b
@@ -364,7 +364,7 @@ def _k_scales(g: _Gen, row, off):  # noqa: ANN001, ANN202
     v = ir.Constant(_vt(_I32, 4), ir.Undefined)
     for k, x in enumerate((s_lo, s_hi, m_lo, m_hi)):
         v = bld.insert_element(v, x, c(k))
-    return bld.uitofp(bld.zext(bld.bitcast(v, _vt(_I8, 16)), _vt(_I32, 16)), _vt(_F32, 16))
+    return bld.bitcast(v, _vt(_I8, 16))
 
 
 def _lanes(g: _Gen, v: ir.Value, idx: list[int]) -> ir.Value:
@@ -372,13 +372,22 @@ def _lanes(g: _Gen, v: ir.Value, idx: list[int]) -> ir.Value:
     return g.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, len(idx)), idx))
 
 
+def _scale16(g: _Gen, sc16: ir.Value, s0: int, s1: int) -> ir.Value:
+    """<32 x i16>: integer scale ``sc16[s0]`` for values 0-15 of a group, ``sc16[s1]`` for
+    values 16-31 (``sc16`` a <16 x i16> of a block's scales)."""
+    return g.b.shuffle_vector(sc16, sc16, ir.Constant(_vt(_I32, 32), [s0] * 16 + [s1] * 16))
+
+
 def _unpack_k(g: _Gen, kind: int, row, off):  # noqa: ANN001, ANN202
+    """A K-quant block as (groups, d, extra): groups of 32 values as (<32 x i8> integers,
+    <32 x i16> integer sub-block scales, first value's offset), so that the block's dot is
+    d * sum over groups of (q * scale) . a, summed in integers as ggml does."""
     bld = g.b
     groups = []
     if kind == KIND_Q6_K:
         d = g.f16(row, bld.add(off, g.c64(208)))
         sc8 = g.vload(row, bld.add(off, g.c64(192)), 16)  # int8 scales, one per 16 values
-        scl = bld.fmul(bld.sitofp(bld.sext(sc8, _vt(_I32, 16)), _vt(_F32, 16)), g.splatf(d))
+        sc16 = bld.sext(sc8, _vt(_I16, 16))
         for n in range(2):
             ql0, qh0 = 64 * n, 128 + 32 * n
             qh = g.vload(row, bld.add(off, g.c64(qh0)), 32)
@@ -386,14 +395,15 @@ def _unpack_k(g: _Gen, kind: int, row, off):  # noqa: ANN001, ANN202
                 low = g.nibbles32(row, bld.add(off, g.c64(ql0 + 32 * (grp & 1))), grp >= 2)
                 hb = bld.and_(bld.lshr(qh, g.splat8(2 * grp, 32)), g.splat8(3, 32))
                 w = bld.sub(bld.or_(low, bld.shl(hb, g.splat8(4, 32))), g.splat8(32, 32))
-                s0 = 8 * n + 2 * grp  # lanes 0-7 cover values 0-15, lanes 8-15 values 16-31
-                groups.append((w, _lanes(g, scl, [s0] * 8 + [s0 + 1] * 8), 128 * n + 32 * grp))
-        return groups, None
+                s0 = 8 * n + 2 * grp  # values 0-15 of the group: scale s0, 16-31: s0 + 1
+                groups.append((w, _scale16(g, sc16, s0, s0 + 1), 128 * n + 32 * grp))
+        return groups, d, None
     d = g.f16(row, off)
     dmin = g.f16(row, bld.add(off, g.c64(2)))
-    sm = _k_scales(g, row, off)
-    scales = bld.fmul(sm, g.splatf(d))
-    mins = bld.fmul(_lanes(g, sm, list(range(8, 16))), _lanes(g, g.splatf(dmin), list(range(8))))
+    sm8 = _k_scales(g, row, off)
+    smf = bld.uitofp(bld.zext(sm8, _vt(_I32, 16)), _vt(_F32, 16))
+    sc16 = bld.zext(sm8, _vt(_I16, 16))
+    mins = bld.fmul(_lanes(g, smf, list(range(8, 16))), _lanes(g, g.splatf(dmin), list(range(8))))
     qs0 = 16 if kind == KIND_Q4_K else 48
     qh = g.vload(row, bld.add(off, g.c64(16)), 32) if kind == KIND_Q5_K else None
     for s in range(8):
@@ -401,8 +411,8 @@ def _unpack_k(g: _Gen, kind: int, row, off):  # noqa: ANN001, ANN202
         if qh is not None:
             hb = bld.and_(bld.lshr(qh, g.splat8(s, 32)), g.splat8(1, 32))
             w = bld.or_(w, bld.shl(hb, g.splat8(4, 32)))
-        groups.append((w, _lanes(g, scales, [s] * 16), 32 * s))
-    return groups, ("kmin", mins)
+        groups.append((w, _scale16(g, sc16, s, s), 32 * s))
+    return groups, d, ("kmin", mins)
 
 
 def _emit_type_loop(g: _Gen, kind: int, rows, acts, nb, accp, accsp) -> None:  # noqa: ANN001
@@ -410,38 +420,51 @@ def _emit_type_loop(g: _Gen, kind: int, rows, acts, nb, accp, accsp) -> None:  #
     (float) accumulate weight row j times activation row i. Each weight block is unpacked
     once per row; each activation group is loaded once and used by every row."""
     qk, ts = BLOCK[kind]
-    unpack = _unpack_k if kind in K_KINDS else _unpack_legacy
     bld = g.b
     with cgutils.for_range(bld, nb) as loop:
         b = loop.index
         abase = bld.mul(b, g.c64(qk))
-        unpacked = [unpack(g, kind, row, bld.mul(b, g.c64(ts))) for row in rows]
+        if kind in K_KINDS:
+            unpacked = [_unpack_k(g, kind, row, bld.mul(b, g.c64(ts))) for row in rows]
+            offs = [o for _, _, o in unpacked[0][0]]
+        else:
+            unpacked = [_unpack_legacy(g, kind, row, bld.mul(b, g.c64(ts))) for row in rows]
+            offs = [0]
         dabs = [g.load_f32(da_p, b) for _, da_p, _ in acts]
-        n_groups = len(unpacked[0][0])
-        a16 = [[bld.sext(g.vload(qa_p, bld.add(abase, g.c64(unpacked[0][0][k][2])), 32),
-                         _vt(_I16, 32)) for k in range(n_groups)] for qa_p, _, _ in acts]
-        for j, (groups, extra) in enumerate(unpacked):
-            wide = [(bld.sext(w, _vt(_I16, 32)), sw) for w, sw, _ in groups]
-            for i, (_, _, aux_p) in enumerate(acts):
-                acc = bld.load(accp[j][i])
-                if kind in K_KINDS:  # sum the groups (and minimums), then scale by d_act
-                    blk = None
-                    for k, (w16, sw) in enumerate(wide):
-                        f = bld.sitofp(g.madd16(w16, a16[i][k]), _vt(_F32, 16))
-                        t = bld.fmul(f, sw, flags=("fast",))
-                        blk = t if blk is None else bld.fadd(blk, t, flags=("fast",))
-                    if extra is not None:  # - dmin * sum_s min_s * sum(q_act in group s)
+        a16 = [[bld.sext(g.vload(qa_p, bld.add(abase, g.c64(o)), 32), _vt(_I16, 32))
+                for o in offs] for qa_p, _, _ in acts]
+        for j, unp in enumerate(unpacked):
+            if kind in K_KINDS:
+                # weights times their integer sub-block scales, once per row (|q*s| < 2**12):
+                # then each activation row costs one pmaddwd and one add per group
+                groups, d, extra = unp
+                wide = [bld.mul(bld.sext(w, _vt(_I16, 32)), sc) for w, sc, _ in groups]
+                for i, (_, _, aux_p) in enumerate(acts):
+                    isum = None
+                    for k, w16 in enumerate(wide):
+                        p = g.madd16(w16, a16[i][k])
+                        isum = p if isum is None else bld.add(isum, p)
+                    acc = bld.load(accp[j][i])
+                    if extra is None:
+                        acc = g.fma(acc, isum, g.splatf(bld.fmul(d, dabs[i])))
+                    else:  # (d * sum - dmin * sum_s min_s * sum(q_act in group s)) * d_act
                         p8 = bld.bitcast(g.at(aux_p, bld.mul(b, g.c64(8))),
                                          _vt(_F32, 8).as_pointer())
                         m8 = bld.fmul(extra[1], bld.load(p8, align=4), flags=("fast",))
                         m16 = bld.shuffle_vector(m8, ir.Constant(_vt(_F32, 8), [0.0] * 8),
                                                  ir.Constant(_vt(_I32, 16), list(range(16))))
-                        blk = bld.fsub(blk, m16, flags=("fast",))
-                    acc = bld.fadd(bld.fmul(blk, g.splatf(dabs[i]), flags=("fast",)), acc,
-                                   flags=("fast",))
+                        f = bld.sitofp(isum, _vt(_F32, 16))
+                        blk = bld.fsub(bld.fmul(f, g.splatf(d), flags=("fast",)), m16,
+                                       flags=("fast",))
+                        acc = bld.fadd(bld.fmul(blk, g.splatf(dabs[i]), flags=("fast",)), acc,
+                                       flags=("fast",))
                     bld.store(acc, accp[j][i])
-                    continue
-                w16, sw = wide[0]
+                continue
+            groups, extra = unp
+            w8, sw, _ = groups[0]
+            w16 = bld.sext(w8, _vt(_I16, 32))
+            for i, (_, _, aux_p) in enumerate(acts):
+                acc = bld.load(accp[j][i])
                 acc = g.fma(acc, g.madd16(w16, a16[i][0]), g.splatf(bld.fmul(sw, dabs[i])))
                 bld.store(acc, accp[j][i])
                 if extra is not None:  # + m * sum(x), Q8_1's stored block sum
