@@ -21,9 +21,16 @@ MAX_BATCH = 512
 
 
 class Model:
-    """A loaded model: ``forward`` turns token ids into logits, caching keys and values."""
+    """A loaded model: ``forward`` turns token ids into logits, caching keys and values.
+
+    ``kv_f16`` (default True): caches round keys and values to float16, and attention its
+    other operands, as llama.cpp's default F16 cache does, which brings the logits closer to
+    llama.cpp's; False keeps attention in float32 (exact comparisons between evaluation
+    orders, since float16 rounding magnifies last-bit differences into ~1e-3).
+    """
 
     config_class: type[ModelConfig] = ModelConfig
+    kv_f16: bool = True
 
     def __init__(self, gguf: GGUFFile, config: ModelConfig) -> None:
         self.gguf = gguf
@@ -56,7 +63,7 @@ class Model:
     def new_cache(self, n_ctx: int) -> KVCache:
         """An empty KV cache with room for ``n_ctx`` positions."""
         c = self.config
-        return KVCache(c.n_layer, n_ctx, c.n_head_kv, c.head_dim, c.head_dim_v)
+        return KVCache(c.n_layer, n_ctx, c.n_head_kv, c.head_dim, c.head_dim_v, f16=self.kv_f16)
 
     def forward(self, ids: list[int] | np.ndarray, cache: KVCache,
                 all_logits: bool = False) -> np.ndarray:

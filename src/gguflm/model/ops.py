@@ -97,14 +97,23 @@ def attention_mask(pos: np.ndarray, n_kv: int, window: int = 0) -> np.ndarray:
     return np.where(visible, np.float32(0.0), np.float32(-np.inf))
 
 
+def round_f16(x: np.ndarray) -> np.ndarray:
+    """x rounded to the nearest float16, kept in float32."""
+    return x.astype(np.float16).astype(np.float32)
+
+
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
-              softcap: float = 0.0) -> np.ndarray:
+              softcap: float = 0.0, f16: bool = False) -> np.ndarray:
     """Grouped-query attention. q (T, H, d), k (H_kv, S, d), v (H_kv, S, d_v),
     mask (T, S) additive -> (T, H * d_v).
 
     Query head h reads KV head h // (H / H_kv), as ggml's broadcasting matmul does.
     ``softcap`` > 0 squashes scores to softcap * tanh(score / softcap) before masking.
+    ``f16``: k and v come from an F16 cache, and ggml's products against F16 operands
+    first round the other side to F16 as well: q before K.q, the probabilities before V.p.
     """
+    if f16:
+        q = round_f16(q)
     n_tok, n_head, d = q.shape
     n_kv_head = k.shape[0]
     group = n_head // n_kv_head
@@ -120,6 +129,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, sca
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
+    if f16:
+        scores = round_f16(scores)
     out = np.matmul(scores.reshape(n_kv_head, group * n_tok, -1), v)  # (H_kv, group*T, d_v)
     # back to (T, H * d_v) with head h = kv_head * group + g
     return out.reshape(n_kv_head, group, n_tok, -1).transpose(2, 0, 1, 3).reshape(n_tok, -1)
@@ -139,7 +150,7 @@ def cached_attention(cache: Any, il: int, q: np.ndarray, k: np.ndarray, v: np.nd
     start = max(0, cache.n - window + 1) if window > 0 else 0
     if start:
         keys, values, mask = keys[:, start:], values[:, start:], mask[:, start:]
-    return attention(q, keys, values, mask, scale, softcap)
+    return attention(q, keys, values, mask, scale, softcap, f16=cache.f16)
 
 
 # -- activations ------------------------------------------------------------------------------
