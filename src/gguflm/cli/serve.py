@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from . import CLIError
-from .common import add_model_argument, say_if_compiling
+from .common import add_model_argument, add_threads_argument, say_if_compiling
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,8 +35,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx-size", type=int, metavar="N_CTX",
                    help="context size in tokens (default: 4096, at most the model's training "
                         "context)")
-    p.add_argument("-t", "--threads", type=int, metavar="N",
-                   help="threads (default: the cores available)")
+    add_threads_argument(p)
     p.add_argument("--chat-template", metavar="FILE",
                    help="use this chat template (Jinja text, or a tokenizer_config.json) "
                         "instead of the model's")
@@ -50,8 +49,6 @@ def load_llm(args: argparse.Namespace):  # noqa: ANN201 - gguflm.api.LLM, import
 
     if args.ctx_size is not None and args.ctx_size < 1:
         raise CLIError(f"-c must be at least 1, got {args.ctx_size}")
-    if args.threads is not None and args.threads < 1:
-        raise CLIError(f"-t must be at least 1, got {args.threads}")
     path = resolve(args.model)  # pulls a known model with progress shown
     try:
         llm = LLM(path, n_ctx=args.ctx_size, threads=args.threads,
