@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import CLIError
-from .common import add_model_argument, say_if_compiling
+from .common import add_model_argument, add_threads_argument, say_if_compiling
 from .common import non_negative_int as _non_negative
 from .common import positive_int as _positive
 
@@ -43,8 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="prompt tokens for the pp test (default 128; 0 skips it)")
     p.add_argument("-n", "--n-gen", type=_non_negative, default=64, metavar="N",
                    help="tokens for the tg test (default 64; 0 skips it)")
-    p.add_argument("-t", "--threads", type=_positive, default=None, metavar="N",
-                   help="threads (default: the cores available)")
+    add_threads_argument(p)
     p.add_argument("-r", "--repetitions", type=_positive, default=3, metavar="R",
                    help="timed repetitions of each test (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
