@@ -58,12 +58,16 @@ class Llama(Model):
         rope = ops.rope_table(pos, c.rope_dim, c.rope_base, c.rope_freq_scale, self.rope_freqs)
         mask = ops.attention_mask(pos, pos0 + len(ids))   # causal; llama ignores any window
         x = self.token_embd.rows(ids)                      # (T, n_embd)
+        last = len(self.layers) - 1
         for il, layer in enumerate(self.layers):
             h = ops.rmsnorm(x, layer.attn_norm, c.norm_eps)
-            x = x + self.attention(il, layer, h, rope, mask, cache)
+            a = self.attention(il, layer, h, rope, mask, cache)
+            if il == last:  # only the wanted rows go on (llama.cpp's inp_out_ids)
+                a, x = a[out], x[out]
+            x = x + a
             h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
             x = x + ops.glu_ffn(h, layer, ops.swiglu)      # SwiGLU, biases optional
-        x = ops.rmsnorm(x[out], self.output_norm, c.norm_eps)
+        x = ops.rmsnorm(x, self.output_norm, c.norm_eps)
         return self.output.matmul(x)                       # (rows, n_vocab)
 
     def attention(self, il: int, layer, h: np.ndarray, rope: np.ndarray,
