@@ -13,6 +13,7 @@ Also times the embedding path: 16 rows of Gemma 3's 262144 x 640 token_embd.weig
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -46,21 +47,15 @@ def best_time(fn, repeat: int) -> float:
 
 
 # gguf-py side: a worker in the oracle interpreter that loads the same arrays, then times
-# one type per request line, so that both sides alternate under the same machine load.
+# one type per request line, so that both sides alternate under the same machine load. It
+# times with ``best_time`` itself (its source is sent along).
 ORACLE_WORKER = """
 import json, sys, time
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 data = np.load(sys.argv[1])
-def best_time(fn, repeat):
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+""" + inspect.getsource(best_time) + """
 print("ready", flush=True)
 for line in sys.stdin:
     name, repeat = line.split()
