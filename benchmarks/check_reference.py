@@ -36,7 +36,7 @@ FOLDER = REFERENCE / "gemma3-270m-q4_k_m"  # set from the command line in main()
 PULLED = {"gemma3-270m-q4_k_m": "gemma3-270m", "smollm2-135m-q4_1": "smollm2-135m"}
 sys.path.insert(0, str(REPO / "tests"))
 
-from refcheck import Steps, compare_case, load_cases, teacher_forced_ids  # noqa: E402
+from refcheck import load_cases, run_reference  # noqa: E402
 
 
 def tokenizer_bars(path: Path):
@@ -58,12 +58,8 @@ def tokenizer_bars(path: Path):
 
 
 def teacher_forced(model) -> None:
-    steps = Steps()
     t0 = time.perf_counter()
-    for case in load_cases(FOLDER):
-        logits = model.logits(teacher_forced_ids(case))
-        npy = FOLDER / f"logits-{case['id']}.npy"  # the tiny models have none
-        compare_case(logits, case, steps, np.load(npy) if npy.is_file() else None)
+    steps = run_reference(model, FOLDER)
     s = steps.summary()
     worst = steps.where[int(np.argmax(steps.dev))]
     bad = steps.disagreements(1.0)
@@ -130,11 +126,9 @@ def run_process(path: Path) -> None:
     got = json.loads(out)
     t = got["timings"]
     first = t["load_seconds"] + t["prompt_seconds"]
-    # cache positions: per layer K and V, n_head_kv x head_dim float32 each (the model's)
     from gguflm import load_model
 
-    cfg = load_model(path).config
-    kv = got["n_ctx"] * cfg.n_layer * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * 4
+    kv = load_model(path).new_cache(got["n_ctx"]).nbytes  # the run's cache (pages untouched)
     size = path.stat().st_size
     bar = 1.5 * (size + kv)
     mib = 2 ** 20
