@@ -103,12 +103,12 @@ def round_f16(x: np.ndarray) -> np.ndarray:
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
-              softcap: float = 0.0, f16: bool = False) -> np.ndarray:
+              cap: float = 0.0, f16: bool = False) -> np.ndarray:
     """Grouped-query attention. q (T, H, d), k (H_kv, S, d), v (H_kv, S, d_v),
     mask (T, S) additive -> (T, H * d_v).
 
     Query head h reads KV head h // (H / H_kv), as ggml's broadcasting matmul does.
-    ``softcap`` > 0 squashes scores to softcap * tanh(score / softcap) before masking.
+    ``cap`` > 0 soft-caps the scores (``softcap``: cap * tanh(score / cap)) before masking.
     ``f16``: k and v come from an F16 cache, and ggml's products against F16 operands
     first round the other side to F16 as well: q before K.q, the probabilities before V.p.
     """
@@ -122,8 +122,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, sca
         n_kv_head, group * n_tok, d)
     scores = np.matmul(qg, k.transpose(0, 2, 1))            # (H_kv, group*T, S)
     scores *= np.float32(scale)
-    if softcap > 0:
-        scores = np.tanh(scores * np.float32(1.0 / softcap)) * np.float32(softcap)
+    if cap > 0:
+        scores = softcap(scores, cap)
     scores = scores.reshape(n_kv_head, group, n_tok, -1)
     scores += mask                                          # broadcast (T, S)
     scores -= scores.max(axis=-1, keepdims=True)
@@ -137,7 +137,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, sca
 
 
 def cached_attention(cache: Any, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                     mask: np.ndarray, scale: float, softcap: float = 0.0, window: int = 0
+                     mask: np.ndarray, scale: float, cap: float = 0.0, window: int = 0
                      ) -> np.ndarray:
     """llama.cpp's build_attn, less the output projection: store this batch's k (T, H_kv, d)
     and v (T, H_kv, d_v) in layer ``il`` of the KV cache (at positions cache.n..), then
@@ -150,7 +150,7 @@ def cached_attention(cache: Any, il: int, q: np.ndarray, k: np.ndarray, v: np.nd
     start = max(0, cache.n - window + 1) if window > 0 else 0
     if start:
         keys, values, mask = keys[:, start:], values[:, start:], mask[:, start:]
-    return attention(q, keys, values, mask, scale, softcap, f16=cache.f16)
+    return attention(q, keys, values, mask, scale, cap, f16=cache.f16)
 
 
 # -- activations ------------------------------------------------------------------------------

@@ -116,5 +116,5 @@ class Gemma2(Model):
         c = self.config
         q, k, v = ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
         q, k = ops.rope_neox(q, rope), ops.rope_neox(k, rope)
-        a = ops.cached_attention(cache, il, q, k, v, mask, c.attn_scale, softcap=c.attn_softcap)
+        a = ops.cached_attention(cache, il, q, k, v, mask, c.attn_scale, cap=c.attn_softcap)
         return ops.linear(a, layer.attn_output)
