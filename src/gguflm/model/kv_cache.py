@@ -1,11 +1,11 @@
 """The key/value cache: per layer, the keys and values of every position evaluated so far.
 
-Values are rounded to float16 as in llama.cpp's default F16 cache, but held in float32 so
-the attention products need no conversion. Preallocated for ``n_ctx`` positions in
-anonymous memory whose pages are committed only when written, so memory grows with use
-(see ``_lazy_zeros``). Layout per
-layer is (n_head_kv, n_ctx, head_dim) so each KV head's keys are one contiguous (positions,
-head_dim) matrix for the attention products. Positions are absolute: cache slot i holds
+With ``f16`` (the default) values are rounded to float16 as in llama.cpp's default F16
+cache, but held in float32 so the attention products need no conversion. Preallocated for
+``n_ctx`` positions in anonymous memory whose pages are committed only when written, so
+memory grows with use (see ``_lazy_zeros``). Layout per layer is (n_head_kv, n_ctx,
+head_dim) so each KV head's keys are one contiguous (positions, head_dim) matrix for the
+attention products. Positions are absolute: cache slot i holds
 position i, which is what causal and sliding-window masks are computed from.
 """
 
