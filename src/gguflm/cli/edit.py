@@ -164,7 +164,7 @@ def infer_value(text: str) -> tuple[Any, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from .. import gguf
-    from ..gguf.types import ValueType
+    from ..gguf.types import ValueType, type_name
     from ..gguf.writer import GGUFWriter
     from .pull import resolve
 
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 value, mtype = infer_value(text)
             w.set(key, value, mtype)
-            changes.append(f"set {key} ({_tname(mtype)})")
+            changes.append(f"set {key} ({type_name(mtype)})")
         if not os.access(out.parent if str(out.parent) else ".", os.W_OK):
             raise CLIError(f"cannot write to {out.parent}")
         try:
@@ -206,9 +206,3 @@ def run(args: argparse.Namespace) -> int:
     what = "; ".join(changes) if changes else "no changes (an identical copy)"
     print(f"wrote {out}: {what}", file=sys.stderr)
     return 0
-
-
-def _tname(t: Any) -> str:
-    from ..gguf.summary import type_name
-
-    return type_name(t)

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_json(f: Any, summary: dict[str, Any], query: str | None) -> None:
-    from ..gguf.summary import to_json
+    from ..gguf.summary import to_json, type_name
 
     keys = [k for k in f.metadata if query is None or query in k]
     out = {
@@ -62,7 +62,7 @@ def _print_json(f: Any, summary: dict[str, Any], query: str | None) -> None:
         "alignment": f.alignment,
         "data_offset": f.data_offset,
         "metadata": {k: to_json(f.metadata[k]) for k in keys},
-        "metadata_types": {k: _tname(f.types[k]) for k in keys},
+        "metadata_types": {k: type_name(f.types[k]) for k in keys},
         "tensors": [
             {"name": t.name, "type": t.type.ggml_name, "shape": list(t.shape),
              "offset": t.offset, "nbytes": t.nbytes}
@@ -72,12 +72,6 @@ def _print_json(f: Any, summary: dict[str, Any], query: str | None) -> None:
     }
     json.dump(out, sys.stdout)
     sys.stdout.write("\n")
-
-
-def _tname(t: Any) -> str:
-    from ..gguf.summary import type_name
-
-    return type_name(t)
 
 
 def _mb(n: int) -> str:

@@ -13,17 +13,14 @@ from typing import Any
 import numpy as np
 
 from .reader import GGUFFile, StringArray
-from .types import FILE_TYPE_NAMES, ArrayType, MetaType, ValueType
+from .types import FILE_TYPE_NAMES, ArrayType, MetaType, ValueType, type_name
+
+__all__ = ["format_value", "summarize", "to_json", "type_name"]
 
 # special-token keys, in the order they are shown (tokenizer.ggml.<name>_token_id)
 SPECIAL_TOKENS = ("bos", "eos", "eot", "eom", "unknown", "padding", "separator", "mask",
                   "cls", "prefix", "suffix", "middle", "fim_pre", "fim_suf", "fim_mid",
                   "fim_pad", "fim_rep", "fim_sep")
-
-
-def type_name(t: MetaType) -> str:
-    """``uint32``, ``string``, ``array[int32]``, ``array[array[string]]``..."""
-    return t.name.lower() if isinstance(t, ValueType) else str(t)
 
 
 def summarize(f: GGUFFile) -> dict[str, Any]:

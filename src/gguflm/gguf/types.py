@@ -65,11 +65,15 @@ class ArrayType:
     elem: ValueType | ArrayType
 
     def __str__(self) -> str:
-        inner = self.elem.name.lower() if isinstance(self.elem, ValueType) else str(self.elem)
-        return f"array[{inner}]"
+        return f"array[{type_name(self.elem)}]"
 
 
 MetaType = ValueType | ArrayType
+
+
+def type_name(t: MetaType) -> str:
+    """``uint32``, ``string``, ``array[int32]``, ``array[array[string]]``..."""
+    return t.name.lower() if isinstance(t, ValueType) else str(t)
 
 
 class GGMLType(enum.IntEnum):

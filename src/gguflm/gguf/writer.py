@@ -35,6 +35,7 @@ from .types import (
     GGMLType,
     MetaType,
     ValueType,
+    type_name,
 )
 
 _CHUNK = 16 << 20  # tensor bytes are streamed in slices of this size
@@ -176,7 +177,7 @@ class GGUFWriter:
         if key == "general.alignment":
             if mtype != ValueType.UINT32 or value == 0 or value & (value - 1):
                 raise WriteError(f"general.alignment must be a uint32 power of two, not "
-                                 f"{value!r} ({_type_name(mtype)})", key=key)
+                                 f"{value!r} ({type_name(mtype)})", key=key)
         self._kv[key] = (mtype, value)
 
     def delete(self, key: str) -> None:
@@ -347,10 +348,6 @@ def _retensor(e: WriteError, name: str) -> WriteError:
     e.tensor = name
     e.args = (e._format(),)
     return e
-
-
-def _type_name(t: MetaType) -> str:
-    return t.name.lower() if isinstance(t, ValueType) else str(t)
 
 
 def _umask() -> int:
