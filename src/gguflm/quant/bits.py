@@ -23,15 +23,6 @@ def words(blocks: np.ndarray, offset: int, nbytes: int) -> np.ndarray:
     return blocks[:, offset:offset + nbytes].view("<u8")
 
 
-def copy_bytes(blocks: np.ndarray, offset: int, nbytes: int) -> np.ndarray:
-    """A contiguous (n, nbytes) uint8 copy of a field (nbytes a multiple of 8)."""
-    w = words(blocks, offset, nbytes)
-    out = np.empty(w.shape, dtype=np.uint64)
-    for k in range(w.shape[1]):
-        out[:, k] = w[:, k]
-    return out.view(np.uint8)
-
-
 def bit_planes(blocks: np.ndarray, offset: int, nbytes: int, group: int,
                width: int) -> np.ndarray:
     """Split a field into ``width``-bit values, plane by plane: (n, nbytes*8/width) uint8.

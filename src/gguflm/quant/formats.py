@@ -14,7 +14,7 @@ from functools import cache
 
 import numpy as np
 
-from ..gguf.types import PLAIN_DTYPES, TYPE_TRAITS, GGMLType
+from ..gguf.types import TYPE_TRAITS, GGMLType
 
 QK_K = 256  # elements per super-block of the K-, IQ- and TQ-quants
 
@@ -170,5 +170,3 @@ del T
 # every tensor of that type), so check once at import.
 for _t, _f in FORMATS.items():
     assert (_f.block_size, _f.type_size) == TYPE_TRAITS[_t], _t
-
-PLAIN_TYPES = frozenset(PLAIN_DTYPES)
