@@ -33,8 +33,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from .. import gguf
     from ..gguf.types import PLAIN_DTYPES, GGMLType
     from .pull import resolve
@@ -51,11 +49,8 @@ def run(args: argparse.Namespace) -> int:
             arr = t.data
             if arr.dtype.byteorder not in ("=", "|"):
                 arr = arr.astype(arr.dtype.newbyteorder("="))  # .npy readers expect native
-        elif t.type == GGMLType.BF16:
-            bits = t.data.astype(np.uint32)  # bfloat16 is the top half of a float32
-            arr = (bits << 16).view(np.float32)
         else:
-            arr = _dequantize(t)
+            arr = _dequantize(t)  # block types, and BF16 widened to float32 exactly
         _save(out, arr)
     kind = "raw bytes" if args.raw else str(arr.dtype)
     shape = "x".join(str(d) for d in t.shape) or "scalar"
