@@ -61,6 +61,10 @@ _CHAT_FIELDS = _COMMON_FIELDS | {
     "max_completion_tokens": ((int,), "an integer"),
     "tools": ((list,), "a list of tools"),
 }
+# path -> _Handler method; a known path asked with another method gets 405, not 404
+_GET_ROUTES = {"/health": "_health", "/v1/models": "_models", "/models": "_models"}
+_POST_ROUTES = {"/v1/completions": "_completions", "/completions": "_completions",
+                "/v1/chat/completions": "_chat", "/chat/completions": "_chat"}
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty",
              "presence_penalty", "frequency_penalty")
 
@@ -167,31 +171,26 @@ class _Handler(BaseHTTPRequestHandler):
     # --- dispatch ----------------------------------------------------------------------------
 
     def do_GET(self) -> None:  # noqa: N802 - BaseHTTPRequestHandler's naming
-        self._dispatch({"/health": self._health, "/v1/models": self._models,
-                        "/models": self._models}, "GET")
+        self._dispatch(_GET_ROUTES, "GET")
 
     def do_POST(self) -> None:  # noqa: N802
-        self._dispatch({"/v1/completions": self._completions, "/completions": self._completions,
-                        "/v1/chat/completions": self._chat, "/chat/completions": self._chat},
-                       "POST")
+        self._dispatch(_POST_ROUTES, "POST")
 
     def _other_method(self) -> None:
         self._dispatch({}, self.command)
 
     do_PUT = do_DELETE = do_PATCH = do_HEAD = _other_method  # noqa: N815
 
-    def _dispatch(self, routes: dict[str, Callable[[], None]], method: str) -> None:
+    def _dispatch(self, routes: dict[str, str], method: str) -> None:
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         try:
             handler = routes.get(path)
             if handler is None:
-                known = path in ("/health", "/v1/models", "/models", "/v1/completions",
-                                 "/completions", "/v1/chat/completions", "/chat/completions")
-                if known:
+                if path in _GET_ROUTES or path in _POST_ROUTES:
                     self.close_connection = True  # a body may be left unread
                     raise RequestError(405, f"{method} is not allowed on {path}")
                 raise RequestError(404, f"no such endpoint: {method} {path}")
-            handler()
+            getattr(self, handler)()
         except RequestError as e:
             self._send_error(e)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
