@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..gguf.types import GGMLType
-from .formats import FORMATS
+from .formats import FORMATS, BlockFormat
 from .iq_tables import grid, ksigns
 from .simple import KVALUES_IQ4NL
 
@@ -31,6 +31,7 @@ _KSIGNS = ksigns()  # (128, 8)
 _SHIFT_7 = np.array([0, 7, 14, 21], dtype=np.uint32)  # 4 x 7 sign bits in a uint32
 _SHIFT_2 = np.array([0, 2, 4, 6], dtype=np.uint8)
 _SHIFT_NIB = np.array([0, 4], dtype=np.uint8)
+_SHIFT_3 = np.array([0, 3, 6, 9], dtype=np.uint16)  # 4 x 3-bit fields of a uint16
 
 
 def _rows(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -45,10 +46,12 @@ def _flip_signs(out: np.ndarray, bits: np.ndarray) -> None:
     out.view(np.uint32).reshape(bits.shape)[:] ^= np.left_shift(bits, 31, dtype=np.uint32)
 
 
-def _half_scales(sc: np.ndarray, d: np.ndarray, mul: np.float32) -> np.ndarray:
-    """Two 4-bit sub-scales per byte -> (n, k, 2) float32 ``d * (0.5f + s) * mul``."""
-    s = ((sc[:, :, None] >> _SHIFT_NIB) & 0xF).astype(f32)
-    return d[:, :, None] * (f32(0.5) + s) * mul
+def _scale_halves(f: BlockFormat, blocks: np.ndarray, out: np.ndarray) -> None:
+    """IQ2_XS/IQ2_S: two 4-bit sub-scales per ``scales`` byte, one per 16 values; scale
+    ``out`` (n, 256) by ``d * (0.5f + s) * 0.25f``."""
+    s = ((f.field(blocks, "scales")[:, :, None] >> _SHIFT_NIB) & 0xF).astype(f32)
+    db = f.scale(blocks)[:, :, None] * (f32(0.5) + s) * f32(0.25)
+    out.reshape(len(blocks), 8, 2, 16)[:] *= db[:, :, :, None]
 
 
 def dequant_iq2_xxs(blocks: np.ndarray, out: np.ndarray) -> None:
@@ -70,8 +73,7 @@ def dequant_iq2_xs(blocks: np.ndarray, out: np.ndarray) -> None:
     qs = f.field(blocks, "qs")
     o = out.reshape(n, 32, 8)
     np.multiply(_rows(_IQ2XS, qs & 511), _rows(_KSIGNS, qs >> 9), out=o)
-    db = _half_scales(f.field(blocks, "scales"), f.scale(blocks), f32(0.25))
-    out.reshape(n, 8, 2, 16)[:] *= db[:, :, :, None]
+    _scale_halves(f, blocks, out)
 
 
 def dequant_iq2_s(blocks: np.ndarray, out: np.ndarray) -> None:
@@ -83,8 +85,7 @@ def dequant_iq2_s(blocks: np.ndarray, out: np.ndarray) -> None:
     idx = qs[:, :32].reshape(n, 8, 4) | (high.astype(np.uint16) << 8)
     np.take(_IQ2S, idx, axis=0, out=out.reshape(n, 8, 4, 8))
     _flip_signs(out, np.unpackbits(qs[:, 32:], axis=1, bitorder="little"))
-    db = _half_scales(f.field(blocks, "scales"), f.scale(blocks), f32(0.25))
-    out.reshape(n, 8, 2, 16)[:] *= db[:, :, :, None]
+    _scale_halves(f, blocks, out)
 
 
 def dequant_iq3_xxs(blocks: np.ndarray, out: np.ndarray) -> None:
@@ -128,8 +129,6 @@ def dequant_iq1_s(blocks: np.ndarray, out: np.ndarray) -> None:
     o *= dl[:, :, None, None]
 
 
-_SHIFT_3 = np.array([0, 3, 6, 9], dtype=np.uint16)
-
 
 def dequant_iq1_m(blocks: np.ndarray, out: np.ndarray) -> None:
     # no f16 field: the block scale's 16 bits are the top nibbles of the 4 uint16 scales.
@@ -143,14 +142,12 @@ def dequant_iq1_m(blocks: np.ndarray, out: np.ndarray) -> None:
     nib = ((f.field(blocks, "qh")[:, :, None] >> _SHIFT_NIB) & 0xF).reshape(n, 32)
     idx = f.field(blocks, "qs") | ((nib & 7).astype(np.uint16) << 8)
     delta = np.where(nib & 8, f32(-0.125), f32(0.125))
-    s = (sc[:, :, None] >> _SHIFT_IQ1M) & 7  # (n, 4, 4): ib = 2i + k//2, half = k%2
+    s = (sc[:, :, None] >> _SHIFT_3) & 7  # (n, 4, 4): ib = 2i + k//2, half = k%2
     dl = d * (2 * s.reshape(n, 16).astype(np.int32) + 1).astype(f32)
     o = out.reshape(n, 32, 8)
     np.add(_rows(_IQ1S, idx), delta[:, :, None], out=o)
     out.reshape(n, 16, 16)[:] *= dl[:, :, None]
 
-
-_SHIFT_IQ1M = np.array([0, 3, 6, 9], dtype=np.uint16)
 
 
 def dequant_iq4_xs(blocks: np.ndarray, out: np.ndarray) -> None:
