@@ -9,6 +9,7 @@ problem raises a ``GGUFError`` subclass naming the offset, key or tensor.
 
 from __future__ import annotations
 
+import math
 import mmap
 import operator
 import os
@@ -45,6 +46,7 @@ from .types import (
     GGMLType,
     MetaType,
     ValueType,
+    align_up,
 )
 
 INT64_MAX = (1 << 63) - 1
@@ -160,10 +162,7 @@ class TensorInfo:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def n_rows(self) -> int:
@@ -571,7 +570,7 @@ class _Parser:
         if full[0] % gtype.block_size:
             raise self.error(TensorInfoError, f"row length ne[0] = {full[0]} is not a multiple "
                              f"of {gtype.ggml_name}'s block size {gtype.block_size}", at)
-        nbytes = gtype.row_bytes(full[0]) * full[1] * full[2] * full[3]
+        nbytes = gtype.nbytes(full)
         if nbytes > SIZE_MAX - (self.f.alignment - 1):
             raise self.error(TensorInfoError, f"size of shape {shape} in bytes ({nbytes}) "
                              "overflows size_t", at)
@@ -586,7 +585,7 @@ class _Parser:
         align = f.alignment
         f.data_offset = self.pos
         if infos:
-            f.data_offset = -(-self.pos // align) * align
+            f.data_offset = align_up(self.pos, align)
             if f.data_offset > self.size:
                 raise TruncatedError(f"the data section would start at {f.data_offset}, past "
                                      f"the end of the file ({self.size} bytes)", offset=self.pos)
@@ -596,7 +595,7 @@ class _Parser:
                 raise TensorInfoError(f"data offset {t.offset} is not the expected {expected} "
                                       "(offsets must be the aligned running sum of tensor sizes)",
                                       offset=t.info_offset, tensor=t.name)
-            expected += -(-t.nbytes // align) * align
+            expected += align_up(t.nbytes, align)
             t.file_offset = f.data_offset + t.offset
             end = t.file_offset + t.nbytes
             if end > self.size:

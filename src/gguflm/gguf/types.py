@@ -6,6 +6,8 @@ Facts from ggml's ``ggml.h``/``ggml.c`` type traits (see shared/docs/gguf-format
 from __future__ import annotations
 
 import enum
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -150,6 +152,10 @@ class GGMLType(enum.IntEnum):
         """Bytes of a row of ``n`` elements (``n`` must be a multiple of the block size)."""
         return n // self.block_size * self.type_size
 
+    def nbytes(self, shape: Sequence[int]) -> int:
+        """Bytes of a tensor of ``shape`` (ggml order, ``shape[0]`` the row length)."""
+        return self.row_bytes(shape[0] if shape else 1) * math.prod(shape[1:])
+
     @classmethod
     def from_name(cls, name: str) -> GGMLType:
         """Look a type up by its ggml name, case-insensitively (``q4_k`` -> ``Q4_K``)."""
@@ -248,3 +254,8 @@ DEFAULT_ALIGNMENT = 32
 MAX_NAME_BYTES = 63  # GGML_MAX_NAME is 64 including the NUL
 MAX_DIMS = 4
 MAX_STRING_BYTES = 1 << 30
+
+
+def align_up(n: int, alignment: int) -> int:
+    """``n`` rounded up to a multiple of ``alignment`` (where the next tensor may start)."""
+    return -(-n // alignment) * alignment

@@ -35,6 +35,7 @@ from .types import (
     GGMLType,
     MetaType,
     ValueType,
+    align_up,
     type_name,
 )
 
@@ -277,7 +278,7 @@ class GGUFWriter:
                 f.write(count(ne) if self.version == 1 else struct.pack(self.byte_order + "q", ne))
             f.write(u32(int(t.type)))
             f.write(struct.pack(self.byte_order + "Q", offset))
-            offset += _pad_to(t.nbytes, align)
+            offset += align_up(t.nbytes, align)
         if self._tensors or self.pad_header:
             _pad(f, align)
         total = sum(t.nbytes for t in self._tensors.values())
@@ -356,13 +357,9 @@ def _umask() -> int:
     return mask
 
 
-def _pad_to(n: int, align: int) -> int:
-    return -(-n // align) * align
-
-
 def _pad(f: Any, align: int) -> None:
     pos = f.tell()
-    f.write(b"\0" * (_pad_to(pos, align) - pos))
+    f.write(b"\0" * (align_up(pos, align) - pos))
 
 
 def _string_items(value: Iterable[Any]) -> Iterable[bytes]:
@@ -495,7 +492,7 @@ def _make_tensor(name: str, data: Any, gtype: GGMLType | None,
                              f"blocks ({gtype.type_size} bytes)")
         shape = (row // gtype.type_size * gtype.block_size, *reversed(data.shape[:-1]))
     gshape = _check_shape(shape, gtype)
-    nbytes = _nbytes(gshape, gtype)
+    nbytes = gtype.nbytes(gshape)
     if raw.nbytes != nbytes:
         raise WriteError(f"{gtype.ggml_name} tensor of shape {list(shape)} needs {nbytes} "
                          f"bytes, got {raw.nbytes}")
@@ -531,7 +528,7 @@ def _array_tensor(name: str, arr: np.ndarray, gtype: GGMLType | None,
             raise WriteError(f"shape {list(shape)} does not match the array's {list(gshape)}")
         gshape = tuple(int(d) for d in shape)
     gshape = _check_shape(gshape, gtype)
-    return _Tensor(name, gtype, gshape, _nbytes(gshape, gtype), arr)
+    return _Tensor(name, gtype, gshape, gtype.nbytes(gshape), arr)
 
 
 def _to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -552,11 +549,6 @@ def _check_shape(shape: Sequence[int], gtype: GGMLType) -> tuple[int, ...]:
         raise WriteError(f"row length {shape[0]} is not a multiple of {gtype.ggml_name}'s "
                          f"block size {gtype.block_size}")
     return shape
-
-
-def _nbytes(shape: tuple[int, ...], gtype: GGMLType) -> int:
-    full = list(shape) + [1] * (MAX_DIMS - len(shape))
-    return gtype.row_bytes(full[0]) * full[1] * full[2] * full[3]
 
 
 def _tensor_chunks(t: _Tensor, bo: str) -> Iterable[memoryview]:
