@@ -40,7 +40,17 @@ class GGUFError(Exception):
         return f"{where}: {self.reason}" if where else self.reason
 
     def with_path(self, path: str) -> GGUFError:
-        self.path = path
+        return self.located(path=path)
+
+    def located(self, *, path: str | None = None, key: str | None = None,
+                tensor: str | None = None) -> GGUFError:
+        """This error with ``path``/``key``/``tensor`` filled in by a caller that knows them."""
+        if path is not None:
+            self.path = path
+        if key is not None:
+            self.key = key
+        if tensor is not None:
+            self.tensor = tensor
         self.args = (self._format(),)
         return self
 

@@ -174,7 +174,7 @@ class GGUFWriter:
             mtype = infer_type(value) if type is None else type
             value = _check_value(value, mtype)
         except WriteError as e:
-            raise _rekey(e, key) from None
+            raise e.located(key=key) from None
         if key == "general.alignment":
             if mtype != ValueType.UINT32 or value == 0 or value & (value - 1):
                 raise WriteError(f"general.alignment must be a uint32 power of two, not "
@@ -225,7 +225,7 @@ class GGUFWriter:
         try:
             t = _make_tensor(name, data, type, shape)
         except WriteError as e:
-            raise _retensor(e, name) from None
+            raise e.located(tensor=name) from None
         self._tensors[name] = t
 
     @property
@@ -338,18 +338,6 @@ class GGUFWriter:
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-def _rekey(e: WriteError, key: str) -> WriteError:
-    e.key = key
-    e.args = (e._format(),)
-    return e
-
-
-def _retensor(e: WriteError, name: str) -> WriteError:
-    e.tensor = name
-    e.args = (e._format(),)
-    return e
-
 
 def _umask() -> int:
     mask = os.umask(0)
