@@ -630,6 +630,8 @@ def qmatmul(kind: int, w: np.ndarray, x: np.ndarray, out: np.ndarray,
     Quantizes ``x`` to 8 bits the way ggml does for this type, then runs the kernel.
     """
     if parallel:
+        # chunks handed out one at a time: when a worker waits for a core (a shared
+        # machine), the other threads take its share instead of waiting for it at the end
         with numba.parallel_chunksize(1):
             qmatmul_par(kind, w, x, F16_TABLE, out)
     else:

@@ -26,7 +26,7 @@ class QMatrix:
     a typed ``(d_out, d_in)`` array for F32/F16 (BF16 as ``uint16``).
     """
 
-    __slots__ = ("type", "shape", "raw", "name")
+    __slots__ = ("type", "shape", "raw", "name", "_round", "_fast")
 
     def __init__(self, type: GGMLType, raw: np.ndarray, shape: tuple[int, int], name: str = ""):
         d_out, d_in = (int(s) for s in shape)
@@ -42,6 +42,9 @@ class QMatrix:
         self.shape = (d_out, d_in)
         self.raw = raw
         self.name = name
+        # the product's dispatch, decided once per weight rather than on every call
+        self._round = _ACTIVATION_ROUNDING.get(type)
+        self._fast = _fast_path(type)
 
     @classmethod
     def from_tensor(cls, t: Any) -> QMatrix:
@@ -69,15 +72,10 @@ class QMatrix:
             out = np.empty((n, self.shape[0]), dtype=np.float32)
         if n == 0:
             return out
-        if self.type == GGMLType.F32:
-            np.matmul(x, self.raw.T, out=out)
-            return out
-        if self.type in _ACTIVATION_ROUNDING:  # ggml converts x to the weight's type first
-            x = _ACTIVATION_ROUNDING[self.type](x)
-        fast = _fast_path(self.type)
-        if fast is not None and fast(self, x, out):
-            return out
-        self._matmul_tiles(x, out)
+        if self._round is not None:  # ggml converts x to the weight's type first
+            x = self._round(x)
+        if self._fast is None or not self._fast(self, x, out):
+            self._matmul_tiles(x, out)
         return out
 
     def matvec(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -106,8 +104,7 @@ class QMatrix:
             return raw_rows.astype(np.float32)
         from gguflm.quant import dequantize_raw  # the quant package; imported late on purpose
 
-        out = dequantize_raw(self.type, np.ascontiguousarray(raw_rows), (k, d_in))
-        return np.asarray(out, dtype=np.float32).reshape(k, d_in)
+        return dequantize_raw(self.type, raw_rows, (k, d_in))  # float32 (k, d_in)
 
     def _matmul_tiles(self, x: np.ndarray, out: np.ndarray) -> None:
         """Fallback: dequantize ``tile`` rows at a time and let BLAS do ``x @ tile.T``."""
@@ -123,18 +120,16 @@ class QMatrix:
 PARALLEL_MIN_MACS = 1 << 21
 
 
-def _quantized_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
-    import numba
+def _f32_product(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
+    np.matmul(x, m.raw.T, out=out)
+    return True
 
+
+def _quantized_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
     from gguflm.quant import kernels
 
-    if x.shape[0] * m.shape[0] * m.shape[1] >= PARALLEL_MIN_MACS:
-        # chunks handed out one at a time: when a worker waits for a core (a shared
-        # machine), the other threads take its share instead of waiting for it at the end
-        with numba.parallel_chunksize(1):
-            kernels.qmatmul_par(int(m.type), m.raw, x, kernels.F16_TABLE, out)
-    else:
-        kernels.qmatmul_serial(int(m.type), m.raw, x, kernels.F16_TABLE, out)
+    parallel = x.shape[0] * m.shape[0] * m.shape[1] >= PARALLEL_MIN_MACS
+    kernels.qmatmul(int(m.type), m.raw, x, out, parallel=parallel)
     return True
 
 
@@ -182,6 +177,8 @@ def _fast_path(t: GGMLType):  # noqa: ANN202 - returns a private dispatcher or N
         return _quantized_kernel
     if t == GGMLType.F16:
         return _f16_kernel
+    if t == GGMLType.F32:
+        return _f32_product
     return None
 
 
