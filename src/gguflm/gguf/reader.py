@@ -66,19 +66,17 @@ class StringArray(Sequence[str]):
 
     Strings decode as UTF-8 with ``surrogateescape`` so that any bytes survive a round trip.
     The array holds a view of its own span of the file, so like numeric arrays it stays
-    usable (and keeps the mapping alive) after the file is closed. ``raw_span`` is the
-    (start, end) of the encoded elements in the file, ``width`` the byte width of each
-    length prefix and ``byte_order`` its byte order: a writer using the same encoding
-    copies ``encoded()`` verbatim instead of re-encoding every string.
+    usable (and keeps the mapping alive) after the file is closed. ``width`` is the byte
+    width of each length prefix and ``byte_order`` its byte order: a writer using the same
+    encoding copies ``encoded()`` verbatim instead of re-encoding every string.
     """
 
-    def __init__(self, span: memoryview, offsets: np.ndarray, raw_span: tuple[int, int],
-                 width: int = 8, byte_order: str = "<") -> None:
+    def __init__(self, span: memoryview, offsets: np.ndarray, width: int = 8,
+                 byte_order: str = "<") -> None:
         # offsets[i] is where string i's length prefix starts in span, offsets[-1] the end:
         # one int64 per string is all the index costs (2 MB for a 262k vocabulary)
         self._span = span
         self._offs = offsets
-        self.raw_span = raw_span
         self.width = width
         self.byte_order = byte_order
 
@@ -111,10 +109,6 @@ class StringArray(Sequence[str]):
             out += [raw[s + w - base:e - base].decode("utf-8", "surrogateescape")
                     for s, e in zip(offs, offs[1:])]
         return out
-
-    def lengths(self) -> np.ndarray:
-        """The byte length of every element (int64)."""
-        return np.diff(self._offs) - self.width
 
     def raw_bytes(self, i: int) -> bytes:
         """Element ``i`` as the exact bytes in the file."""
@@ -489,7 +483,7 @@ class _Parser:
             raise self._string_array_error(pos0, n, width, unpack)
         o -= pos0  # relative to the array's own span
         self.pos = pos
-        return StringArray(buf[pos0:pos], o, (pos0, pos), width, self.bo)
+        return StringArray(buf[pos0:pos], o, width, self.bo)
 
     def _string_array_error(self, pos: int, n: int, width: int, unpack: Any) -> GGUFError:
         """The precise error for a string array the fast walk found to be malformed."""

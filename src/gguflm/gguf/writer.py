@@ -228,10 +228,6 @@ class GGUFWriter:
             raise e.located(tensor=name) from None
         self._tensors[name] = t
 
-    @property
-    def tensor_names(self) -> list[str]:
-        return list(self._tensors)
-
     # -- output --------------------------------------------------------------------------------
     def write(self, progress: Callable[[int, int], None] | None = None) -> Path:
         """Write the file: a temporary file in the target folder, renamed into place.
