@@ -167,22 +167,6 @@ def quantize_q8_k(x: np.ndarray, qa: np.ndarray, da: np.ndarray, bsum: np.ndarra
             da[i, b] = np.float32(1.0) / iscale
 
 
-def quantize_activations(x: np.ndarray, kind: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The 8-bit form of ``x (n, K)`` that weights of ggml type ``kind`` multiply with:
-    ``(qa (n, K) i8, da (n, K/QK) f32, aux)`` with aux the Q8_1 sums or Q8_K 32-sums."""
-    n, k = x.shape
-    qa = np.empty((n, k), np.int8)
-    if kind in K_KINDS:
-        da = np.empty((n, k // 256), np.float32)
-        aux = np.empty((n, k // 32), np.float32)
-        quantize_q8_k(x, qa, da, aux)
-    else:
-        da = np.empty((n, k // 32), np.float32)
-        aux = np.empty((n, k // 32), np.float32)
-        quantize_q8_0(x, qa, da, aux)
-    return qa, da, aux
-
-
 # ======================================================================================
 # 2. Row dot products as LLVM vector IR
 # ======================================================================================
@@ -590,8 +574,10 @@ STREAM_CHUNK = 2048  # weight rows per parallel work item when decoding (long st
 
 
 @njit(cache=True, nogil=True)
-def _quantize_for(kind, x):  # noqa: ANN001, ANN202
-    # x (n, K) f32 -> (qa (n, K) i8, da (n, K/QK) f32, aux (n, K/32) f32) for weight type kind
+def quantize_activations(x, kind):  # noqa: ANN001, ANN201
+    """The 8-bit form of ``x (n, K)`` that weights of ggml type ``kind`` multiply with:
+    ``(qa (n, K) i8, da (n, K/QK) f32, aux (n, K/32) f32)`` with aux the Q8_1 sums or
+    Q8_K 32-sums."""
     n, k = x.shape
     qa = np.empty((n, k), np.int8)
     aux = np.empty((n, k // 32), np.float32)
@@ -608,14 +594,14 @@ def _quantize_for(kind, x):  # noqa: ANN001, ANN202
 def qmatmul_serial(kind, w, x, tbl, out):  # noqa: ANN001, ANN201
     """W (R, row_bytes) u8 @ x (n, K) f32 -> out (n, R) f32 on this thread (x quantized
     here: one call per product keeps the per-token Python overhead small)."""
-    qa, da, aux = _quantize_for(kind, x)
+    qa, da, aux = quantize_activations(x, kind)
     qmatmul_rows(kind, w, qa, da, aux, tbl, out, 0, w.shape[0])
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def qmatmul_par(kind, w, x, tbl, out):  # noqa: ANN001, ANN201
     """W (R, row_bytes) u8 @ x (n, K) f32 -> out (n, R) f32, rows in parallel chunks."""
-    qa, da, aux = _quantize_for(kind, x)
+    qa, da, aux = quantize_activations(x, kind)
     rows = w.shape[0]
     step = ROW_CHUNK if qa.shape[0] >= 4 else STREAM_CHUNK
     nchunk = (rows + step - 1) // step
