@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import cache
 
 import numpy as np
 
@@ -24,28 +25,21 @@ BlockFn = Callable[[np.ndarray, np.ndarray], None]
 _CHUNK_VALUES = 1 << 20
 
 
+@cache
 def _dequantizers() -> dict[GGMLType, BlockFn]:
-    from . import iquants  # loads the grid tables
+    from . import iquants  # loads the grid tables, on first use only
 
     return {**simple.DEQUANTIZERS, **kquants.DEQUANTIZERS, **iquants.DEQUANTIZERS}
 
 
-_BLOCK_FNS: dict[GGMLType, BlockFn] | None = None
-
-
 def block_dequantizer(gtype: GGMLType) -> BlockFn | None:
     """The block function of a quantized type (None if ggml has no ``to_float`` for it)."""
-    global _BLOCK_FNS
-    if _BLOCK_FNS is None:
-        _BLOCK_FNS = _dequantizers()
-    return _BLOCK_FNS.get(gtype)
+    return _dequantizers().get(gtype)
 
 
 def supported_types() -> list[GGMLType]:
     """Every type ``dequantize`` accepts."""
-    block_dequantizer(GGMLType.F32)
-    assert _BLOCK_FNS is not None
-    return sorted(set(PLAIN_DTYPES) | set(_BLOCK_FNS))
+    return sorted(set(PLAIN_DTYPES) | set(_dequantizers()))
 
 
 def _plain(gtype: GGMLType, raw: np.ndarray) -> np.ndarray:
@@ -116,7 +110,6 @@ def dequantize_raw(gtype: GGMLType, raw: np.ndarray, shape: Sequence[int], *,
 
 def dequantize(tensor: TensorInfo) -> np.ndarray:
     """The whole tensor as float32 in numpy order (``tensor.np_shape``)."""
-    _check_type(tensor)
     return dequantize_raw(tensor.type, tensor.data, tensor.np_shape, name=tensor.name)
 
 
