@@ -110,6 +110,7 @@ def dequantize_raw(gtype: GGMLType, raw: np.ndarray, shape: Sequence[int], *,
 
 def dequantize(tensor: TensorInfo) -> np.ndarray:
     """The whole tensor as float32 in numpy order (``tensor.np_shape``)."""
+    _check_type(tensor)  # before ``tensor.data`` is touched: a bad shape is the error to give
     return dequantize_raw(tensor.type, tensor.data, tensor.np_shape, name=tensor.name)
 
 
