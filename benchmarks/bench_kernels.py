@@ -52,21 +52,13 @@ def best(fn, reps: int) -> tuple[float, float]:  # noqa: ANN001
     return min(wall), min(cpu)
 
 
-def measure(m: QMatrix, n: int, reps: int, threads: int, serial: bool) -> dict[str, float]:
-    x = np.random.default_rng(0).standard_normal((n, m.shape[1])).astype(np.float32)
-    out = np.empty((n, m.shape[0]), np.float32)
-    set_threads(1 if serial else threads)
-    wall, cpu = best(lambda: m.matmul(x, out=out), reps)
-    macs = n * m.shape[0] * m.shape[1]
-    return {"gmacs_wall": macs / wall / 1e9, "gmacs_cpu": macs / max(cpu, 1e-9) / 1e9,
-            "ms_wall": wall * 1e3}
-
-
-def measure_fallback(m: QMatrix, n: int, reps: int, threads: int) -> dict[str, float]:
+def measure(m: QMatrix, n: int, reps: int, threads: int,
+            product=QMatrix.matmul) -> dict[str, float]:
+    """``product(m, x, out)`` for an ``(n, d_in)`` batch on ``threads`` threads."""
     x = np.random.default_rng(0).standard_normal((n, m.shape[1])).astype(np.float32)
     out = np.empty((n, m.shape[0]), np.float32)
     set_threads(threads)
-    wall, cpu = best(lambda: m._matmul_tiles(x, out), reps)
+    wall, cpu = best(lambda: product(m, x, out), reps)
     macs = n * m.shape[0] * m.shape[1]
     return {"gmacs_wall": macs / wall / 1e9, "gmacs_cpu": macs / max(cpu, 1e-9) / 1e9,
             "ms_wall": wall * 1e3}
@@ -96,10 +88,11 @@ def main() -> int:
             raw = np.ascontiguousarray(np.tile(t.data, (reps_rows, 1))[:args.rows])
             m = QMatrix(t.type, raw, (args.rows, t.shape[0]), name=name)
             r = {"type": name, "shape": list(m.shape),
-                 "mv_1t": measure(m, 1, args.reps * 3, threads, serial=True),
-                 "mv": measure(m, 1, args.reps * 3, threads, serial=False),
-                 "mm": measure(m, args.batch, args.reps, threads, serial=False),
-                 "mm_fallback": measure_fallback(m, args.batch, args.reps, threads)}
+                 "mv_1t": measure(m, 1, args.reps * 3, 1),
+                 "mv": measure(m, 1, args.reps * 3, threads),
+                 "mm": measure(m, args.batch, args.reps, threads),
+                 "mm_fallback": measure(m, args.batch, args.reps, threads,
+                                        QMatrix._matmul_tiles)}
             results.append(r)
     if not args.no_models:
         for fname, tname in (("SmolLM2-135M-Instruct.Q4_1.gguf", "token_embd.weight"),
@@ -111,8 +104,8 @@ def main() -> int:
                 m = QMatrix.from_tensor(f.tensors[tname])
                 results.append({"type": f"{m.type.ggml_name} {fname.split('.')[0]} output",
                                 "shape": list(m.shape),
-                                "mv_1t": measure(m, 1, args.reps, threads, serial=True),
-                                "mv": measure(m, 1, args.reps, threads, serial=False)})
+                                "mv_1t": measure(m, 1, args.reps, 1),
+                                "mv": measure(m, 1, args.reps, threads)})
                 del m
     set_threads(threads)
     info = {"threads": threads, "simd": kernels.SIMD, "rows": args.rows, "batch": args.batch,
