@@ -22,7 +22,9 @@ import numpy as np
 import pytest
 
 import gguflm
-from gguflm.api import LLM, FairLock, InvalidRequestError, StopScanner, common_prefix
+from gguflm.api import LLM, InvalidRequestError
+from gguflm.engine.scheduler import common_prefix
+from gguflm.engine.stops import StopScanner
 from gguflm.cli import main
 
 PROMPT = "The capital of France is"
@@ -221,13 +223,16 @@ def test_errors(llm: LLM) -> None:
     assert llm.generate(PROMPT, max_tokens=1, temperature=0)["usage"]["completion_tokens"] == 1
 
 
-def test_open_stream_blocks_a_second_call_from_the_same_thread(llm: LLM) -> None:
+def test_an_open_stream_does_not_block_another_call(llm: LLM) -> None:
+    """Calls run side by side in the engine: a second call from the same thread while its
+    first stream is open completes, and both give their own greedy text."""
+    alone = llm.generate(PROMPT, max_tokens=4, temperature=0)["choices"][0]["text"]
     it = llm.stream(PROMPT, max_tokens=4, temperature=0)
-    next(it)
-    with pytest.raises(RuntimeError, match="still open"):
-        llm.generate(PROMPT, max_tokens=1)
-    it.close()  # releases the model
-    assert llm.generate(PROMPT, max_tokens=1, temperature=0)["choices"][0]["text"]
+    first = next(it)["choices"][0]["text"]
+    other = llm.generate("Once upon a time", max_tokens=2, temperature=0)
+    assert other["usage"]["completion_tokens"] == 2
+    rest = "".join(c["choices"][0]["text"] for c in it)
+    assert first + rest == alone
 
 
 def test_cancel_ends_a_run(llm: LLM) -> None:
@@ -235,7 +240,8 @@ def test_cancel_ends_a_run(llm: LLM) -> None:
     out = llm.generate(PROMPT, max_tokens=50, temperature=0,
                        cancel=lambda: calls.append(1) or len(calls) > 3)
     assert out["choices"][0]["finish_reason"] == "cancelled"
-    assert out["usage"]["completion_tokens"] == 3
+    # the engine sees the cancellation at its next step: a token or two may follow
+    assert 3 <= out["usage"]["completion_tokens"] <= 6
     assert llm.last_run["finish_reason"] == "cancelled"
 
 
@@ -257,29 +263,6 @@ def test_threads_share_one_llm(llm: LLM) -> None:
     for t in threads:
         t.join(timeout=300)
     assert not errors and results == [expected] * 3
-
-
-def test_fair_lock_serves_in_arrival_order() -> None:
-    lock, order = FairLock(), []
-    lock.acquire()
-
-    def worker(i: int) -> None:
-        lock.acquire()
-        order.append(i)
-        lock.release()
-
-    threads = []
-    for i in range(5):
-        threads.append(threading.Thread(target=worker, args=(i,)))
-        threads[-1].start()
-        while lock.n_waiting < i + 1:  # each queued before the next arrives
-            time.sleep(0.001)
-    lock.release()
-    for t in threads:
-        t.join(timeout=60)
-    assert order == [0, 1, 2, 3, 4] and not lock.locked()
-    with pytest.raises(RuntimeError):
-        lock.release()
 
 
 # --- gguflm chat ----------------------------------------------------------------------------------

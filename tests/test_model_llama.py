@@ -230,24 +230,41 @@ def test_rope_styles(neox) -> None:
 
 
 def test_attention_matches_per_head_loop() -> None:
-    """GQA mapping (query head h reads KV head h // group), causal and window masks."""
+    """The attention kernel: GQA mapping (query head h reads KV head h // group), causal and
+    window masks, soft-cap, two sequences (slots) in one call; and its numpy twin."""
+    from gguflm.model.attention import attend, attend_twin
+    from gguflm.model.kv_cache import KVArena
+
     rng = np.random.default_rng(1)
-    n_tok, n_head, n_kv, d, past = 4, 6, 2, 8, 5
-    q = rng.standard_normal((n_tok, n_head, d)).astype(np.float32)
-    k = rng.standard_normal((n_kv, past + n_tok, d)).astype(np.float32)
-    v = rng.standard_normal((n_kv, past + n_tok, d)).astype(np.float32)
-    pos = np.arange(past, past + n_tok)
-    for window in (0, 3):
-        got = ops.attention(q, k, v, ops.attention_mask(pos, past + n_tok, window), 0.3)
-        want = np.zeros((n_tok, n_head, d))
+    n_tok, n_head, n_kv, d, past = 4, 6, 2, 8, 70  # past > TILE: keys span two tiles
+    n_pos = past + n_tok
+    arena = KVArena(1, 2, n_pos, n_kv, d, d, f16=False)
+    k = rng.standard_normal((2, n_pos, n_kv, d)).astype(np.float32)   # per slot
+    v = rng.standard_normal((2, n_pos, n_kv, d)).astype(np.float32)
+    for s in (0, 1):
+        arena.store(0, np.full(n_pos, s), np.arange(n_pos), k[s], v[s])
+    q = rng.standard_normal((2 * n_tok, n_head, d)).astype(np.float32)
+    slot = np.repeat([0, 1], n_tok)
+    pos = np.concatenate([np.arange(past, n_pos), np.arange(past - 9, n_pos - 9)])
+    for window, cap in ((0, 0.0), (3, 0.0), (0, 2.0)):
+        got = np.empty((len(q), n_head, d), np.float32)
+        attend(q, arena.k[0], arena.v[0], slot, pos, window, np.float32(0.3), np.float32(cap),
+               False, got)
+        want = np.zeros((len(q), n_head, d))
         for t, p in enumerate(pos):
             keys = [j for j in range(p + 1) if window == 0 or p - j < window]
             for h in range(n_head):
                 kv = h // (n_head // n_kv)
-                s = 0.3 * k[kv, keys] @ q[t, h]
-                w = np.exp(s - s.max())
-                want[t, h] = (w / w.sum()) @ v[kv, keys]
-        np.testing.assert_allclose(got, want.reshape(n_tok, -1), atol=1e-5)
+                sc = 0.3 * k[slot[t], keys, kv].astype(np.float64) @ q[t, h]
+                if cap:
+                    sc = cap * np.tanh(sc / cap)
+                w = np.exp(sc - sc.max())
+                want[t, h] = (w / w.sum()) @ v[slot[t], keys, kv]
+        np.testing.assert_allclose(got, want, atol=1e-5)
+        twin = attend_twin(q, [k[s].transpose(1, 0, 2) for s in slot],
+                           [v[s].transpose(1, 0, 2) for s in slot], pos, window, 0.3, cap,
+                           False)
+        np.testing.assert_allclose(got, twin, atol=1e-6)
 
 
 def test_rmsnorm_and_activations() -> None:

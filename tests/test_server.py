@@ -202,7 +202,8 @@ def test_oversized_and_garbage_requests_do_not_hurt(live_server: str) -> None:
             s.sendall(junk)
             s.shutdown(socket.SHUT_WR)
             s.recv(4096)
-    assert _request(live_server, "GET", "/health") == (200, {"status": "ok"})
+    status, health = _request(live_server, "GET", "/health")
+    assert status == 200 and health["status"] == "ok" and health["slots_processing"] == 0
 
 
 # --- disconnects and queueing (in-process server: its state is visible) ----------------------
@@ -218,13 +219,16 @@ def _open_stream(server: APIServer, body: dict) -> socket.socket:
 
 def _wait_idle(server: APIServer, timeout: float = 300) -> None:
     """Until no request runs or waits (their generations ended)."""
+    engine = server.engine
     deadline = time.monotonic() + timeout
-    while (server._active or server.llm._lock.locked()) and time.monotonic() < deadline:
+    while (engine.n_running or engine.n_waiting) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not server._active and not server.llm._lock.locked(), "the server is still busy"
+    assert not engine.n_running and not engine.n_waiting, "the server is still busy"
 
 
 def test_client_disconnect_stops_its_generation(local_server: APIServer, llm: LLM) -> None:
+    stats = local_server.engine.stats
+    cancelled, generated = stats.finished.get("cancelled", 0), stats.generated_tokens
     s = _open_stream(local_server, {"prompt": PROMPT, "max_tokens": 400, "temperature": 0,
                                     "stream": True})
     got = b""
@@ -233,8 +237,8 @@ def test_client_disconnect_stops_its_generation(local_server: APIServer, llm: LL
     assert got.startswith(b"HTTP/1.1 200") and b"text/event-stream" in got
     s.close()
     _wait_idle(local_server)
-    assert llm.last_run["finish_reason"] in ("cancelled", None)
-    assert llm.last_run["completion_tokens"] < 50  # it stopped soon, far short of 400
+    assert stats.finished.get("cancelled", 0) == cancelled + 1
+    assert stats.generated_tokens - generated < 50  # it stopped soon, far short of 400
     status, _ = _request(local_server.url, "GET", "/health")
     assert status == 200
 
@@ -268,7 +272,7 @@ def test_concurrent_requests_are_queued(local_server: APIServer, llm: LLM) -> No
 
 
 def test_a_full_queue_answers_503(local_server: APIServer, llm: LLM) -> None:
-    n = local_server.max_queue
+    n = local_server.engine.max_queue
     results: list[int] = [0] * n
 
     def one(i: int) -> None:
@@ -277,17 +281,24 @@ def test_a_full_queue_answers_503(local_server: APIServer, llm: LLM) -> None:
         results[i] = status
 
     threads = []
-    with llm._hold():  # the model is busy: every request queues
+    engine = local_server.engine
+    release = threading.Event()
+    holder = threading.Thread(target=engine.call, args=(release.wait,))
+    holder.start()  # the engine thread is busy: every request queues
+    try:
         for i in range(n):
             threads.append(threading.Thread(target=one, args=(i,)))
             threads[-1].start()
             deadline = time.monotonic() + 60  # each in line before the next is sent
-            while llm._lock.n_waiting < i + 1 and time.monotonic() < deadline:
+            while engine.n_waiting < i + 1 and time.monotonic() < deadline:
                 time.sleep(0.01)
-        assert local_server._active == n
+        assert engine.n_waiting == n
         status, payload = _request(local_server.url, "POST", "/v1/completions",
                                    {"prompt": PROMPT, "max_tokens": 1})
         assert status == 503 and payload["error"]["type"] == "server_error"
+    finally:
+        release.set()
+        holder.join()
     for t in threads:
         t.join(timeout=300)
     assert results == [200] * n

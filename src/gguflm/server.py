@@ -1,50 +1,51 @@
-"""An OpenAI-compatible HTTP server over one ``LLM``, on the standard library alone.
+"""An OpenAI-compatible HTTP server over the serving engine: starlette on uvicorn (asyncio).
 
-Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` and
+Endpoints: ``GET /health`` (with the slots' state), ``GET /slots``, ``GET /metrics``
+(Prometheus text), ``GET /v1/models``, ``POST /v1/completions`` and
 ``POST /v1/chat/completions`` (JSON, or Server-Sent Events with ``"stream": true``); the same
-paths without ``/v1`` work too. Each request runs in its own thread and waits for the one
-model (the ``LLM``'s lock), so concurrent requests are served one after another. Bad
-requests get a 4xx answer with an OpenAI error object (``{"error": {"message", "type",
-"param", "code"}}``); nothing a client sends or does (including hanging up mid-stream, which
-ends its generation at the next token) stops the server.
+paths without ``/v1`` work too. Requests go to the ``LLM``'s engine, which computes up to
+``parallel`` of them together (continuous batching) and queues the rest in arrival order.
+
+One asyncio loop serves every connection: an idle connection costs a socket, not a thread,
+and uvicorn's h11 parser frames requests strictly (odd ``Transfer-Encoding`` headers are
+refused, not guessed at). The engine thread wakes a request's coroutine through
+``loop.call_soon_threadsafe`` when it has new text. Bad requests get a 4xx answer with an
+OpenAI error object (``{"error": {"message", "type", "param", "code"}}``); nothing a client
+sends or does (hanging up mid-stream ends its generation at the next step) stops the server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import select
+import resource
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator
 from typing import Any
 
-from .api import LLM, InvalidRequestError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .api import LLM, InvalidRequestError, QueueFullError, Shapes
+from .engine.params import SAMPLING_FIELDS
 
 __all__ = ["APIServer", "make_server"]
 
-MAX_BODY = 16 * 2**20  # bytes; larger requests get 413
-DEFAULT_MAX_QUEUE = 256  # requests running or waiting for the model; more get 503
-SOCKET_TIMEOUT = 120.0  # seconds a client may stall reading or writing
+MAX_BODY = 16 * 2**20       # bytes; larger requests get 413
+KEEP_ALIVE_SECONDS = 5      # an idle keep-alive connection is closed after this
+MAX_CONNECTIONS = 1000      # open connections at most (fewer if the fd limit is lower)
 
 # Field checks: name -> (allowed Python types, description for the error). None is always
 # allowed (it means "default"); bool is never a number here even though it is an int.
-_NUM = (int, float)
-_COMMON_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+_COMMON_FIELDS: dict[str, tuple[tuple[type, ...], str]] = SAMPLING_FIELDS | {
     "model": ((str,), "a string"),
     "max_tokens": ((int,), "an integer"),
-    "temperature": (_NUM, "a number"),
-    "top_p": (_NUM, "a number"),
-    "top_k": ((int,), "an integer"),
-    "min_p": (_NUM, "a number"),
-    "typical_p": (_NUM, "a number"),
-    "repeat_penalty": (_NUM, "a number"),
-    "presence_penalty": (_NUM, "a number"),
-    "frequency_penalty": (_NUM, "a number"),
-    "seed": ((int,), "an integer"),
     "stop": ((str, list), "a string or a list of strings"),
     "stream": ((bool,), "a boolean"),
     "stream_options": ((dict,), "an object"),
@@ -61,12 +62,9 @@ _CHAT_FIELDS = _COMMON_FIELDS | {
     "max_completion_tokens": ((int,), "an integer"),
     "tools": ((list,), "a list of tools"),
 }
-# path -> _Handler method; a known path asked with another method gets 405, not 404
-_GET_ROUTES = {"/health": "_health", "/v1/models": "_models", "/models": "_models"}
-_POST_ROUTES = {"/v1/completions": "_completions", "/completions": "_completions",
-                "/v1/chat/completions": "_chat", "/chat/completions": "_chat"}
-_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty",
-             "presence_penalty", "frequency_penalty")
+_SAMPLING = tuple(SAMPLING_FIELDS)
+# latency histogram buckets (seconds) for /metrics
+_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class RequestError(Exception):
@@ -81,6 +79,12 @@ class RequestError(Exception):
         return {"error": {"message": str(self), "type": self.type, "param": self.param,
                           "code": self.code}}
 
+    def response(self) -> JSONResponse:
+        headers = {"Retry-After": "1"} if self.status == 503 else {}
+        if self.status in (411, 413):  # the body was left unread: never parse it as a request
+            headers["Connection"] = "close"
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
 
 def _check_fields(body: dict[str, Any], spec: dict[str, tuple[tuple[type, ...], str]]) -> None:
     for name, (types, what) in spec.items():
@@ -88,7 +92,7 @@ def _check_fields(body: dict[str, Any], spec: dict[str, tuple[tuple[type, ...], 
         if value is None:
             continue
         if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-            raise RequestError(400, f"'{name}' must be {what}, got {json.dumps(value)[:40]}",
+            raise RequestError(400, f"'{name}' must be {what}, got {_short(value)}",
                                param=name)
     stop = body.get("stop")
     if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
@@ -101,6 +105,13 @@ def _check_fields(body: dict[str, Any], spec: dict[str, tuple[tuple[type, ...], 
         raise RequestError(400, "suffix (insertion) is not supported", param="suffix")
 
 
+def _short(value: Any) -> str:
+    try:
+        return json.dumps(value)[:40]
+    except (ValueError, TypeError):
+        return type(value).__name__
+
+
 def _options(body: dict[str, Any], max_tokens: Any) -> dict[str, Any]:
     """LLM keyword arguments from a checked request body."""
     opts: dict[str, Any] = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
@@ -108,269 +119,396 @@ def _options(body: dict[str, Any], max_tokens: Any) -> dict[str, Any]:
     return opts
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "gguflm"
-    timeout = SOCKET_TIMEOUT
-    server: APIServer
-
-    # --- plumbing ----------------------------------------------------------------------------
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
-        if self.server.verbose:
-            sys.stderr.write(f"{self.address_string()} - {format % args}\n")
-
-    def _send_json(self, status: int, obj: dict[str, Any]) -> None:
-        data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if status == HTTPStatus.SERVICE_UNAVAILABLE:
-            self.send_header("Retry-After", "1")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _send_error(self, e: RequestError) -> None:
-        self.server.count("errors")
-        self._send_json(e.status, e.body())
-
-    def _read_json(self) -> dict[str, Any]:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            self.close_connection = True
-            raise RequestError(411, "send the body with a Content-Length")
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            self.close_connection = True
-            raise RequestError(400, "invalid Content-Length") from None
-        if length > MAX_BODY:
-            self.close_connection = True  # the body is left unread
-            raise RequestError(413, f"the request body is over {MAX_BODY} bytes")
-        raw = self.rfile.read(length) if length > 0 else b""
-        if len(raw) < length:
-            self.close_connection = True
-            raise RequestError(400, "the request body ended early")
-        try:
-            body = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise RequestError(400, f"the request body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise RequestError(400, "the request body must be a JSON object")
-        return body
-
-    def _client_gone(self) -> bool:
-        """True when the client has closed its end (readable, and reading would give EOF)."""
-        try:
-            readable, _, _ = select.select([self.connection], [], [], 0)
-            if not readable:
-                return False
-            return self.connection.recv(1, socket.MSG_PEEK) == b""
-        except (OSError, ValueError):
-            return True
-
-    # --- dispatch ----------------------------------------------------------------------------
-
-    def do_GET(self) -> None:  # noqa: N802 - BaseHTTPRequestHandler's naming
-        self._dispatch(_GET_ROUTES, "GET")
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._dispatch(_POST_ROUTES, "POST")
-
-    def _other_method(self) -> None:
-        self._dispatch({}, self.command)
-
-    do_PUT = do_DELETE = do_PATCH = do_HEAD = _other_method  # noqa: N815
-
-    def _dispatch(self, routes: dict[str, str], method: str) -> None:
-        path = self.path.split("?", 1)[0].rstrip("/") or "/"
-        try:
-            handler = routes.get(path)
-            if handler is None:
-                if path in _GET_ROUTES or path in _POST_ROUTES:
-                    self.close_connection = True  # a body may be left unread
-                    raise RequestError(405, f"{method} is not allowed on {path}")
-                raise RequestError(404, f"no such endpoint: {method} {path}")
-            getattr(self, handler)()
-        except RequestError as e:
-            self._send_error(e)
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            self.close_connection = True
-        except Exception as e:  # noqa: BLE001 - one bad request must not take the server down
-            self.close_connection = True
-            self.server.log(f"internal error on {method} {path}: {type(e).__name__}: {e}")
-            try:
-                self._send_error(RequestError(500, f"internal error: {type(e).__name__}: {e}",
-                                              type="server_error"))
-            except OSError:
-                pass
-
-    # --- endpoints ---------------------------------------------------------------------------
-
-    def _health(self) -> None:
-        self._send_json(200, {"status": "ok"})
-
-    def _models(self) -> None:
-        llm = self.server.llm
-        self._send_json(200, {"object": "list", "data": [{
-            "id": llm.model_id, "object": "model", "created": self.server.started,
-            "owned_by": "gguflm", "meta": {"n_ctx": llm.n_ctx,
-                                           "n_vocab": llm.tokenizer.n_vocab}}]})
-
-    def _completions(self) -> None:
-        body = self._read_json()
-        _check_fields(body, _COMPLETION_FIELDS)
-        prompt = body.get("prompt")
-        if prompt is None:
-            raise RequestError(400, "'prompt' is required", param="prompt")
-        if isinstance(prompt, list):
-            if len(prompt) == 1 and isinstance(prompt[0], str):
-                prompt = prompt[0]
-            elif prompt and all(isinstance(p, str) for p in prompt):
-                raise RequestError(400, "only one prompt per request is supported",
-                                   param="prompt")
-            elif not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-                raise RequestError(400, "'prompt' must be a string or a list of token ids",
-                                   param="prompt")
-        # OpenAI's default for completions is 16 tokens (chat: until the turn ends)
-        opts = _options(body, 16 if body.get("max_tokens") is None else body["max_tokens"])
-        llm = self.server.llm
-        stream = bool(body.get("stream"))
-        with self.server.slot():
-            if stream:
-                chunks = self._call(lambda: llm.stream(
-                    prompt, echo=bool(body.get("echo")), cancel=self._client_gone,
-                    include_usage=_include_usage(body), **opts))
-                self._stream(chunks)
-            else:
-                self._send_json(200, self._call(lambda: llm.generate(
-                    prompt, echo=bool(body.get("echo")), cancel=self._client_gone, **opts)))
-
-    def _chat(self) -> None:
-        body = self._read_json()
-        _check_fields(body, _CHAT_FIELDS)
-        messages = body.get("messages")
-        if not messages:
-            raise RequestError(400, "'messages' must be a non-empty list", param="messages")
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        opts = _options(body, max_tokens)
-        llm = self.server.llm
-        stream = bool(body.get("stream"))
-        with self.server.slot():
-            result = self._call(lambda: llm.chat(
-                messages, stream=stream, tools=body.get("tools"), cancel=self._client_gone,
-                include_usage=_include_usage(body), **opts))
-            if stream:
-                self._stream(result)
-            else:
-                self._send_json(200, result)
-
-    def _call(self, fn: Callable[[], Any]) -> Any:
-        """Run an LLM call, turning its argument errors into 400s."""
-        try:
-            return fn()
-        except InvalidRequestError as e:
-            raise RequestError(400, str(e), param=e.param, code=e.code) from None
-
-    def _stream(self, chunks: Iterator[dict[str, Any]]) -> None:
-        """Send chunks as Server-Sent Events, then ``data: [DONE]``. A client that hangs up
-        ends the generation (closing the iterator releases the model)."""
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")  # the stream ends when the connection does
-        self.end_headers()
-        self.close_connection = True
-        try:
-            try:
-                for chunk in chunks:
-                    self.wfile.write(b"data: " + json.dumps(chunk, ensure_ascii=False)
-                                     .encode("utf-8") + b"\n\n")
-                    self.wfile.flush()
-            except (OSError, TimeoutError):
-                self.server.count("disconnects")
-                return
-            except InvalidRequestError as e:  # found only while running: report in-stream
-                err = RequestError(400, str(e), param=e.param, code=e.code)
-                self.wfile.write(b"data: " + json.dumps(err.body()).encode() + b"\n\n")
-            except Exception as e:  # noqa: BLE001 - headers are sent: report in-stream
-                self.server.log(f"internal error while streaming: {type(e).__name__}: {e}")
-                err = RequestError(500, f"internal error: {type(e).__name__}: {e}",
-                                   type="server_error")
-                self.wfile.write(b"data: " + json.dumps(err.body()).encode() + b"\n\n")
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
-        except OSError:
-            self.server.count("disconnects")
-        finally:
-            close = getattr(chunks, "close", None)
-            if close:
-                close()
-
-
 def _include_usage(body: dict[str, Any]) -> bool:
-    opts = body.get("stream_options") or {}
-    return bool(opts.get("include_usage"))
+    return bool((body.get("stream_options") or {}).get("include_usage"))
 
 
-class APIServer(ThreadingHTTPServer):
-    """The HTTP server: one thread per connection, one shared ``LLM``."""
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n\n"
 
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128  # the listen backlog: a burst of clients connecting at once
+
+class APIServer:
+    """The HTTP server over one ``LLM``: bound at construction, served by ``serve_forever``
+    (in any thread), stopped by ``shutdown`` from another."""
 
     def __init__(self, llm: LLM, host: str = "127.0.0.1", port: int = 8080, *,
-                 max_queue: int = DEFAULT_MAX_QUEUE, verbose: bool = False) -> None:
+                 max_queue: int | None = None, verbose: bool = False) -> None:
+        import uvicorn
+
         self.llm = llm
+        self.engine = llm.engine
+        if max_queue is not None:
+            self.engine.max_queue = max_queue
         self.verbose = verbose
-        self.max_queue = max_queue
         self.started = int(time.time())
         self.stats = {"requests": 0, "errors": 0, "disconnects": 0, "busy_rejections": 0}
-        self._active = 0
-        self._stats_lock = threading.Lock()
-        super().__init__((host, port), _Handler)
+        self._latency: dict[str, list[int]] = {"ttft": [0] * (len(_BUCKETS) + 1),
+                                               "duration": [0] * (len(_BUCKETS) + 1)}
+        self._latency_sum = {"ttft": 0.0, "duration": 0.0}
+        self.sock = socket.create_server((host, port), backlog=1024)
+        self.server_address = self.sock.getsockname()[:2]
+        # stay under the file-descriptor limit: past it accept() fails in a busy loop
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        limit = MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else min(
+            MAX_CONNECTIONS, max(16, soft - 64))
+        config = uvicorn.Config(
+            self.app(), log_level="info" if verbose else "warning", access_log=verbose,
+            timeout_keep_alive=KEEP_ALIVE_SECONDS, limit_concurrency=limit, lifespan="off",
+            http="h11", ws="none")
+        self._uvicorn = uvicorn.Server(config)
+        self._stopped = threading.Event()
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
+        host, port = self.server_address
         return f"http://{host}:{port}"
 
-    def count(self, what: str) -> None:
-        with self._stats_lock:
-            self.stats[what] += 1
+    def serve_forever(self) -> None:
+        try:
+            self._uvicorn.run(sockets=[self.sock])
+        finally:
+            self._stopped.set()
 
-    def slot(self) -> _Slot:
-        """A place in the queue for the model (503 when ``max_queue`` are already there)."""
-        return _Slot(self)
+    def shutdown(self) -> None:
+        self._uvicorn.should_exit = True
+        self._stopped.wait(30)
+
+    def server_close(self) -> None:
+        self.sock.close()
 
     def log(self, message: str) -> None:
         sys.stderr.write(f"gguflm serve: {message}\n")
         sys.stderr.flush()
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # the default prints a traceback; a dropped connection is not worth one
-        exc = sys.exc_info()[1]
-        if not isinstance(exc, OSError | TimeoutError):
-            self.log(f"error with client {client_address}: {type(exc).__name__}: {exc}")
+    def count(self, what: str) -> None:
+        self.stats[what] += 1
 
+    def observe(self, what: str, seconds: float) -> None:
+        hist = self._latency[what]
+        i = next((i for i, b in enumerate(_BUCKETS) if seconds <= b), len(_BUCKETS))
+        hist[i] += 1
+        self._latency_sum[what] += seconds
 
-class _Slot:
-    def __init__(self, server: APIServer) -> None:
-        self.server = server
+    # --- the application -----------------------------------------------------------------
 
-    def __enter__(self) -> None:
-        s = self.server
-        with s._stats_lock:
-            if s._active >= s.max_queue:
-                s.stats["busy_rejections"] += 1
-                raise RequestError(503, f"the server is busy ({s._active} requests queued)",
-                                   type="server_error")
-            s._active += 1
-            s.stats["requests"] += 1
+    def app(self) -> Starlette:
+        routes = [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/slots", self.slots, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/models", self.models, methods=["GET"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/chat/completions", self.chat, methods=["POST"]),
+        ]
+        return Starlette(routes=routes, exception_handlers={
+            HTTPException: self._http_error, Exception: self._internal_error})
 
-    def __exit__(self, *exc: object) -> None:
-        with self.server._stats_lock:
-            self.server._active -= 1
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        self.count("errors")
+        method, path = request.method, request.url.path
+        if exc.status_code == 404:
+            msg = f"no such endpoint: {method} {path}"
+        elif exc.status_code == 405:
+            msg = f"{method} is not allowed on {path}"
+        else:
+            msg = str(exc.detail)
+        # the body of a refused request is not read: close, so it is never parsed as the
+        # next request on this connection
+        resp = RequestError(exc.status_code, msg).response()
+        resp.headers["Connection"] = "close"
+        return resp
+
+    async def _internal_error(self, request: Request, exc: Exception) -> Response:
+        self.log(f"internal error on {request.method} {request.url.path}: "
+                 f"{type(exc).__name__}: {exc}")
+        return RequestError(500, f"internal error: {type(exc).__name__}", type="server_error"
+                            ).response()
+
+    async def _read_json(self, request: Request) -> dict[str, Any]:
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
+            raise RequestError(413 if length.isdigit() else 400,
+                               f"the request body is over {MAX_BODY} bytes"
+                               if length.isdigit() else "invalid Content-Length")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise RequestError(413, f"the request body is over {MAX_BODY} bytes")
+            chunks.append(chunk)
+        try:
+            body = json.loads(b"".join(chunks).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:  # incl. over-long integer literals
+            raise RequestError(400, f"the request body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise RequestError(400, "the request body is nested too deeply") from None
+        if not isinstance(body, dict):
+            raise RequestError(400, "the request body must be a JSON object")
+        return body
+
+    async def health(self, request: Request) -> Response:
+        e = self.engine
+        busy = e.n_running
+        return JSONResponse({"status": "ok", "slots_idle": e.n_slots - busy,
+                             "slots_processing": busy, "queue": e.n_waiting,
+                             "n_ctx": self.llm.n_ctx, "model": self.llm.model_id})
+
+    async def slots(self, request: Request) -> Response:
+        return JSONResponse(self.engine.slots_info())
+
+    async def models(self, request: Request) -> Response:
+        llm = self.llm
+        return JSONResponse({"object": "list", "data": [{
+            "id": llm.model_id, "object": "model", "created": self.started,
+            "owned_by": "gguflm", "meta": {"n_ctx": llm.n_ctx,
+                                           "n_vocab": llm.tokenizer.n_vocab,
+                                           "parallel": self.engine.n_slots}}]})
+
+    async def metrics(self, request: Request) -> Response:
+        e, st = self.engine, self.engine.stats
+        uptime = max(time.time() - e.started, 1e-9)
+        lines = [
+            "# HELP gguflm_requests_total Requests accepted by the engine.",
+            "# TYPE gguflm_requests_total counter",
+            f"gguflm_requests_total {st.requests}",
+            "# HELP gguflm_requests_finished_total Requests ended, by finish reason.",
+            "# TYPE gguflm_requests_finished_total counter",
+            *(f'gguflm_requests_finished_total{{reason="{k}"}} {v}'
+              for k, v in sorted(st.finished.items())),
+            "# HELP gguflm_requests_rejected_total Requests refused with 503 (queue full).",
+            "# TYPE gguflm_requests_rejected_total counter",
+            f"gguflm_requests_rejected_total {st.rejected}",
+            "# HELP gguflm_prompt_tokens_total Prompt tokens evaluated.",
+            "# TYPE gguflm_prompt_tokens_total counter",
+            f"gguflm_prompt_tokens_total {st.prompt_tokens}",
+            "# HELP gguflm_cached_tokens_total Prompt tokens reused from a slot's cache.",
+            "# TYPE gguflm_cached_tokens_total counter",
+            f"gguflm_cached_tokens_total {st.cached_tokens}",
+            "# HELP gguflm_tokens_predicted_total Tokens generated.",
+            "# TYPE gguflm_tokens_predicted_total counter",
+            f"gguflm_tokens_predicted_total {st.generated_tokens}",
+            "# HELP gguflm_tokens_predicted_per_second Generated tokens per second of uptime.",
+            "# TYPE gguflm_tokens_predicted_per_second gauge",
+            f"gguflm_tokens_predicted_per_second {st.generated_tokens / uptime:.3f}",
+            "# HELP gguflm_requests_processing Sequences in a slot.",
+            "# TYPE gguflm_requests_processing gauge",
+            f"gguflm_requests_processing {e.n_running}",
+            "# HELP gguflm_requests_deferred Requests waiting for a slot.",
+            "# TYPE gguflm_requests_deferred gauge",
+            f"gguflm_requests_deferred {e.n_waiting}",
+            "# HELP gguflm_slots Slots (sequences computed together).",
+            "# TYPE gguflm_slots gauge",
+            f"gguflm_slots {e.n_slots}",
+        ]
+        for what, help_ in (("ttft", "Seconds from request to first token."),
+                            ("duration", "Seconds from request to its end.")):
+            name = f"gguflm_{'time_to_first_token' if what == 'ttft' else 'request_duration'}"
+            lines += [f"# HELP {name}_seconds {help_}", f"# TYPE {name}_seconds histogram"]
+            cum = 0
+            for b, n in zip((*_BUCKETS, "+Inf"), self._latency[what], strict=True):
+                cum += n
+                lines.append(f'{name}_seconds_bucket{{le="{b}"}} {cum}')
+            lines += [f"{name}_seconds_sum {self._latency_sum[what]:.6f}",
+                      f"{name}_seconds_count {cum}"]
+        return Response("\n".join(lines) + "\n",
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    # --- generation ----------------------------------------------------------------------
+
+    async def completions(self, request: Request) -> Response:
+        try:
+            body = await self._read_json(request)
+            _check_fields(body, _COMPLETION_FIELDS)
+            prompt = body.get("prompt")
+            if prompt is None:
+                raise RequestError(400, "'prompt' is required", param="prompt")
+            if isinstance(prompt, list):
+                if len(prompt) == 1 and isinstance(prompt[0], str):
+                    prompt = prompt[0]
+                elif prompt and all(isinstance(p, str) for p in prompt):
+                    raise RequestError(400, "only one prompt per request is supported",
+                                       param="prompt")
+                elif not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+                    raise RequestError(400, "'prompt' must be a string or a list of token "
+                                       "ids", param="prompt")
+            # OpenAI's default for completions is 16 tokens (chat: until the turn ends)
+            opts = _options(body, 16 if body.get("max_tokens") is None else body["max_tokens"])
+            echo = bool(body.get("echo"))
+            req, ptext = await asyncio.to_thread(
+                self._call, lambda: self.llm.completion_request(
+                    prompt, opts.pop("max_tokens"), opts.pop("stop"), opts.pop("seed"), echo,
+                    opts))
+        except RequestError as e:
+            return self._error(e)
+        shape = Shapes("text_completion", self.llm.model_id)
+        if body.get("stream"):
+            try:
+                running = self._submit(req)
+            except RequestError as e:
+                return self._error(e)
+
+            async def chunks() -> AsyncIterator[dict[str, Any]]:
+                if echo and ptext:
+                    yield shape.completion_chunk(ptext, None)
+                async for piece, seq in self._generate(*running):
+                    if seq is None:
+                        yield shape.completion_chunk(piece, None)
+                    else:
+                        yield shape.completion_chunk("", seq.finish_reason)
+                        if _include_usage(body):
+                            yield shape.usage_chunk(seq.usage())
+            return self._stream(chunks())
+        try:
+            seq = await self._complete(request, req)
+        except RequestError as e:
+            return self._error(e)
+        text = seq.text if not (echo and ptext) else ptext + seq.text
+        return JSONResponse(shape.completion_result(
+            [{"text": text, "index": 0, "logprobs": None, "finish_reason": seq.finish_reason}],
+            seq.usage()))
+
+    async def chat(self, request: Request) -> Response:
+        try:
+            body = await self._read_json(request)
+            _check_fields(body, _CHAT_FIELDS)
+            messages = body.get("messages")
+            if not messages:
+                raise RequestError(400, "'messages' must be a non-empty list",
+                                   param="messages")
+            opts = _options(body, body.get("max_completion_tokens", body.get("max_tokens")))
+            req = await asyncio.to_thread(self._call, lambda: self.llm.chat_request(
+                messages, opts.pop("max_tokens"), opts.pop("stop"), opts.pop("seed"), opts,
+                tools=body.get("tools")))
+        except RequestError as e:
+            return self._error(e)
+        if body.get("stream"):
+            shape = Shapes("chat.completion.chunk", self.llm.model_id)
+            try:
+                running = self._submit(req)
+            except RequestError as e:
+                return self._error(e)
+
+            async def chunks() -> AsyncIterator[dict[str, Any]]:
+                yield shape.chat_chunk({"role": "assistant", "content": ""}, None)
+                async for piece, seq in self._generate(*running):
+                    if seq is None:
+                        yield shape.chat_chunk({"content": piece}, None)
+                    else:
+                        yield shape.chat_chunk({}, seq.finish_reason)
+                        if _include_usage(body):
+                            yield shape.usage_chunk(seq.usage())
+            return self._stream(chunks())
+        try:
+            seq = await self._complete(request, req)
+        except RequestError as e:
+            return self._error(e)
+        return JSONResponse(Shapes("chat.completion", self.llm.model_id).chat_result(
+            seq.text, seq.finish_reason, seq.usage()))
+
+    def _error(self, e: RequestError) -> Response:
+        self.count("errors")
+        if e.status == 503:
+            self.count("busy_rejections")
+        return e.response()
+
+    @staticmethod
+    def _call(fn: Any) -> Any:
+        """Run an LLM call (argument checks, chat template), its errors as 4xx."""
+        try:
+            return fn()
+        except InvalidRequestError as e:
+            raise RequestError(400, str(e), param=e.param, code=e.code) from None
+
+    def _submit(self, req: Any) -> tuple[Any, asyncio.Event]:
+        """Queue ``req`` in the engine; its sequence and the event its new text sets."""
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+
+        def notify() -> None:
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the loop has closed (server shutting down)
+                pass
+        try:
+            seq = self.engine.submit(req, notify)
+        except QueueFullError as e:
+            raise RequestError(503, str(e), type="server_error") from None
+        except ValueError as e:
+            raise RequestError(400, str(e), param="prompt",
+                               code="context_length_exceeded") from None
+        self.count("requests")
+        return seq, wake
+
+    def _observe(self, seq: Any) -> None:
+        t = seq.timings
+        if t.first_token:
+            self.observe("ttft", t.first_token - t.submitted)
+        self.observe("duration", t.ended - t.submitted)
+
+    async def _generate(self, seq: Any, wake: asyncio.Event
+                        ) -> AsyncIterator[tuple[str, Any]]:
+        """(text, None) for each piece of ``seq``, then ("", seq) at the end. Leaving early
+        (the client went away: the stream is cancelled) cancels the sequence."""
+        try:
+            while True:
+                wake.clear()
+                pieces, ended = seq.poll()
+                for p in pieces:
+                    if p.text:
+                        yield p.text, None
+                if ended:
+                    break
+                if not pieces:
+                    await wake.wait()
+        finally:
+            if not seq.done:
+                seq.cancel()
+                self.count("disconnects")
+        self._observe(seq)
+        if seq.finish_reason == "error":
+            raise RequestError(500, f"generation failed: {seq.error}", type="server_error")
+        yield "", seq
+
+    async def _complete(self, request: Request, req: Any) -> Any:
+        """Run ``req`` to its end; a client that leaves meanwhile cancels it."""
+        seq, wake = self._submit(req)
+        try:
+            while not seq.done:
+                wake.clear()
+                try:
+                    await asyncio.wait_for(wake.wait(), 0.5)
+                except TimeoutError:
+                    pass
+                if not seq.done and await request.is_disconnected():
+                    seq.cancel()
+                    self.count("disconnects")
+                    seq.poll()
+            seq.wait()
+        finally:
+            if not seq.done:
+                seq.cancel()
+        self._observe(seq)
+        if seq.finish_reason == "error":
+            raise RequestError(500, f"generation failed: {seq.error}", type="server_error")
+        return seq
+
+    def _stream(self, chunks: AsyncIterator[dict[str, Any]]) -> Response:
+        """Server-Sent Events: ``data: {chunk}`` ... ``data: [DONE]``. Errors found once
+        the stream has started are sent as an error object in the stream."""
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in chunks:
+                    yield _sse(chunk)
+            except RequestError as e:
+                yield _sse(e.body())
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
 
 
 def make_server(llm: LLM, host: str = "127.0.0.1", port: int = 8080, **kwargs: Any) -> APIServer:

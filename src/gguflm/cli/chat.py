@@ -17,6 +17,7 @@ HELP = ("/reset clears the conversation, /exit (or Ctrl-D) leaves; Ctrl-C stops 
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..engine.params import add_cli_options
     from ..hub import DEFAULT_MODEL
 
     p = subparsers.add_parser(
@@ -29,22 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
                    help="tokens per reply at most; -1: until the model ends its turn (default)")
     add_model_options(p)
-    s = p.add_argument_group("sampling (defaults: llama.cpp's)")
-    s.add_argument("--temp", type=float, help="temperature; 0: greedy (default 0.8)")
-    s.add_argument("--top-k", type=int, help="(40)")
-    s.add_argument("--top-p", type=float, help="(0.95)")
-    s.add_argument("--min-p", type=float, help="(0.05)")
-    s.add_argument("--repeat-penalty", type=float, help="(1.0)")
-    s.add_argument("--seed", type=int, default=-1, help="random seed; -1: random (default)")
+    add_cli_options(p)
     p.add_argument("-v", "--verbose", action="store_true",
                    help="after each reply, show token counts (new and cached prompt tokens)")
     p.set_defaults(func=chat)
-
-
-def _sampling(args: argparse.Namespace) -> dict:
-    return {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
-            "min_p": args.min_p, "repeat_penalty": args.repeat_penalty,
-            "seed": None if args.seed == -1 else args.seed}
 
 
 def chat(args: argparse.Namespace) -> int:
@@ -52,8 +41,10 @@ def chat(args: argparse.Namespace) -> int:
 
     if args.n_predict < -1:
         raise CLIError(f"-n must be -1 (unlimited) or at least 0, got {args.n_predict}")
-    llm = load_llm(args)
-    opts = _sampling(args)
+    from ..engine.params import cli_values
+
+    llm = load_llm(args, parallel=1)
+    opts = cli_values(args)
     try:  # a first dry run: bad sampling values or a template failing fail here, once
         llm.chat(_start(args) + [{"role": "user", "content": "hi"}], stream=True,
                  max_tokens=0, **opts).close()

@@ -6,10 +6,11 @@ import argparse
 import sys
 
 from . import CLIError
-from .common import add_model_argument, add_threads_argument, say_if_compiling
+from .common import add_model_argument, add_threads_argument, positive_int, say_if_compiling
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..engine.scheduler import DEFAULT_MAX_QUEUE, DEFAULT_SLOTS
     from ..hub import DEFAULT_MODEL
 
     p = subparsers.add_parser(
@@ -17,15 +18,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serve MODEL (a GGUF file or a known model name, default "
                     f"{DEFAULT_MODEL}) over HTTP: GET /health and /v1/models, POST "
                     "/v1/completions and /v1/chat/completions (JSON, or Server-Sent Events "
-                    "with \"stream\": true). Requests are answered one at a time, in turn.")
+                    "with \"stream\": true), GET /slots and /metrics. Up to --parallel "
+                    "requests are computed together (continuous batching); the rest wait "
+                    "in arrival order.")
     add_model_argument(p, optional=True)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8080,
                    help="port to listen on; 0: any free port (default: 8080)")
     add_model_options(p)
+    p.add_argument("-np", "--parallel", type=positive_int, default=None, metavar="N",
+                   help=f"requests computed together (slots, each with its own context of "
+                        f"N_CTX tokens; default: {DEFAULT_SLOTS})")
     p.add_argument("--max-queue", type=int, default=None, metavar="N",
-                   help="requests running or waiting at most; more get 503 (default: 256)")
+                   help=f"requests running or waiting at most; more get 503 (default: "
+                        f"{DEFAULT_MAX_QUEUE})")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request to stderr")
     p.set_defaults(func=serve)
 
@@ -41,9 +48,12 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                         "instead of the model's")
 
 
-def load_llm(args: argparse.Namespace):  # noqa: ANN201 - gguflm.api.LLM, imported lazily
-    """The LLM for ``args`` (model, -c, -t, --chat-template), errors as CLIError."""
+def load_llm(args: argparse.Namespace, parallel: int | None = None,  # noqa: ANN201 - an LLM
+             max_queue: int | None = None):
+    """The LLM for ``args`` (model, -c, -t, --chat-template) with ``parallel`` slots, errors
+    as CLIError."""
     from ..api import LLM, InvalidRequestError
+    from ..engine.scheduler import DEFAULT_MAX_QUEUE, DEFAULT_SLOTS
     from ..hub import KNOWN_MODELS
     from .pull import resolve
 
@@ -52,7 +62,8 @@ def load_llm(args: argparse.Namespace):  # noqa: ANN201 - gguflm.api.LLM, import
     path = resolve(args.model)  # pulls a known model with progress shown
     try:
         llm = LLM(path, n_ctx=args.ctx_size, threads=args.threads,
-                  chat_template=args.chat_template)
+                  chat_template=args.chat_template, parallel=parallel or DEFAULT_SLOTS,
+                  max_queue=max_queue or DEFAULT_MAX_QUEUE)
     except InvalidRequestError as e:
         raise CLIError(str(e)) from None
     if args.model in KNOWN_MODELS:
@@ -63,21 +74,22 @@ def load_llm(args: argparse.Namespace):  # noqa: ANN201 - gguflm.api.LLM, import
 
 
 def serve(args: argparse.Namespace) -> int:
-    from ..server import DEFAULT_MAX_QUEUE, make_server
+    from ..engine.scheduler import DEFAULT_MAX_QUEUE
+    from ..server import make_server
 
     if not 0 <= args.port <= 65535:
         raise CLIError(f"--port must be 0..65535, got {args.port}")
     max_queue = DEFAULT_MAX_QUEUE if args.max_queue is None else args.max_queue
     if max_queue < 1:
         raise CLIError(f"--max-queue must be at least 1, got {max_queue}")
-    llm = load_llm(args)
+    llm = load_llm(args, parallel=args.parallel, max_queue=max_queue)
     try:
-        server = make_server(llm, args.host, args.port, max_queue=max_queue,
-                             verbose=args.verbose)
+        server = make_server(llm, args.host, args.port, verbose=args.verbose)
     except OSError as e:
         raise CLIError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
-    print(f"gguflm serve: {llm.model_id} (n_ctx {llm.n_ctx}, {llm.threads} threads, chat "
-          f"template: {llm.chat_template.name}) listening on {server.url}/v1",
+    print(f"gguflm serve: {llm.model_id} (n_ctx {llm.n_ctx}, {llm.engine.n_slots} slots, "
+          f"{llm.threads} threads, chat template: {llm.chat_template.name}) listening on "
+          f"{server.url}/v1",
           file=sys.stderr, flush=True)
     try:
         server.serve_forever()

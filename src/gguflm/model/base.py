@@ -3,7 +3,8 @@
 An architecture subclasses ``Model`` and provides three parts, in its own file:
 ``config_class`` (a ``ModelConfig`` subclass when it reads extra keys), ``load_tensors``
 (declares its tensors and their shapes) and ``_forward`` (one batch through the network).
-This class does the rest: checking ids, splitting long batches, advancing the cache.
+This class does the rest: checking ids, splitting long batches, advancing the caches.
+A batch may hold several sequences (``forward_batch``); ``forward`` is the one-sequence case.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..gguf.reader import GGUFFile
+from .batch import ALL, LAST, NONE, Batch, Part
 from .config import ModelConfig
-from .kv_cache import KVCache
+from .kv_cache import KVArena, KVCache
 from .weights import Weights
 
 # Tokens per forward batch: long prompts are split so the (heads, T, S) attention scores
@@ -53,17 +55,35 @@ class Model:
         """Fetch every tensor from ``w`` with its declared shape, as attributes."""
         raise NotImplementedError
 
-    def _forward(self, ids: np.ndarray, pos0: int, cache: KVCache, out: slice) -> np.ndarray:
-        """Evaluate ids (T,) at positions pos0..pos0+T, storing each layer's keys/values in
-        ``cache`` (without advancing it); return logits (len(range(T)[out]), n_vocab) for the
-        rows ``out`` selects."""
+    def _forward(self, batch: Batch) -> np.ndarray:
+        """Evaluate ``batch`` (its rows' ids at their positions), storing each layer's
+        keys/values through ``batch.attention`` (the caches are advanced afterwards by the
+        caller); return logits (len(batch.out), n_vocab) for the rows ``batch.out`` lists."""
         raise NotImplementedError
 
     # -- the interface --------------------------------------------------------------------------
-    def new_cache(self, n_ctx: int) -> KVCache:
-        """An empty KV cache with room for ``n_ctx`` positions."""
+    def new_arena(self, n_ctx: int, n_slots: int = 1) -> KVArena:
+        """KV cache memory for ``n_slots`` sequences of up to ``n_ctx`` positions each
+        (``arena.slots``); sequences batched together must come from one arena."""
         c = self.config
-        return KVCache(c.n_layer, n_ctx, c.n_head_kv, c.head_dim, c.head_dim_v, f16=self.kv_f16)
+        return KVArena(c.n_layer, n_slots, n_ctx, c.n_head_kv, c.head_dim, c.head_dim_v,
+                       f16=self.kv_f16)
+
+    def new_cache(self, n_ctx: int) -> KVCache:
+        """An empty KV cache with room for ``n_ctx`` positions (an arena of one slot)."""
+        return self.new_arena(n_ctx).slots[0]
+
+    def forward_batch(self, parts: list[Part]) -> np.ndarray:
+        """Evaluate several sequences in one batch (each ``Part``: a cache, its new ids,
+        and which logits it wants) and append each one's ids to its cache. Returns the
+        wanted logits (rows, n_vocab) in part order. A sequence's logits are bit-identical
+        to evaluating it alone. The caller keeps the batch small (see MAX_BATCH)."""
+        for p in parts:
+            p.ids = self._check_ids(p.ids)
+        batch = Batch(parts)
+        logits = self._forward(batch)
+        batch.advance()
+        return logits
 
     def forward(self, ids: list[int] | np.ndarray, cache: KVCache,
                 all_logits: bool = False) -> np.ndarray:
@@ -78,9 +98,8 @@ class Model:
         for start in range(0, len(ids), MAX_BATCH):
             chunk = ids[start:start + MAX_BATCH]
             last = start + MAX_BATCH >= len(ids)
-            want = slice(None) if all_logits else slice(-1, None) if last else slice(0, 0)
-            logits = self._forward(chunk, cache.n, cache, want)
-            cache.advance(len(chunk))
+            want = ALL if all_logits else LAST if last else NONE
+            logits = self.forward_batch([Part(cache, chunk, want)])
             if len(logits):
                 outs.append(logits)
         logits = outs[0] if len(outs) == 1 else np.concatenate(outs)

@@ -1,12 +1,19 @@
-"""The key/value cache: per layer, the keys and values of every position evaluated so far.
+"""The key/value cache: per sequence and layer, the keys and values of every position so far.
 
+A ``KVArena`` holds the memory for ``n_slots`` sequences of up to ``n_ctx`` positions each
+(llama.cpp's KV cache with several ``seq_id``s); a ``KVCache`` is one slot of it: one
+sequence's cached positions. Several sequences in one forward batch must share an arena, so
+that attention over all of them is one kernel call per layer.
+
+Layout, chosen for the attention kernel (``model/attention.py``):
+  keys   (n_layer, n_slots, n_head_kv, n_ctx / TILE, head_dim, TILE): each TILE of positions
+         stored transposed, so a query's scores against a tile are one vectorized pass over
+         contiguous memory with a fixed summation order per score;
+  values (n_layer, n_slots, n_head_kv, n_ctx, head_dim_v).
 With ``f16`` (the default) values are rounded to float16 as in llama.cpp's default F16
-cache, but held in float32 so the attention products need no conversion. Preallocated for
-``n_ctx`` positions in anonymous memory whose pages are committed only when written, so
-memory grows with use (see ``_lazy_zeros``). Layout per layer is (n_head_kv, n_ctx,
-head_dim) so each KV head's keys are one contiguous (positions, head_dim) matrix for the
-attention products. Positions are absolute: cache slot i holds
-position i, which is what causal and sliding-window masks are computed from.
+cache, but held in float32 so that attention needs no conversion. The memory is anonymous
+and committed only when written (see ``_lazy_zeros``), so it grows with use.
+Positions are absolute: slot position i holds the sequence's token i.
 """
 
 from __future__ import annotations
@@ -14,6 +21,9 @@ from __future__ import annotations
 import mmap
 
 import numpy as np
+
+# Positions per key tile (a multiple of the vector width; 64 floats = 4 cache lines).
+TILE = 64
 
 
 class ContextFullError(ValueError):
@@ -34,27 +44,64 @@ def _lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
     return np.frombuffer(buf, np.float32, count=count).reshape(shape)
 
 
-class KVCache:
-    """Keys and values for ``n_layer`` layers and up to ``n_ctx`` positions.
+class KVArena:
+    """Cache memory for ``n_slots`` sequences of up to ``n_ctx`` positions each."""
 
-    ``n`` is the number of positions cached. A forward pass ``store``s each layer's new
-    keys/values at positions ``n..n+T`` and then ``advance``s by T once all layers are done.
-    """
-
-    def __init__(self, n_layer: int, n_ctx: int, n_head_kv: int, head_dim: int,
+    def __init__(self, n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
                  head_dim_v: int, f16: bool = True) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be at least 1, got {n_ctx}")
+        if n_slots < 1:
+            raise ValueError(f"n_slots must be at least 1, got {n_slots}")
         self.n_ctx = n_ctx
-        self.n = 0
+        self.n_slots = n_slots
         # llama.cpp's default cache type is F16: keys and values are stored rounded to F16
-        # (kept in float32 here, so attention needs no conversion), and attention rounds
-        # its other operands as ggml does (ops.attention). Measured against llama.cpp's
-        # logits: Gemma 3's worst de-shifted step 2.17 -> 1.86, the Q4_0 tiny Llama's
-        # 1.31 -> 0.63, SmolLM2's perplexity -0.42% -> +0.004% of llama.cpp's.
+        # (kept in float32 here), and attention rounds its other operands as ggml does.
+        # Measured against llama.cpp's logits: Gemma 3's worst de-shifted step 2.17 -> 1.86,
+        # the Q4_0 tiny Llama's 1.31 -> 0.63, SmolLM2's perplexity -0.42% -> +0.004%.
         self.f16 = f16
-        self.k = _lazy_zeros((n_layer, n_head_kv, n_ctx, head_dim))
-        self.v = _lazy_zeros((n_layer, n_head_kv, n_ctx, head_dim_v))
+        n_tiles = -(-n_ctx // TILE)
+        self.k = _lazy_zeros((n_layer, n_slots, n_head_kv, n_tiles, head_dim, TILE))
+        self.v = _lazy_zeros((n_layer, n_slots, n_head_kv, n_ctx, head_dim_v))
+        self.slots = [KVCache(self, i) for i in range(n_slots)]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def store(self, layer: int, slot: np.ndarray, pos: np.ndarray, k: np.ndarray,
+              v: np.ndarray) -> None:
+        """Write k (T, n_head_kv, head_dim) and v (T, n_head_kv, head_dim_v) of layer
+        ``layer`` for rows whose sequence is ``slot[t]`` at position ``pos[t]``."""
+        if self.f16:
+            k = k.astype(np.float16).astype(np.float32)
+            v = v.astype(np.float16).astype(np.float32)
+        kl, vl = self.k[layer], self.v[layer]
+        tile, off = pos // TILE, pos % TILE
+        # kl[slot, :, tile, :, off] is (T, n_head_kv, head_dim): advanced indices first
+        kl[slot[:, None], np.arange(kl.shape[1])[None, :], tile[:, None], :, off[:, None]] = k
+        vl[slot, :, pos] = v
+
+
+class KVCache:
+    """One sequence's cached positions: slot ``slot`` of ``arena``.
+
+    ``n`` is the number of positions cached. A forward pass stores each layer's new keys
+    and values at positions ``n..n+T`` and then ``advance``s by T once all layers are done.
+    """
+
+    def __init__(self, arena: KVArena, slot: int) -> None:
+        self.arena = arena
+        self.slot = slot
+        self.n = 0
+
+    @property
+    def n_ctx(self) -> int:
+        return self.arena.n_ctx
+
+    @property
+    def f16(self) -> bool:
+        return self.arena.f16
 
     @property
     def n_free(self) -> int:
@@ -62,24 +109,14 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        """Bytes of this sequence's share of the arena (all its positions)."""
+        return self.arena.nbytes // self.arena.n_slots
 
     def check_room(self, n_new: int) -> None:
         if n_new > self.n_free:
             raise ContextFullError(
                 f"{n_new} more tokens do not fit: {self.n} of the context's {self.n_ctx} "
                 f"positions are used")
-
-    def store(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Write k (T, n_head_kv, head_dim) and v (T, n_head_kv, head_dim_v) at positions
-        n..n+T of ``layer``; return that layer's keys (n_head_kv, n+T, head_dim) and values
-        (n_head_kv, n+T, head_dim_v), views into the cache."""
-        end = self.n + len(k)
-        if self.f16:
-            k, v = k.astype(np.float16), v.astype(np.float16)
-        self.k[layer, :, self.n:end] = k.transpose(1, 0, 2)
-        self.v[layer, :, self.n:end] = v.transpose(1, 0, 2)
-        return self.k[layer, :, :end], self.v[layer, :, :end]
 
     def advance(self, n_new: int) -> None:
         """Mark n_new more positions as cached (after every layer has stored them)."""
@@ -94,5 +131,16 @@ class KVCache:
     def clear(self) -> None:
         self.n = 0
 
+    def keys(self, layer: int) -> np.ndarray:
+        """This sequence's cached keys of ``layer``, (n_head_kv, n, head_dim) (a copy)."""
+        k = self.arena.k[layer, self.slot]                     # (H_kv, tiles, d, TILE)
+        k = k.transpose(0, 1, 3, 2).reshape(k.shape[0], -1, k.shape[2])
+        return k[:, :self.n].copy()
+
+    def values(self, layer: int) -> np.ndarray:
+        """This sequence's cached values of ``layer``, (n_head_kv, n, head_dim_v) (a view)."""
+        return self.arena.v[layer, self.slot, :, :self.n]
+
     def __repr__(self) -> str:
-        return f"KVCache(n={self.n}, n_ctx={self.n_ctx}, {self.nbytes / 2**20:.1f} MiB)"
+        return (f"KVCache(slot {self.slot}, n={self.n}, n_ctx={self.n_ctx}, "
+                f"{self.nbytes / 2**20:.1f} MiB)")

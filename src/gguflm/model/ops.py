@@ -80,77 +80,7 @@ def rope_neox(x: np.ndarray, rot: np.ndarray) -> np.ndarray:
     return out
 
 
-# -- attention --------------------------------------------------------------------------------
-
-
-def attention_mask(pos: np.ndarray, n_kv: int, window: int = 0) -> np.ndarray:
-    """Additive mask (T, S): 0 where query at pos[t] may see key position j, else -inf.
-
-    Causal: j <= pos[t]. With a sliding window w > 0 a key is also hidden when
-    pos[t] - j >= w, so a query sees itself and the w - 1 positions before it.
-    """
-    j = np.arange(n_kv)[None, :]
-    p = np.asarray(pos)[:, None]
-    visible = j <= p
-    if window > 0:
-        visible &= (p - j) < window
-    return np.where(visible, np.float32(0.0), np.float32(-np.inf))
-
-
-def round_f16(x: np.ndarray) -> np.ndarray:
-    """x rounded to the nearest float16, kept in float32."""
-    return x.astype(np.float16).astype(np.float32)
-
-
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
-              cap: float = 0.0, f16: bool = False) -> np.ndarray:
-    """Grouped-query attention. q (T, H, d), k (H_kv, S, d), v (H_kv, S, d_v),
-    mask (T, S) additive -> (T, H * d_v).
-
-    Query head h reads KV head h // (H / H_kv), as ggml's broadcasting matmul does.
-    ``cap`` > 0 soft-caps the scores (``softcap``: cap * tanh(score / cap)) before masking.
-    ``f16``: k and v come from an F16 cache, and ggml's products against F16 operands
-    first round the other side to F16 as well: q before K.q, the probabilities before V.p.
-    """
-    if f16:
-        q = round_f16(q)
-    n_tok, n_head, d = q.shape
-    n_kv_head = k.shape[0]
-    group = n_head // n_kv_head
-    # (T, H, d) -> (H_kv, group * T, d): the query heads sharing a KV head, stacked
-    qg = q.reshape(n_tok, n_kv_head, group, d).transpose(1, 2, 0, 3).reshape(
-        n_kv_head, group * n_tok, d)
-    scores = np.matmul(qg, k.transpose(0, 2, 1))            # (H_kv, group*T, S)
-    scores *= np.float32(scale)
-    if cap > 0:
-        scores = softcap(scores, cap)
-    scores = scores.reshape(n_kv_head, group, n_tok, -1)
-    scores += mask                                          # broadcast (T, S)
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    if f16:
-        scores = round_f16(scores)
-    out = np.matmul(scores.reshape(n_kv_head, group * n_tok, -1), v)  # (H_kv, group*T, d_v)
-    # back to (T, H * d_v) with head h = kv_head * group + g
-    return out.reshape(n_kv_head, group, n_tok, -1).transpose(2, 0, 1, 3).reshape(n_tok, -1)
-
-
-def cached_attention(cache: Any, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                     mask: np.ndarray, scale: float, cap: float = 0.0, window: int = 0
-                     ) -> np.ndarray:
-    """llama.cpp's build_attn, less the output projection: store this batch's k (T, H_kv, d)
-    and v (T, H_kv, d_v) in layer ``il`` of the KV cache (at positions cache.n..), then
-    attend with q (T, H, d) over every cached position -> (T, H * d_v).
-
-    With a sliding ``window`` > 0 the keys before the first query's window (masked anyway)
-    are skipped, so long contexts cost local layers only the window.
-    """
-    keys, values = cache.store(il, k, v)                    # (H_kv, S, d), (H_kv, S, d_v)
-    start = max(0, cache.n - window + 1) if window > 0 else 0
-    if start:
-        keys, values, mask = keys[:, start:], values[:, start:], mask[:, start:]
-    return attention(q, keys, values, mask, scale, cap, f16=cache.f16)
+# -- attention: see batch.py (Batch.attention) and attention.py (the kernel) -------------
 
 
 # -- activations ------------------------------------------------------------------------------

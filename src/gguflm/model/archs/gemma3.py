@@ -20,8 +20,8 @@ import numpy as np
 
 from .. import ops
 from ..base import Model
+from ..batch import Batch
 from ..config import Meta, ModelConfig
-from ..kv_cache import KVCache
 from ..weights import Weights
 from . import register
 
@@ -90,24 +90,21 @@ class Gemma3(Model):
         }, qkv=c) for i in range(c.n_layer)]
 
     # -- forward ---------------------------------------------------------------------------------
-    def _forward(self, ids: np.ndarray, pos0: int, cache: KVCache, out: slice) -> np.ndarray:
+    def _forward(self, batch: Batch) -> np.ndarray:
         c = self.config
-        n_kv = pos0 + len(ids)
-        pos = np.arange(pos0, n_kv)
+        pos = batch.pos
         # local layers: own RoPE base, no frequency scaling (llama.cpp's *_train_swa values)
         rope = {False: ops.rope_table(pos, c.rope_dim, c.rope_base, c.rope_freq_scale),
                 True: ops.rope_table(pos, c.rope_dim, c.rope_base_swa)}
-        masks = {False: ops.attention_mask(pos, n_kv),
-                 True: ops.attention_mask(pos, n_kv, c.sliding_window)}
-        x = self.token_embd.rows(ids) * np.sqrt(np.float32(c.n_embd))  # float32, as sqrtf
+        x = self.token_embd.rows(batch.ids) * np.sqrt(np.float32(c.n_embd))  # float32, as sqrtf
         last = len(self.layers) - 1
         for il, layer in enumerate(self.layers):
             local = c.swa_layers[il]
             h = ops.rmsnorm(x, layer.attn_norm, c.norm_eps)
-            a = self.attention(il, layer, h, rope[local], masks[local],
-                               c.sliding_window if local else 0, cache)
+            a = self.attention(il, layer, h, rope[local], c.sliding_window if local else 0,
+                               batch)
             if il == last:  # only the wanted rows go on (llama.cpp's inp_out_ids)
-                a, x = a[out], x[out]
+                a, x = a[batch.out], x[batch.out]
             x = x + ops.rmsnorm(a, layer.post_attention_norm, c.norm_eps)
             h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
             f = ops.glu_ffn(h, layer, ops.geglu)           # GeGLU
@@ -119,14 +116,13 @@ class Gemma3(Model):
         return logits
 
     def attention(self, il: int, layer: Any, h: np.ndarray,
-                  rope: np.ndarray, mask: np.ndarray, window: int,
-                  cache: KVCache) -> np.ndarray:
-        """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the cache."""
+                  rope: np.ndarray, window: int, batch: Batch) -> np.ndarray:
+        """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the caches;
+        ``window`` > 0: sliding-window attention."""
         c = self.config
         q, k, v = ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
         q = ops.rope_neox(ops.rmsnorm(q, layer.attn_q_norm, c.norm_eps), rope)
         k = ops.rope_neox(ops.rmsnorm(k, layer.attn_k_norm, c.norm_eps), rope)
-        # local layers skip the keys before the window (masked anyway)
-        a = ops.cached_attention(cache, il, q, k, v, mask, c.attn_scale, window=window)
+        a = batch.attention(il, q, k, v, c.attn_scale, window=window)
         return ops.linear(a, layer.attn_output)
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import ops
 from ..base import Model
-from ..kv_cache import KVCache
+from ..batch import Batch
 from ..weights import Weights
 from . import register
 
@@ -52,18 +52,17 @@ class Llama(Model):
         }) for i in range(c.n_layer)]
 
     # -- forward ---------------------------------------------------------------------------------
-    def _forward(self, ids: np.ndarray, pos0: int, cache: KVCache, out: slice) -> np.ndarray:
+    def _forward(self, batch: Batch) -> np.ndarray:
         c = self.config
-        pos = np.arange(pos0, pos0 + len(ids))
-        rope = ops.rope_table(pos, c.rope_dim, c.rope_base, c.rope_freq_scale, self.rope_freqs)
-        mask = ops.attention_mask(pos, pos0 + len(ids))   # causal; llama ignores any window
-        x = self.token_embd.rows(ids)                      # (T, n_embd)
+        rope = ops.rope_table(batch.pos, c.rope_dim, c.rope_base, c.rope_freq_scale,
+                              self.rope_freqs)
+        x = self.token_embd.rows(batch.ids)                      # (T, n_embd)
         last = len(self.layers) - 1
         for il, layer in enumerate(self.layers):
             h = ops.rmsnorm(x, layer.attn_norm, c.norm_eps)
-            a = self.attention(il, layer, h, rope, mask, cache)
+            a = self.attention(il, layer, h, rope, batch)
             if il == last:  # only the wanted rows go on (llama.cpp's inp_out_ids)
-                a, x = a[out], x[out]
+                a, x = a[batch.out], x[batch.out]
             x = x + a
             h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
             x = x + ops.glu_ffn(h, layer, ops.swiglu)      # SwiGLU, biases optional
@@ -71,10 +70,11 @@ class Llama(Model):
         return self.output.matmul(x)                       # (rows, n_vocab)
 
     def attention(self, il: int, layer, h: np.ndarray, rope: np.ndarray,
-                  mask: np.ndarray, cache: KVCache) -> np.ndarray:
-        """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the cache."""
+                  batch: Batch) -> np.ndarray:
+        """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the caches.
+        Causal; llama ignores any sliding window."""
         c = self.config
         q, k, v = ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
         q, k = ops.rope_norm(q, rope), ops.rope_norm(k, rope)
-        a = ops.cached_attention(cache, il, q, k, v, mask, 1.0 / math.sqrt(c.head_dim))
+        a = batch.attention(il, q, k, v, 1.0 / math.sqrt(c.head_dim))
         return ops.linear(a, layer.attn_output, layer.attn_output_bias)

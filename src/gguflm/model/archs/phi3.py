@@ -25,8 +25,8 @@ import numpy as np
 from ...gguf.errors import TensorInfoError
 from .. import ops
 from ..base import Model
+from ..batch import Batch
 from ..config import Meta, ModelConfig
-from ..kv_cache import KVCache
 from ..weights import Weights
 from . import register
 
@@ -89,19 +89,16 @@ class Phi3(Model):
             rot *= np.float32(c.rope_attn_factor)
         return rot
 
-    def _forward(self, ids: np.ndarray, pos0: int, cache: KVCache, out: slice) -> np.ndarray:
+    def _forward(self, batch: Batch) -> np.ndarray:
         c = self.config
-        n_kv = pos0 + len(ids)
-        pos = np.arange(pos0, n_kv)
-        rope = self.rope(pos, cache.n_ctx)
-        mask = ops.attention_mask(pos, n_kv)               # causal: Phi's window is disabled
-        x = self.token_embd.rows(ids)                      # (T, n_embd)
+        rope = self.rope(batch.pos, batch.n_ctx)
+        x = self.token_embd.rows(batch.ids)                      # (T, n_embd)
         last = len(self.layers) - 1
         for il, layer in enumerate(self.layers):
             h = ops.rmsnorm(x, layer.attn_norm, c.norm_eps)
-            a = self.attention(il, layer, h, rope, mask, cache)
+            a = self.attention(il, layer, h, rope, batch)
             if il == last:  # only the wanted rows go on (llama.cpp's inp_out_ids)
-                a, x = a[out], x[out]
+                a, x = a[batch.out], x[batch.out]
             x = x + a
             h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
             x = x + ops.glu_ffn(h, layer, ops.swiglu)      # SwiGLU from the fused ffn_up
@@ -109,10 +106,11 @@ class Phi3(Model):
         return self.output.matmul(x)                       # (rows, n_vocab)
 
     def attention(self, il: int, layer: Any, h: np.ndarray, rope: np.ndarray,
-                  mask: np.ndarray, cache: KVCache) -> np.ndarray:
-        """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the cache."""
+                  batch: Batch) -> np.ndarray:
+        """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the caches
+        (causal: Phi's window is disabled)."""
         c = self.config
         q, k, v = ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
         q, k = ops.rope_neox(q, rope), ops.rope_neox(k, rope)
-        a = ops.cached_attention(cache, il, q, k, v, mask, 1.0 / math.sqrt(c.head_dim))
+        a = batch.attention(il, q, k, v, 1.0 / math.sqrt(c.head_dim))
         return ops.linear(a, layer.attn_output)

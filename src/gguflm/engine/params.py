@@ -1,0 +1,117 @@
+"""The one table of sampling parameters, and what is derived from it.
+
+Each row names a parameter once: its API keyword (also the OpenAI / server JSON field), the
+``SamplerParams`` field it sets, its type and its command-line flags. The defaults live in
+``SamplerParams`` (llama.cpp's). The CLI options (``add_cli_options``), the API's keyword
+checks (``sampler_params``) and the server's type checks (``SAMPLING_FIELDS``) are all
+built from this table, so a parameter is added in one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .sampling import SamplerParams, SamplingError
+
+__all__ = ["PARAMS", "SAMPLING_FIELDS", "Param", "add_cli_options", "cli_sampler_params",
+           "cli_values", "sampler_params"]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One sampling parameter: ``name`` (API keyword and JSON field), ``field`` (of
+    SamplerParams), ``type`` (int or float), ``flags`` (command line) and ``help``."""
+
+    name: str
+    field: str
+    type: type
+    flags: tuple[str, ...]
+    help: str
+
+    @property
+    def default(self) -> Any:
+        return _DEFAULTS[self.field]
+
+
+PARAMS: tuple[Param, ...] = (
+    Param("temperature", "temp", float, ("--temp",), "temperature; 0 or less: greedy"),
+    Param("top_k", "top_k", int, ("--top-k",), "keep the K most likely tokens; 0: off"),
+    Param("top_p", "top_p", float, ("--top-p",),
+          "nucleus sampling: keep probability mass P; 1: off"),
+    Param("min_p", "min_p", float, ("--min-p",),
+          "keep tokens at least P times as likely as the best; 0: off"),
+    Param("typical_p", "typical_p", float, ("--typical-p",), "locally typical sampling; 1: off"),
+    Param("repeat_penalty", "repeat_penalty", float, ("--repeat-penalty",),
+          "penalize repeated tokens; 1: off"),
+    Param("repeat_last_n", "repeat_last_n", int, ("--repeat-last-n",),
+          "tokens of history the penalties look at; 0: off, -1: all"),
+    Param("presence_penalty", "presence_penalty", float, ("--presence-penalty",),
+          "subtract this from tokens already present"),
+    Param("frequency_penalty", "frequency_penalty", float, ("--frequency-penalty",),
+          "subtract this times a token's count"),
+    Param("seed", "seed", int, ("-s", "--seed"),
+          "random seed, 0..4294967295; -1: a random one (the same seed gives the same text)"),
+)
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplerParams)}
+_DEFAULTS["seed"] = -1
+BY_NAME = {p.name: p for p in PARAMS}
+
+# JSON field -> (allowed Python types, description) for the server's request checks
+SAMPLING_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    p.name: (((int,), "an integer") if p.type is int else ((int, float), "a number"))
+    for p in PARAMS
+}
+
+
+def sampler_params(values: Mapping[str, Any]) -> SamplerParams:
+    """SamplerParams from API keywords (``temperature=...``; None: the default; seed -1:
+    random). Unknown names raise TypeError; bad values SamplingError naming the keyword."""
+    unknown = set(values) - set(BY_NAME)
+    if unknown:
+        raise TypeError(f"unexpected argument(s): {', '.join(sorted(unknown))}")
+    given = {}
+    for name, value in values.items():
+        if value is None or (name == "seed" and _is_int(value) and value == -1):
+            continue
+        given[BY_NAME[name].field] = value
+    try:
+        return SamplerParams(**given)
+    except SamplingError as e:  # name the keyword the caller used, not the field
+        field = str(e).split(" ", 1)[0]
+        name = next((p.name for p in PARAMS if p.field == field), field)
+        err = SamplingError(str(e).replace(field, name, 1))
+        err.param = name  # type: ignore[attr-defined]
+        raise err from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def add_cli_options(p: argparse.ArgumentParser) -> None:
+    """Every sampling option (``--temp``, ``--top-k``, ...), in a group of their own."""
+    g = p.add_argument_group("sampling (defaults: llama.cpp's)")
+    for prm in PARAMS:
+        g.add_argument(*prm.flags, dest=f"sampling_{prm.name}", type=prm.type, default=None,
+                       metavar=prm.name.split("_")[-1].upper() if prm.type is int else "X",
+                       help=f"{prm.help} (default: {prm.default})")
+
+
+def cli_values(args: argparse.Namespace) -> dict[str, Any]:
+    """API keywords from the options ``add_cli_options`` added (None: not given)."""
+    return {prm.name: getattr(args, f"sampling_{prm.name}") for prm in PARAMS}
+
+
+def cli_sampler_params(args: argparse.Namespace) -> SamplerParams:
+    """SamplerParams from the options ``add_cli_options`` added (SamplingError if bad)."""
+    return sampler_params(cli_values(args))
+
+
+def cli_flag(name: str) -> str:
+    """The long command-line flag of API keyword ``name`` (for error messages)."""
+    return BY_NAME[name].flags[-1]

@@ -1,0 +1,366 @@
+"""The serving engine: continuous batching of many sequences over one model.
+
+The one path from a prompt to tokens: ``gguflm run``, ``gguflm chat``, ``gguflm.LLM`` and
+the server all ``submit`` a ``Request`` here and read the ``Sequence`` it returns.
+
+``n_slots`` sequences run at once (llama-server's ``--parallel``), each in a slot of one KV
+arena. Every step, one engine thread builds one batch: one token for each decoding sequence,
+plus a chunk of a waiting prompt (at most ``prefill_chunk`` tokens while others decode, so a
+long prompt does not freeze their streams; up to ``n_batch`` when nothing else runs). New
+requests join at the next step; a finished or cancelled sequence frees its slot at once;
+requests beyond the slots wait in arrival order (at most ``max_queue`` in all).
+
+Each slot keeps its cache after a sequence ends, and a new request goes to the free slot
+whose cached tokens share the longest prefix with its prompt (then the least recently used),
+evaluating only the rest: a chat's earlier turns, a shared system prompt. Because every
+per-row computation of the model is batch-invariant, a sequence's tokens do not depend on
+which slot, batch or cache hit it got: with the same seed, the same text under any load.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..model.batch import LAST, NONE, Part
+from .sequence import DECODE, DONE, PREFILL, Request, Sequence
+
+__all__ = ["Engine", "QueueFullError"]
+
+DEFAULT_SLOTS = 4
+DEFAULT_MAX_QUEUE = 256
+DEFAULT_N_CTX = 4096  # llama.cpp's default context, capped by the model's training context
+N_BATCH = 512         # rows per step at most (llama.cpp's n_batch)
+PREFILL_CHUNK = 128   # prompt rows per step while other sequences are decoding
+
+
+class QueueFullError(RuntimeError):
+    """``max_queue`` sequences are already running or waiting."""
+
+
+def default_n_ctx(n_ctx_train: int) -> int:
+    """The context size when none is asked for: 4096, at most the training context."""
+    return min(DEFAULT_N_CTX, n_ctx_train) if n_ctx_train > 0 else DEFAULT_N_CTX
+
+
+def common_prefix(a: Seq[int], b: Seq[int]) -> int:
+    """Length of the longest common prefix of two id sequences."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class Slot:
+    """One place for a running sequence: a KV cache and the ids it holds."""
+
+    index: int
+    cache: Any                     # model.kv_cache.KVCache
+    tokens: list[int] = field(default_factory=list)  # what the cache holds
+    seq: Sequence | None = None
+    last_used: float = 0.0
+
+
+@dataclass
+class Stats:
+    """Totals since start (for /metrics)."""
+
+    requests: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0       # evaluated
+    cached_tokens: int = 0       # reused from a slot
+    generated_tokens: int = 0
+    steps: int = 0
+    busy_seconds: float = 0.0
+    rejected: int = 0
+    ttft: list[float] = field(default_factory=list)      # recent times to first token
+    durations: list[float] = field(default_factory=list)  # recent request durations
+
+
+class Engine:
+    """Runs requests on ``model`` in slots of ``n_ctx`` positions, continuously batched.
+
+    ``tokenizer`` decodes the generated ids; ``threads`` sets the kernels' thread count in
+    the engine thread. The engine thread starts at once and idles when there is no work.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, n_ctx: int, n_slots: int = DEFAULT_SLOTS,
+                 threads: int | None = None, max_queue: int = DEFAULT_MAX_QUEUE,
+                 n_batch: int = N_BATCH, prefill_chunk: int = PREFILL_CHUNK) -> None:
+        if n_slots < 1:
+            raise ValueError(f"the number of slots must be at least 1, got {n_slots}")
+        if max_queue < 1:
+            raise ValueError(f"max_queue must be at least 1, got {max_queue}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.n_ctx = n_ctx
+        self.threads = threads
+        self.max_queue = max_queue
+        self.n_batch = max(1, n_batch)
+        self.prefill_chunk = max(1, min(prefill_chunk, self.n_batch))
+        self.arena = model.new_arena(n_ctx, n_slots)
+        self.slots = [Slot(i, c) for i, c in enumerate(self.arena.slots)]
+        self.eog_ids = frozenset(int(t) for t in tokenizer.eog_ids)
+        self.stats = Stats()
+        self.started = time.time()
+        self._waiting: deque[Sequence] = deque()
+        self._tasks: deque[tuple[Callable[[], Any], list[Any], threading.Event]] = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="gguflm-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def n_slots(self) -> int:
+        return len(self.slots)
+
+    # --- the consumers' side -----------------------------------------------------------------
+
+    def submit(self, request: Request, notify: Callable[[], None] | None = None) -> Sequence:
+        """Queue ``request``; returns its Sequence at once. ``notify`` (if given) is called
+        from the engine thread after each new piece and at the end. Raises
+        QueueFullError when ``max_queue`` sequences are running or waiting, ValueError for
+        a request that cannot run (empty prompt, longer than the context)."""
+        ids = request.prompt_ids
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if len(ids) > self.n_ctx:
+            raise ValueError(f"the prompt is {len(ids)} tokens, longer than the context of "
+                             f"{self.n_ctx}")
+        seq = Sequence(request, self.tokenizer.decoder(special=False), self.eog_ids, notify)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            if self.n_running + len(self._waiting) >= self.max_queue:
+                self.stats.rejected += 1
+                raise QueueFullError(f"the server is busy ({self.max_queue} requests running "
+                                     "or queued)")
+            self.stats.requests += 1
+            self._waiting.append(seq)
+            self._cv.notify()
+        return seq
+
+    def run(self, request: Request) -> Sequence:
+        """Submit ``request`` and wait for it to end."""
+        seq = self.submit(request)
+        for _ in seq:
+            pass
+        return seq
+
+    @property
+    def n_running(self) -> int:
+        return sum(1 for s in self.slots if s.seq is not None)
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self._waiting)
+
+    def slots_info(self) -> list[dict[str, Any]]:
+        """Each slot's state, as llama-server's ``/slots`` shows it."""
+        out = []
+        for s in self.slots:
+            seq = s.seq
+            out.append({
+                "id": s.index, "n_ctx": self.n_ctx, "is_processing": seq is not None,
+                "state": seq.state if seq is not None else "idle",
+                "n_cached": s.cache.n, "task": None if seq is None else {
+                    "id": seq.id, "prompt_tokens": len(seq.prompt_ids),
+                    "cached_tokens": seq.n_cached, "generated_tokens": len(seq.tokens)},
+            })
+        return out
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn()`` in the engine thread between two steps and return its result (the
+        kernels must not run in two threads at once)."""
+        box: list[Any] = []
+        done = threading.Event()
+        with self._cv:
+            self._tasks.append((fn, box, done))
+            self._cv.notify()
+        done.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def forget(self) -> None:
+        """Drop the cached prefixes of idle slots (later requests evaluate their whole
+        prompt)."""
+        with self._cv:
+            for s in self.slots:
+                if s.seq is None:
+                    s.tokens = []
+                    s.cache.clear()
+
+    def close(self) -> None:
+        """Cancel everything and stop the engine thread."""
+        with self._cv:
+            self._closed = True
+            for seq in self._waiting:
+                seq.cancel()
+            for s in self.slots:
+                if s.seq is not None:
+                    s.seq.cancel()
+            self._cv.notify()
+        self._thread.join(timeout=30)
+
+    # --- the engine thread -------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        from ..quant.matrix import set_threads
+
+        set_threads(self.threads)  # numba's thread count belongs to the calling thread
+        while True:
+            with self._cv:
+                while (not self._closed and not self._waiting and not self._tasks
+                       and self.n_running == 0):
+                    self._cv.wait()
+                tasks = list(self._tasks)
+                self._tasks.clear()
+                if self._closed and self.n_running == 0:
+                    for seq in self._waiting:
+                        seq._finish("cancelled", "cancelled")
+                    self._waiting.clear()
+                    for _, box, done in tasks:
+                        box.append(RuntimeError("the engine is closed"))
+                        done.set()
+                    return
+                self._admit()
+            for fn, box, done in tasks:
+                try:
+                    box.append(fn())
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    box.append(e)
+                done.set()
+            try:
+                self._step()
+            except Exception as e:  # noqa: BLE001 - fail the batch, keep serving the rest
+                for s in self.slots:
+                    if s.seq is not None:
+                        self._end(s, "error", "error", e)
+
+    def _admit(self) -> None:
+        """Move waiting sequences (arrival order) into free slots; drop cancelled ones."""
+        while self._waiting:
+            seq = self._waiting[0]
+            if seq.cancelled:
+                self._waiting.popleft()
+                seq._finish("cancelled", "cancelled")
+                continue
+            if seq.request.max_tokens == 0:  # nothing to generate: no slot needed
+                self._waiting.popleft()
+                seq.timings.started = time.perf_counter()
+                seq._finish("length", "max_tokens")
+                continue
+            free = [s for s in self.slots if s.seq is None]
+            if not free:
+                return
+            self._waiting.popleft()
+            prompt = seq.prompt_ids
+            # the slot sharing the longest prefix; then the least recently used
+            slot = max(free, key=lambda s: (common_prefix(s.tokens, prompt), -s.last_used))
+            keep = min(common_prefix(slot.tokens, prompt), len(prompt) - 1)
+            slot.cache.truncate(min(keep, slot.cache.n))
+            keep = slot.cache.n
+            slot.tokens = slot.tokens[:keep]
+            slot.seq = seq
+            seq.slot = slot
+            seq.n_cached = seq.n_prompt_done = keep
+            seq.state = PREFILL
+            seq.timings.started = time.perf_counter()
+            self.stats.cached_tokens += keep
+
+    def _step(self) -> None:
+        """One batch: every decoding sequence's last token, then prompt chunks."""
+        t0 = time.perf_counter()
+        active = []
+        for s in self.slots:
+            seq = s.seq
+            if seq is None:
+                continue
+            if seq.cancelled:
+                self._end(s, "cancelled", "cancelled")
+                continue
+            active.append(s)
+        if not active:
+            return
+        parts: list[Part] = []
+        owners: list[tuple[Slot, bool]] = []  # (slot, wants logits) per part
+        decoding = [s for s in active if s.seq.state == DECODE]
+        for s in decoding:
+            parts.append(Part(s.cache, np.array([s.seq.tokens[-1]]), LAST))
+            owners.append((s, True))
+        budget = self.n_batch - len(parts)
+        budget = min(budget, self.prefill_chunk) if decoding else budget
+        prefilling = sorted((s for s in active if s.seq.state == PREFILL),
+                            key=lambda s: s.seq.timings.started)
+        for s in prefilling:
+            if budget <= 0:
+                break
+            seq = s.seq
+            start = seq.n_prompt_done
+            n = min(len(seq.prompt_ids) - start, budget)
+            last = start + n == len(seq.prompt_ids)
+            parts.append(Part(s.cache, np.array(seq.prompt_ids[start:start + n]),
+                              LAST if last else NONE))
+            owners.append((s, last))
+            budget -= n
+        logits = self.model.forward_batch(parts)
+        row = 0
+        for (s, wants), part in zip(owners, parts, strict=True):
+            seq = s.seq
+            if seq.state == PREFILL:
+                n = len(part.ids)
+                s.tokens.extend(seq.prompt_ids[seq.n_prompt_done:seq.n_prompt_done + n])
+                seq.n_prompt_done += n
+                seq.timings.prompt_evaluated += n
+                self.stats.prompt_tokens += n
+                if not wants:
+                    continue
+                seq.state = DECODE
+            else:
+                s.tokens.append(seq.tokens[-1])
+            lg = logits[row]
+            row += 1
+            try:
+                seq._on_logits(lg, self.n_ctx, s.cache.n)
+            except Exception as e:  # noqa: BLE001 - e.g. a constraint failing: this one only
+                self._end(s, "error", "error", e)
+                continue
+            self.stats.generated_tokens += 1
+            if seq.state == DONE:
+                self._end(s, seq.finish_reason, seq.stopped_by)
+        self.stats.steps += 1
+        self.stats.busy_seconds += time.perf_counter() - t0
+
+    def _end(self, slot: Slot, reason: str, stopped_by: str,
+             error: BaseException | None = None) -> None:
+        """Finish the slot's sequence (if not already) and free the slot at once."""
+        seq = slot.seq
+        slot.seq = None
+        slot.last_used = time.perf_counter()
+        if seq is None:
+            return
+        seq._finish(reason, stopped_by, error)
+        st = self.stats
+        st.finished[seq.finish_reason] = st.finished.get(seq.finish_reason, 0) + 1
+        if seq.timings.first_token:
+            st.ttft.append(seq.timings.first_token - seq.timings.submitted)
+        st.durations.append(seq.timings.ended - seq.timings.submitted)
+        del st.ttft[:-1000], st.durations[:-1000]
+        with self._cv:
+            self._cv.notify()
+
+    def __repr__(self) -> str:
+        return (f"Engine({self.n_slots} slots, n_ctx {self.n_ctx}, {self.n_running} running, "
+                f"{self.n_waiting} waiting)")
+

@@ -1,0 +1,258 @@
+"""One generation in the engine: a request, its KV slot, its sampler, its text, its end.
+
+A ``Request`` says what to generate; the ``Engine`` (scheduler.py) turns it into a
+``Sequence`` and advances it one batch step at a time from its own thread. The consumer
+(the CLI, ``gguflm.LLM``, the server) reads the sequence's ``Piece``s as they come: by
+iterating it (blocking), or with ``poll()`` after a ``notify`` callback (asyncio). It may
+``cancel()`` at any time; the slot is freed at the engine's next step.
+
+Text is decoded here (an incremental UTF-8 decoder) and stop strings are cut here, so
+every adapter gets the same text. End-of-generation tokens end the sequence and are not
+part of its text.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from .sampling import Sampler, SamplerParams
+from .stops import StopScanner
+
+__all__ = ["Piece", "Request", "Sequence"]
+
+WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
+
+
+class Constraint(Protocol):
+    """What a grammar constraint gives the engine (see constraints.py)."""
+
+    def mask(self, logits: np.ndarray) -> None: ...   # disallowed tokens -> -inf, in place
+    def accept(self, token: int) -> None: ...
+
+
+@dataclass
+class Request:
+    """What to generate: ``prompt_ids`` (non-empty), up to ``max_tokens`` tokens (-1: until
+    an end-of-generation token or the end of the context), sampled with ``params``;
+    ``stop`` strings end the text (not included); ``constraint`` masks each step's logits."""
+
+    prompt_ids: list[int]
+    params: SamplerParams = field(default_factory=SamplerParams)
+    max_tokens: int = -1
+    stop: list[str] = field(default_factory=list)
+    constraint: Constraint | None = None
+
+
+class Piece(NamedTuple):
+    """A piece of generated text and the token ids it came from (text may be empty while
+    a UTF-8 character or a possible stop string is held back)."""
+
+    text: str
+    tokens: tuple[int, ...]
+
+
+@dataclass
+class Timings:
+    """Wall-clock points of a sequence (time.perf_counter()) and its evaluated counts."""
+
+    submitted: float = 0.0
+    started: float = 0.0        # admitted to a slot
+    prompt_done: float = 0.0    # its last prompt token evaluated
+    first_token: float = 0.0
+    ended: float = 0.0
+    prompt_evaluated: int = 0   # prompt tokens evaluated (not taken from the cache)
+
+    def as_dict(self, n_generated: int) -> dict[str, float]:
+        prompt_s = max(self.prompt_done - self.started, 0.0)
+        gen_s = max(self.ended - self.prompt_done, 0.0)
+        return {
+            "queued_seconds": round(max(self.started - self.submitted, 0.0), 6),
+            "prompt_tokens": self.prompt_evaluated,
+            "prompt_seconds": round(prompt_s, 6),
+            "prompt_tokens_per_second": round(self.prompt_evaluated / prompt_s, 3)
+            if prompt_s else 0.0,
+            "time_to_first_token": round(max(self.first_token - self.submitted, 0.0), 6),
+            "generated_tokens": n_generated,
+            "generation_seconds": round(gen_s, 6),
+            "generation_tokens_per_second": round(max(n_generated - 1, 0) / gen_s, 3)
+            if gen_s and n_generated > 1 else 0.0,
+        }
+
+
+_ids = itertools.count(1)
+
+
+class Sequence:
+    """A request being served. Iterate it for ``Piece``s (blocking); afterwards
+    ``finish_reason`` is ``stop`` (end of generation or a stop string), ``length``
+    (``max_tokens`` or the end of the context: ``stopped_by`` says which), ``cancelled``
+    or ``error`` (``error`` holds the exception)."""
+
+    def __init__(self, request: Request, decoder: Any, eog_ids: frozenset[int],
+                 notify: Callable[[], None] | None = None) -> None:
+        self.id = next(_ids)
+        self.request = request
+        self.prompt_ids = list(request.prompt_ids)
+        self.sampler = Sampler(request.params)
+        self.tokens: list[int] = []
+        self.text_parts: list[str] = []
+        self.state = WAITING
+        self.finish_reason: str | None = None
+        self.stopped_by: str | None = None  # eos, stop_string, max_tokens, context, ...
+        self.error: BaseException | None = None
+        self.n_cached = 0           # prompt tokens reused from the slot's cache
+        self.n_prompt_done = 0      # prompt tokens in the cache (reused + evaluated)
+        self.slot: Any = None       # engine.scheduler.Slot while running
+        self.timings = Timings(submitted=time.perf_counter())
+        self._decoder = decoder
+        self._scanner = StopScanner(request.stop)
+        self._eog = eog_ids
+        self._events: queue.SimpleQueue[Piece | None] = queue.SimpleQueue()
+        self._notify = notify
+        self._cancelled = threading.Event()
+        self._done = threading.Event()
+
+    # --- the consumer's side -----------------------------------------------------------------
+
+    @property
+    def seed(self) -> int:
+        return self.sampler.seed
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        """Stop this sequence at the engine's next step (its slot is freed then)."""
+        self._cancelled.set()
+
+    def __iter__(self) -> Iterator[Piece]:
+        return self.pieces()
+
+    def pieces(self, cancel: Callable[[], bool] | None = None,
+               poll_seconds: float = 0.1) -> Iterator[Piece]:
+        """The pieces as they are generated (blocks); ends when the sequence does.
+        ``cancel``, if given, is polled between pieces (and while waiting): True cancels.
+        Leaving the loop early (break, an exception, close()) cancels the sequence."""
+        try:
+            while True:
+                try:
+                    piece = self._events.get(timeout=poll_seconds if cancel else None)
+                except queue.Empty:
+                    if cancel is not None and cancel():
+                        self.cancel()
+                    continue
+                if piece is None:
+                    return
+                yield piece
+                if cancel is not None and not self.cancelled and cancel():
+                    self.cancel()
+        finally:
+            if not self.done:
+                self.cancel()
+
+    def poll(self) -> tuple[list[Piece], bool]:
+        """Non-blocking: the pieces that arrived since the last call, and whether the
+        sequence has ended (all its pieces then delivered)."""
+        out, ended = [], False
+        while True:
+            try:
+                piece = self._events.get_nowait()
+            except queue.Empty:
+                break
+            if piece is None:
+                ended = True
+                break
+            out.append(piece)
+        return out, ended
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the sequence has ended; True if it has."""
+        return self._done.wait(timeout)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+    def usage(self) -> dict[str, Any]:
+        n_prompt = len(self.prompt_ids)
+        return {"prompt_tokens": n_prompt, "completion_tokens": len(self.tokens),
+                "total_tokens": n_prompt + len(self.tokens),
+                "prompt_tokens_details": {"cached_tokens": self.n_cached}}
+
+    def timings_dict(self) -> dict[str, float]:
+        return self.timings.as_dict(len(self.tokens))
+
+    # --- the engine's side (called from the engine thread only) ------------------------------
+
+    def _emit(self, piece: Piece | None) -> None:
+        if piece is not None and piece.text:
+            self.text_parts.append(piece.text)
+        self._events.put(piece)
+        if self._notify is not None:
+            self._notify()
+
+    def _finish(self, reason: str, stopped_by: str,
+                error: BaseException | None = None) -> None:
+        """End the sequence: flush held text (unless cancelled or failed), signal the end."""
+        if self.state == DONE:
+            return
+        if reason in ("stop", "length"):
+            rest = self._scanner.feed(self._decoder.flush()) + self._scanner.flush()
+            if rest:
+                self._emit(Piece(rest, ()))
+        self.state = DONE
+        self.finish_reason = reason
+        self.stopped_by = stopped_by
+        self.error = error
+        self.timings.ended = time.perf_counter()
+        if not self.timings.prompt_done:
+            self.timings.prompt_done = self.timings.ended
+        self._done.set()
+        self._emit(None)
+
+    def _on_logits(self, logits: np.ndarray, n_ctx: int, n_cached_now: int) -> None:
+        """Sample the next token from ``logits`` (n_vocab,), emit its text, and decide
+        whether the sequence ends. ``n_cached_now``: positions in the slot's cache."""
+        now = time.perf_counter()
+        if not self.tokens:
+            self.timings.prompt_done = now
+            self.sampler.accept_all(self.prompt_ids)  # the penalties see the prompt
+        c = self.request.constraint
+        if c is not None:
+            logits = np.array(logits, dtype=np.float32)
+            c.mask(logits)
+        token = self.sampler.sample(logits)
+        self.sampler.accept(token)
+        if c is not None:
+            c.accept(token)
+        self.tokens.append(token)
+        if len(self.tokens) == 1:
+            self.timings.first_token = now
+        if token in self._eog:
+            self._finish("stop", "eos")
+            return
+        text = self._scanner.feed(self._decoder.feed(token))
+        self._emit(Piece(text, (token,)))
+        if self._scanner.hit:
+            self._finish("stop", "stop_string")
+        elif 0 <= self.request.max_tokens <= len(self.tokens):
+            self._finish("length", "max_tokens")
+        elif n_cached_now >= n_ctx:  # no room to evaluate this token
+            self._finish("length", "context")
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.id}, {self.state}, prompt {len(self.prompt_ids)}, "
+                f"generated {len(self.tokens)}, finish {self.finish_reason})")

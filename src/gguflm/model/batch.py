@@ -1,0 +1,95 @@
+"""A forward batch: tokens of one or more sequences evaluated together, each at its own
+positions with its own KV cache (llama.cpp's ``llama_batch`` with ``seq_id`` and ``pos``).
+
+Norms, projections and FFNs run once over all rows; RoPE takes each row's position, and
+attention (``Batch.attention``) each row's own sequence. Every per-row computation is
+batch-invariant, so a sequence's logits do not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .kv_cache import KVCache
+
+# What a sequence wants back from a batch: the logits of its last row, of every row, or none
+LAST, ALL, NONE = "last", "all", "none"
+
+
+@dataclass
+class Part:
+    """One sequence's share of a batch: ``ids`` evaluated at positions cache.n.. ."""
+
+    cache: KVCache
+    ids: np.ndarray
+    logits: str = LAST
+
+
+class Batch:
+    """Rows of several sequences. ``ids``, ``pos`` and ``slot`` are (T,); ``out`` holds the
+    rows whose logits are wanted, in row order; ``parts`` the sequences, in row order."""
+
+    def __init__(self, parts: Sequence[Part]) -> None:
+        if not parts:
+            raise ValueError("a batch needs at least one sequence")
+        arena = parts[0].cache.arena
+        if any(p.cache.arena is not arena for p in parts):
+            raise ValueError("the sequences of a batch must share one KV arena")
+        if len({p.cache.slot for p in parts}) != len(parts):
+            raise ValueError("a sequence may appear only once in a batch")
+        self.arena = arena
+        self.parts = list(parts)
+        ids, pos, slot, out = [], [], [], []
+        row = 0
+        for p in parts:
+            n = len(p.ids)
+            if n == 0:
+                raise ValueError("every sequence in a batch needs at least one token")
+            p.cache.check_room(n)
+            ids.append(p.ids)
+            pos.append(np.arange(p.cache.n, p.cache.n + n))
+            slot.append(np.full(n, p.cache.slot))
+            if p.logits == ALL:
+                out.append(np.arange(row, row + n))
+            elif p.logits == LAST:
+                out.append(np.array([row + n - 1]))
+            row += n
+        self.ids = np.concatenate(ids).astype(np.int64, copy=False)
+        self.pos = np.concatenate(pos).astype(np.int64)
+        self.slot = np.concatenate(slot).astype(np.int64)
+        self.out = np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def n_ctx(self) -> int:
+        """The context size of the batch's sequences (one arena: all the same)."""
+        return self.arena.n_ctx
+
+    def attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+                  cap: float = 0.0, window: int = 0) -> np.ndarray:
+        """llama.cpp's build_attn less the output projection: store this batch's k
+        (T, H_kv, d) and v (T, H_kv, d_v) in layer ``il`` of each row's cache, then attend
+        with q (T, H, d) over each row's own sequence -> (T, H * d_v). Causal; with a
+        sliding ``window`` > 0 a query sees itself and the window - 1 positions before it;
+        ``cap`` > 0 soft-caps the scores."""
+        from .attention import attend  # numba: compiled or loaded on first use
+
+        arena = self.arena
+        arena.store(il, self.slot, self.pos, k, v)
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        if arena.f16:  # ggml rounds the other operand of a product with F16 to F16
+            q = q.astype(np.float16).astype(np.float32)
+        out = np.empty((len(q), q.shape[1], arena.v.shape[-1]), np.float32)
+        attend(q, arena.k[il], arena.v[il], self.slot, self.pos, int(window),
+               np.float32(scale), np.float32(cap), arena.f16, out)
+        return out.reshape(len(q), -1)
+
+    def advance(self) -> None:
+        """Mark every sequence's rows as cached (after the whole forward pass)."""
+        for p in self.parts:
+            p.cache.advance(len(p.ids))
