@@ -23,9 +23,9 @@ import pytest
 
 import gguflm
 from gguflm.api import LLM, InvalidRequestError
+from gguflm.cli import main
 from gguflm.engine.scheduler import common_prefix
 from gguflm.engine.stops import StopScanner
-from gguflm.cli import main
 
 PROMPT = "The capital of France is"
 CHAT = [{"role": "system", "content": "You are a helpful assistant."},

@@ -253,15 +253,16 @@ def test_concurrent_requests_are_queued(local_server: APIServer, llm: LLM) -> No
             status, out = _request(local_server.url, "POST", "/v1/completions", body)
             texts.append(out["choices"][0]["text"] if status == 200 else f"HTTP {status}")
             return
-        s = _open_stream(local_server, body | {"stream": True})
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-        s.close()
+        host, port = local_server.server_address[:2]
+        conn = http.client.HTTPConnection(host, port, timeout=300)
+        conn.request("POST", "/v1/completions", json.dumps(body | {"stream": True}),
+                     {"Content-Type": "application/json"})
+        data = conn.getresponse().read()  # the whole event stream, de-chunked
+        conn.close()
         events = [json.loads(line[6:]) for line in data.decode().split("\n")
                   if line.startswith("data: {")]
-        texts.append("".join(e["choices"][0]["text"] for e in events))
-        assert data.rstrip().endswith(b"data: [DONE]")
+        ok = data.rstrip().endswith(b"data: [DONE]")
+        texts.append("".join(e["choices"][0]["text"] for e in events) if ok else "no [DONE]")
 
     threads = [threading.Thread(target=one, args=(i % 2 == 0,)) for i in range(3)]
     for t in threads:
@@ -306,3 +307,35 @@ def test_a_full_queue_answers_503(local_server: APIServer, llm: LLM) -> None:
     status, out = _request(local_server.url, "POST", "/v1/completions",
                            {"prompt": PROMPT, "max_tokens": 1})
     assert status == 200 and out["usage"]["completion_tokens"] == 1
+
+
+# --- continuous batching through HTTP -------------------------------------------------------
+
+def test_replies_do_not_depend_on_concurrent_clients(client: openai.OpenAI,
+                                                     live_server: str) -> None:
+    """Greedy and seeded replies are the same alone and with 8 clients at once (the server
+    computes 4 together and queues the rest), and /slots and /metrics show the work."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [f"Tell me about the number {i}." for i in range(4)]
+    asks = [dict(prompt=p, temperature=0.0) for p in prompts]
+    asks += [dict(prompt=p, temperature=0.8, seed=7 + i) for i, p in enumerate(prompts)]
+
+    def ask(kw: dict) -> str:
+        r = client.completions.create(model="any", max_tokens=12, **kw)
+        return r.choices[0].text
+
+    alone = [ask(kw) for kw in asks]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(ask, asks))
+    assert together == alone
+    status, slots = _request(live_server, "GET", "/slots")
+    assert status == 200 and len(slots) == 4 and {"id", "state", "n_cached"} <= set(slots[0])
+    host, port = live_server.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("GET", "/metrics")
+    metrics = conn.getresponse().read().decode()
+    conn.close()
+    count = re.search(r"^gguflm_requests_total (\d+)$", metrics, re.M)
+    assert count and int(count.group(1)) >= 16
+    assert 'gguflm_time_to_first_token_seconds_bucket{le="+Inf"}' in metrics

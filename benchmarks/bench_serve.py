@@ -1,0 +1,268 @@
+"""Serving throughput and latency: N concurrent streaming clients against ``gguflm serve``
+(and llama.cpp's ``llama-server`` in the same run, when given), on loopback only.
+
+    .venv/bin/python benchmarks/bench_serve.py [--model smollm2-135m] [--clients 1,2,4,8]
+        [--max-tokens 128] [-t 2] [--llama-server PATH] [--latency] [--json]
+
+For each N a server is started with N slots (``gguflm serve -np N -t T``; llama-server
+``-np N -cb -t T -c N*1024``), N clients (the official ``openai`` client, one thread each)
+stream ``--max-tokens``-token completions of different prompts at temperature 0, all at
+once, and the script prints aggregate generated tokens/s (all tokens / wall time from the
+first request to the last token) and p50/p95 time to first token. Ratios to gguflm's N = 1
+and to llama-server at the same N follow.
+
+``--latency`` adds the two latency bars of the serving issue: the time to first token of a
+request arriving while 7 others stream, against the same request on an idle server; and the
+longest pause in 4 running streams while a 2,000-token prompt is evaluated beside them.
+Every request and process is bounded in time; only 127.0.0.1 is ever contacted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HOST = "127.0.0.1"
+CTX = 2560  # tokens per slot: room for the 2,000-token prompt of --latency
+TOPICS = ["the sea", "a small town", "winter", "machines", "a garden", "the moon", "music",
+          "an old library", "rivers", "the desert", "bread", "mountains", "trains", "bees",
+          "a lighthouse", "clocks"]
+
+
+def prompt(i: int) -> str:
+    return f"Write a long story about {TOPICS[i % len(TOPICS)]}. Once upon a time,"
+
+
+class Server:
+    """A server process on a free port: gguflm serve, or llama-server."""
+
+    def __init__(self, kind: str, model: str, n: int, threads: int, binary: str | None) -> None:
+        self.log = tempfile.NamedTemporaryFile(prefix=f"bench-serve-{kind}-", suffix=".log",
+                                               delete=False)
+        if kind == "gguflm":
+            cmd = [sys.executable, "-m", "gguflm.cli", "serve", model, "--port", "0",
+                   "-np", str(n), "-t", str(threads), "-c", str(CTX)]
+        else:
+            import socket
+
+            with socket.socket() as s:
+                s.bind((HOST, 0))
+                port = s.getsockname()[1]
+            cmd = [binary, "-m", model, "--host", HOST, "--port", str(port), "-np", str(n),
+                   "-cb", "-t", str(threads), "-c", str(CTX * n), "--no-webui"]
+            self.url = f"http://{HOST}:{port}"
+        self.kind = kind
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.kind} exited: {Path(self.log.name).read_text()}")
+            if self.kind == "gguflm" and not hasattr(self, "url"):
+                m = re.search(r"listening on (http://127\.0\.0\.1:\d+)",
+                              Path(self.log.name).read_text())
+                if m:
+                    self.url = m.group(1)
+            if hasattr(self, "url"):
+                try:
+                    with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                        if r.status == 200:
+                            return
+                except OSError:
+                    pass
+            time.sleep(0.3)
+        raise RuntimeError(f"{self.kind} did not start")
+
+    def rss_mib(self) -> float:
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return 0.0
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        os.unlink(self.log.name)
+
+
+def stream_one(client, model: str, text: str, max_tokens: int, out: dict,  # noqa: ANN001
+               seed: int | None = None, temperature: float = 0.0) -> None:
+    """One streaming completion; fills out: ttft, end, tokens, text, gaps (between chunks)."""
+    t0 = time.perf_counter()
+    out["start"] = t0
+    pieces, last, gaps, usage = [], None, [], None
+    try:
+        stream = client.completions.create(
+            model=model, prompt=text, max_tokens=max_tokens, temperature=temperature,
+            seed=seed, stream=True, stream_options={"include_usage": True})
+        for chunk in stream:
+            now = time.perf_counter()
+            if chunk.usage is not None:
+                usage = chunk.usage
+            if chunk.choices and chunk.choices[0].text:
+                if last is None:
+                    out["ttft"] = now - t0
+                else:
+                    gaps.append((last, now))
+                last = now
+                pieces.append(chunk.choices[0].text)
+    except Exception as e:  # noqa: BLE001 - reported
+        out["error"] = f"{type(e).__name__}: {e}"
+    out["end"] = time.perf_counter()
+    out["text"] = "".join(pieces)
+    out["tokens"] = usage.completion_tokens if usage is not None else 0
+    out["gaps"] = gaps
+
+
+def run_clients(url: str, model: str, n: int, max_tokens: int, offset: int = 0) -> dict:
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                           timeout=900)
+    outs = [{} for _ in range(n)]
+    threads = [threading.Thread(target=stream_one, args=(client, model, prompt(offset + i),
+                                                         max_tokens, outs[i]))
+               for i in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=1200)
+    errors = [o["error"] for o in outs if "error" in o]
+    tokens = sum(o.get("tokens", 0) for o in outs)
+    wall = max(o["end"] for o in outs) - t0
+    ttft = sorted(o.get("ttft", float("nan")) for o in outs)
+    return {"n": n, "tokens": tokens, "seconds": wall, "tokens_per_second": tokens / wall,
+            "ttft_p50": statistics.median(ttft),
+            "ttft_p95": ttft[min(len(ttft) - 1, int(round(0.95 * (len(ttft) - 1))))],
+            "errors": errors}
+
+
+def latency(url: str, model: str) -> dict:
+    """TTFT of a probe alone and beside 7 streams; the longest stall of 4 streams while a
+    2,000-token prompt is evaluated."""
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                           timeout=900)
+    probe = "The quick brown fox jumps over the lazy dog. In the end,"
+    idle = []
+    for _ in range(3):
+        o: dict = {}
+        stream_one(client, model, probe, 4, o)
+        idle.append(o["ttft"])
+    outs = [{} for _ in range(7)]
+    threads = [threading.Thread(target=stream_one, args=(client, model, prompt(i), 96, outs[i]))
+               for i in range(7)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)  # all 7 are streaming
+    busy: dict = {}
+    stream_one(client, model, probe, 4, busy)
+    for t in threads:
+        t.join(timeout=900)
+    # stall: 4 streams, then a long prompt joins
+    outs = [{} for _ in range(4)]
+    threads = [threading.Thread(target=stream_one, args=(client, model, prompt(i), 200, outs[i]))
+               for i in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)
+    long_prompt = " ".join(f"word{i % 97}" for i in range(1000))  # ~2,000 tokens
+    lo: dict = {}
+    t_long = time.perf_counter()
+    stream_one(client, model, long_prompt, 2, lo)
+    t_long_end = time.perf_counter()
+    for t in threads:
+        t.join(timeout=900)
+    stall = 0.0
+    for o in outs:
+        for a, b in o.get("gaps", []):
+            if b >= t_long and a <= t_long_end:
+                stall = max(stall, b - a)
+    steady = [b - a for o in outs for a, b in o.get("gaps", []) if b < t_long]
+    return {"ttft_idle": statistics.median(idle), "ttft_beside_7": busy.get("ttft"),
+            "ttft_ratio": busy.get("ttft", float("nan")) / statistics.median(idle),
+            "long_prompt_seconds": t_long_end - t_long,
+            "longest_stall_during_long_prompt": stall,
+            "median_gap_before": statistics.median(steady) if steady else None,
+            "errors": [o["error"] for o in [*outs, lo, busy] if "error" in o]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--llama-server", metavar="PATH", help="llama-server binary to compare")
+    ap.add_argument("--latency", action="store_true", help="also the latency bars")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    from gguflm.hub import resolve_model
+
+    path = str(resolve_model(args.model))
+    ns = [int(x) for x in args.clients.split(",")]
+    results: dict = {"model": args.model, "threads": args.threads,
+                     "max_tokens": args.max_tokens, "gguflm": {}, "llama-server": {}}
+    kinds = ["gguflm"] + (["llama-server"] if args.llama_server else [])
+    for n in ns:
+        for kind in kinds:  # alternate: the same machine state for both at each N
+            srv = Server(kind, path, n, args.threads, args.llama_server)
+            try:
+                run_clients(srv.url, args.model, 1, 8, offset=99)  # warm up
+                r = run_clients(srv.url, args.model, n, args.max_tokens)
+                r["rss_mib"] = srv.rss_mib()
+                if kind == "gguflm" and args.latency and n == max(ns):
+                    results["latency"] = latency(srv.url, args.model)
+            finally:
+                srv.close()
+            results[kind][n] = r
+            if not args.json:
+                errors = f"  ERRORS: {r['errors']}" if r["errors"] else ""
+                print(f"{kind:12s} N={n}: {r['tokens_per_second']:7.1f} tokens/s aggregate "
+                      f"({r['tokens']} tokens in {r['seconds']:.1f} s), TTFT p50 "
+                      f"{r['ttft_p50']:.2f} s p95 {r['ttft_p95']:.2f} s, RSS "
+                      f"{r['rss_mib']:.0f} MiB{errors}", flush=True)
+    g = results["gguflm"]
+    if not args.json:
+        base = g[ns[0]]["tokens_per_second"]
+        for n in ns:
+            line = f"N={n}: {g[n]['tokens_per_second'] / base:.2f}x gguflm N={ns[0]}"
+            if n in results["llama-server"]:
+                theirs = results["llama-server"][n]["tokens_per_second"]
+                line += f", {g[n]['tokens_per_second'] / theirs:.2f}x llama-server"
+            print(line)
+        if "latency" in results:
+            lat = results["latency"]
+            print(f"latency: TTFT idle {lat['ttft_idle']:.3f} s, beside 7 streams "
+                  f"{lat['ttft_beside_7']:.3f} s ({lat['ttft_ratio']:.2f}x); a 2,000-token "
+                  f"prompt took {lat['long_prompt_seconds']:.1f} s, longest stall of the "
+                  f"running streams {lat['longest_stall_during_long_prompt']:.3f} s (their "
+                  f"median gap before: {lat['median_gap_before']:.3f} s)")
+    else:
+        print(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
