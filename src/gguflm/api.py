@@ -99,6 +99,7 @@ class LLM:
                              threads=self.threads, max_queue=max_queue)
         # usage and finish reason of the last run, however it ended (None: not ended)
         self.last_run: dict[str, Any] | None = None
+        self._max_token_bytes: int | None = None  # the longest token's text (see _check_fits)
 
     # --- tokens ------------------------------------------------------------------------------
 
@@ -255,6 +256,7 @@ class LLM:
                             echo: bool, sampling: dict[str, Any]) -> tuple[Request, str | None]:
         if isinstance(prompt, str):
             _check_text(prompt, "prompt")
+            self._check_fits(prompt, "prompt")
             ids = self.tokenizer.encode(prompt, add_special=True, parse_special=True)
             text: str | None = prompt
         elif _is_ids(prompt):
@@ -315,7 +317,26 @@ class LLM:
     def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]],
                         tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """Token ids of the rendered conversation (BOS once, special tokens parsed)."""
-        return encode_prompt(self.tokenizer, self.apply_chat_template(messages, tools=tools))
+        text = self.apply_chat_template(messages, tools=tools)
+        self._check_fits(text, "messages")
+        return encode_prompt(self.tokenizer, text)
+
+    def _check_fits(self, text: str, param: str) -> None:
+        """Refuse, before tokenizing it, text too long for the context: no token covers
+        more bytes of text than the longest token's text, so the byte length bounds the
+        token count from below (a 16 MB prompt is refused at once, not after seconds of
+        tokenizing and hundreds of MB)."""
+        if self._max_token_bytes is None:
+            tok = self.tokenizer
+            self._max_token_bytes = max(
+                4, max(len(tok.token_text(i).encode("utf-8", "surrogatepass"))
+                       for i in range(tok.n_vocab)))
+        n_bytes = len(text.encode("utf-8", "surrogatepass"))
+        if n_bytes > self.n_ctx * self._max_token_bytes:
+            at_least = -(-n_bytes // self._max_token_bytes)
+            raise InvalidRequestError(
+                f"the {param} is at least {at_least} tokens ({n_bytes} bytes), longer than "
+                f"the context of {self.n_ctx}", param=param, code="context_length_exceeded")
 
     def _chat_chunks(self, seq: EngineSequence, texts: Iterator[str],
                      include_usage: bool) -> Iterator[dict[str, Any]]:

@@ -38,8 +38,11 @@ from .engine.params import SAMPLING_FIELDS
 __all__ = ["APIServer", "make_server"]
 
 MAX_BODY = 16 * 2**20       # bytes; larger requests get 413
-KEEP_ALIVE_SECONDS = 5      # an idle keep-alive connection is closed after this
+KEEP_ALIVE_SECONDS = 5      # an idle connection is closed after this (before its first
+                            # request too, which uvicorn alone does not do)
+HEADER_SECONDS = 30         # a connection's first request must arrive within this
 MAX_CONNECTIONS = 1000      # open connections at most (fewer if the fd limit is lower)
+ACCEPT_BURST = 64           # connections accepted per wake-up (the listen backlog too)
 
 # Field checks: name -> (allowed Python types, description for the error). None is always
 # allowed (it means "default"); bool is never a number here even though it is an int.
@@ -71,9 +74,11 @@ class RequestError(Exception):
     """An HTTP error answer: status, message, and OpenAI's ``type``/``param``/``code``."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, type: str = "invalid_request_error") -> None:
+                 code: str | None = None, type: str = "invalid_request_error",
+                 close: bool = False) -> None:
         super().__init__(message)
         self.status, self.param, self.code, self.type = status, param, code, type
+        self.close = close or status in (411, 413)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": str(self), "type": self.type, "param": self.param,
@@ -81,7 +86,7 @@ class RequestError(Exception):
 
     def response(self) -> JSONResponse:
         headers = {"Retry-After": "1"} if self.status == 503 else {}
-        if self.status in (411, 413):  # the body was left unread: never parse it as a request
+        if self.close:  # the body may be left unread: never parse it as a request
             headers["Connection"] = "close"
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
@@ -127,6 +132,39 @@ def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
+def _protocol(cap: int) -> type:
+    """uvicorn's h11 protocol, hardened: idle connections time out before their first
+    request too; the oldest idle connections are closed when more than ``cap`` are open
+    (so the process never reaches its file-descriptor limit, where accept() fails and new
+    clients, /health included, get no answer); and a client that half-closes its socket
+    after sending a request (``shutdown(SHUT_WR)``) still gets its answer: only a fully
+    closed or reset connection means the client left."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Protocol(H11Protocol):
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self.opened = time.monotonic()
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler)
+            self.loop.call_later(HEADER_SECONDS, self._first_request_too_slow)
+            if len(self.connections) >= cap:  # uvicorn answers 503 from cap on
+                idle = sorted((c for c in self.connections if c is not self and (
+                    c.cycle is None or c.cycle.response_complete)),
+                    key=lambda c: getattr(c, "opened", 0.0))
+                for c in idle[:len(self.connections) - cap + 1]:
+                    c.timeout_keep_alive_handler()
+
+        def _first_request_too_slow(self) -> None:
+            if self.cycle is None:  # no complete request head yet: a slow or silent client
+                self.timeout_keep_alive_handler()
+
+        def eof_received(self) -> bool:  # type: ignore[override]
+            return True  # half-closed: keep the socket open to send the answer
+
+    return Protocol
+
+
 class APIServer:
     """The HTTP server over one ``LLM``: bound at construction, served by ``serve_forever``
     (in any thread), stopped by ``shutdown`` from another."""
@@ -145,16 +183,19 @@ class APIServer:
         self._latency: dict[str, list[int]] = {"ttft": [0] * (len(_BUCKETS) + 1),
                                                "duration": [0] * (len(_BUCKETS) + 1)}
         self._latency_sum = {"ttft": 0.0, "duration": 0.0}
-        self.sock = socket.create_server((host, port), backlog=1024)
+        self.sock = socket.create_server((host, port), backlog=ACCEPT_BURST)
         self.server_address = self.sock.getsockname()[:2]
-        # stay under the file-descriptor limit: past it accept() fails in a busy loop
+        # stay under the file-descriptor limit: past it accept() fails, asyncio stops
+        # accepting for a second at a time, and new clients (/health too) wait. A burst of
+        # accepts opens ACCEPT_BURST sockets before the oldest idle ones can be closed, and
+        # the process needs some descriptors of its own.
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         limit = MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else min(
-            MAX_CONNECTIONS, max(16, soft - 64))
+            MAX_CONNECTIONS, max(16, soft - ACCEPT_BURST - 96))
         config = uvicorn.Config(
             self.app(), log_level="info" if verbose else "warning", access_log=verbose,
             timeout_keep_alive=KEEP_ALIVE_SECONDS, limit_concurrency=limit, lifespan="off",
-            http="h11", ws="none")
+            http=_protocol(limit), ws="none", backlog=ACCEPT_BURST)
         self._uvicorn = uvicorn.Server(config)
         self._stopped = threading.Event()
 
@@ -229,6 +270,11 @@ class APIServer:
                             ).response()
 
     async def _read_json(self, request: Request) -> dict[str, Any]:
+        if "transfer-encoding" in request.headers and "content-length" in request.headers:
+            # h11 frames by Transfer-Encoding, as RFC 9112 says; but a client sending both
+            # is confused or hostile: answer and close (RFC 9112 6.3)
+            raise RequestError(400, "both Transfer-Encoding and Content-Length were sent",
+                               close=True)
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
             raise RequestError(413 if length.isdigit() else 400,
@@ -243,9 +289,11 @@ class APIServer:
         try:
             body = json.loads(b"".join(chunks).decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:  # incl. over-long integer literals
-            raise RequestError(400, f"the request body is not valid JSON: {e}") from None
+            raise RequestError(400, f"the request body is not valid JSON: {e}",
+                               close=True) from None
         except RecursionError:
-            raise RequestError(400, "the request body is nested too deeply") from None
+            raise RequestError(400, "the request body is nested too deeply",
+                               close=True) from None
         if not isinstance(body, dict):
             raise RequestError(400, "the request body must be a JSON object")
         return body
