@@ -318,3 +318,13 @@ def test_chat_command_ctrl_c_stops_the_reply_not_the_chat(smollm2_path: Path) ->
     assert proc.returncode == 0, err.decode()
     assert b"stop: interrupted" in err
     assert (seen + out).count(b"> ") >= 2  # back at the prompt after the interrupt
+
+
+def test_a_list_of_prompts_is_computed_together(llm: LLM) -> None:
+    prompts = [PROMPT, "Once upon a time", [1, 2, 3]]
+    alone = [llm.generate(p, max_tokens=5, temperature=0)["choices"][0]["text"]
+             for p in prompts]
+    out = llm.generate(prompts, max_tokens=5, temperature=0)
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in out["choices"]] == alone
+    assert out["usage"]["completion_tokens"] == 15

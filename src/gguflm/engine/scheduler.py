@@ -7,7 +7,8 @@ the server all ``submit`` a ``Request`` here and read the ``Sequence`` it return
 arena. Every step, one engine thread builds one batch: one token for each decoding sequence,
 plus a chunk of a waiting prompt (at most ``prefill_chunk`` tokens while others decode, so a
 long prompt does not freeze their streams; up to ``n_batch`` when nothing else runs). New
-requests join at the next step; a finished or cancelled sequence frees its slot at once;
+requests join at the next step (a prompt chunk is also kept to about STEP_TARGET seconds,
+from the measured cost of a row); a finished or cancelled sequence frees its slot at once;
 requests beyond the slots wait in arrival order (at most ``max_queue`` in all).
 
 Each slot keeps its cache after a sequence ends, and a new request goes to the free slot
@@ -38,7 +39,8 @@ DEFAULT_SLOTS = 4
 DEFAULT_MAX_QUEUE = 256
 DEFAULT_N_CTX = 4096  # llama.cpp's default context, capped by the model's training context
 N_BATCH = 512         # rows per step at most (llama.cpp's n_batch)
-PREFILL_CHUNK = 128   # prompt rows per step while other sequences are decoding
+PREFILL_CHUNK = 128   # prompt rows per step at most while other sequences are decoding
+STEP_TARGET = 0.25    # seconds a step may take while others decode (sets the chunk size)
 
 
 class QueueFullError(RuntimeError):
@@ -113,6 +115,7 @@ class Engine:
         self.eog_ids = frozenset(int(t) for t in tokenizer.eog_ids)
         self.stats = Stats()
         self.started = time.time()
+        self._row_seconds = 0.0  # measured cost of one batch row (moving average)
         self._waiting: deque[Sequence] = deque()
         self._tasks: deque[tuple[Callable[[], Any], list[Any], threading.Event]] = deque()
         self._cv = threading.Condition()
@@ -300,7 +303,11 @@ class Engine:
             parts.append(Part(s.cache, np.array([s.seq.tokens[-1]]), LAST))
             owners.append((s, True))
         budget = self.n_batch - len(parts)
-        budget = min(budget, self.prefill_chunk) if decoding else budget
+        if decoding:  # keep the running streams flowing: a bounded chunk of prompt
+            chunk = self.prefill_chunk
+            if self._row_seconds > 0:
+                chunk = min(chunk, max(16, int(STEP_TARGET / self._row_seconds)))
+            budget = min(budget, chunk)
         prefilling = sorted((s for s in active if s.seq.state == PREFILL),
                             key=lambda s: s.seq.timings.started)
         for s in prefilling:
@@ -339,8 +346,14 @@ class Engine:
             self.stats.generated_tokens += 1
             if seq.state == DONE:
                 self._end(s, seq.finish_reason, seq.stopped_by)
+        elapsed = time.perf_counter() - t0
+        rows = sum(len(p.ids) for p in parts)
+        if rows >= 16:  # enough rows for the per-row cost to dominate the fixed cost
+            per_row = elapsed / rows
+            self._row_seconds = per_row if not self._row_seconds else (
+                0.7 * self._row_seconds + 0.3 * per_row)
         self.stats.steps += 1
-        self.stats.busy_seconds += time.perf_counter() - t0
+        self.stats.busy_seconds += elapsed
 
     def _end(self, slot: Slot, reason: str, stopped_by: str,
              error: BaseException | None = None) -> None:
