@@ -2,7 +2,9 @@
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` and
 ``POST /v1/chat/completions`` (JSON, or Server-Sent Events with ``"stream": true``); the same
-paths without ``/v1`` work too. Each request runs in its own thread and waits for the one
+paths without ``/v1`` work too. ``GET /`` is the chat page (``gguflm.webui``; off with
+``webui=False``). Origins and the optional API key are checked as ``gguflm.access`` says
+(403 / 401 with an OpenAI error object). Each request runs in its own thread and waits for the one
 model (the ``LLM``'s lock), so concurrent requests are served one after another. Bad
 requests get a 4xx answer with an OpenAI error object (``{"error": {"message", "type",
 "param", "code"}}``); nothing a client sends or does (including hanging up mid-stream, which
@@ -17,11 +19,13 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from . import webui
+from .access import AccessPolicy
 from .api import LLM, InvalidRequestError
 
 __all__ = ["APIServer", "make_server"]
@@ -113,6 +117,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "gguflm"
     timeout = SOCKET_TIMEOUT
     server: APIServer
+    _cors: list[tuple[str, str]] = []  # CORS headers for the request being answered
 
     # --- plumbing ----------------------------------------------------------------------------
 
@@ -127,8 +132,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         if status == HTTPStatus.SERVICE_UNAVAILABLE:
             self.send_header("Retry-After", "1")
+        if status == HTTPStatus.UNAUTHORIZED:
+            self.send_header("WWW-Authenticate", "Bearer")
         self.end_headers()
         self.wfile.write(data)
+
+    def end_headers(self) -> None:
+        for name, value in self._cors:
+            self.send_header(name, value)
+        super().end_headers()
 
     def _send_error(self, e: RequestError) -> None:
         self.server.count("errors")
@@ -176,6 +188,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         self._dispatch(_POST_ROUTES, "POST")
 
+    def do_OPTIONS(self) -> None:  # noqa: N802
+        self._dispatch({}, "OPTIONS")
+
     def _other_method(self) -> None:
         self._dispatch({}, self.command)
 
@@ -183,15 +198,31 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, routes: dict[str, str], method: str) -> None:
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        access = self.server.access
+        self._cors = access.cors_headers(self.headers)
         try:
+            _check_origin(access, self.headers)
+            page = webui.ROUTES.get(path) if self.server.webui else None
+            known = page is not None or path in _GET_ROUTES or path in _POST_ROUTES
+            if method == "OPTIONS" and known:  # a CORS preflight, or a client asking
+                self._send_empty(204, access.preflight_headers(self.headers))
+                return
+            if page is not None and method == "GET":
+                self._send_page(page)
+                return
             handler = routes.get(path)
             if handler is None:
-                if path in _GET_ROUTES or path in _POST_ROUTES:
+                if known:
                     self.close_connection = True  # a body may be left unread
                     raise RequestError(405, f"{method} is not allowed on {path}")
+                if path in webui.ROUTES:
+                    raise RequestError(404, "the web page is turned off (--no-webui)")
                 raise RequestError(404, f"no such endpoint: {method} {path}")
+            _check_key(access, path, self.headers)
             getattr(self, handler)()
         except RequestError as e:
+            if e.status in (401, 403):
+                self.close_connection = True  # the body is left unread
             self._send_error(e)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True
@@ -203,6 +234,25 @@ class _Handler(BaseHTTPRequestHandler):
                                               type="server_error"))
             except OSError:
                 pass
+
+    # --- the chat page ----------------------------------------------------------------------
+
+    def _send_page(self, name: str) -> None:
+        data = webui.asset(name)
+        self.send_response(200)
+        self.send_header("Content-Type", webui.CONTENT_TYPES[name])
+        self.send_header("Content-Length", str(len(data)))
+        for header, value in webui.HEADERS:
+            self.send_header(header, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_empty(self, status: int, headers: list[tuple[str, str]]) -> None:
+        self.send_response(status)
+        for header, value in headers:
+            self.send_header(header, value)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     # --- endpoints ---------------------------------------------------------------------------
 
@@ -307,6 +357,20 @@ class _Handler(BaseHTTPRequestHandler):
                 close()
 
 
+def _check_origin(access: AccessPolicy, headers: Any) -> None:
+    """403 for a browser request from an origin that is not allowed."""
+    body = access.origin_error(headers)
+    if body is not None:
+        raise RequestError(403, body["error"]["message"], code=body["error"]["code"])
+
+
+def _check_key(access: AccessPolicy, path: str, headers: Any) -> None:
+    """401 for an API request without the right key (when the server has one)."""
+    body = access.key_error(path, headers)
+    if body is not None:
+        raise RequestError(401, body["error"]["message"], code=body["error"]["code"])
+
+
 def _include_usage(body: dict[str, Any]) -> bool:
     opts = body.get("stream_options") or {}
     return bool(opts.get("include_usage"))
@@ -320,8 +384,12 @@ class APIServer(ThreadingHTTPServer):
     request_queue_size = 128  # the listen backlog: a burst of clients connecting at once
 
     def __init__(self, llm: LLM, host: str = "127.0.0.1", port: int = 8080, *,
-                 max_queue: int = DEFAULT_MAX_QUEUE, verbose: bool = False) -> None:
+                 max_queue: int = DEFAULT_MAX_QUEUE, verbose: bool = False,
+                 webui: bool = True, cors: Iterable[str] = (),
+                 api_key: str | None = None) -> None:
         self.llm = llm
+        self.webui = webui  # serve the chat page at GET /
+        self.access = AccessPolicy(cors, api_key)  # ValueError for a bad origin or key
         self.verbose = verbose
         self.max_queue = max_queue
         self.started = int(time.time())
