@@ -315,7 +315,7 @@ const state = {
   model: null, // {id, nCtx}
   active: null, // the reply streaming now: {conv, msg, controller}
   online: null,
-  keyRefused: false,
+  needKey: false, // the server refused the key (or none was given): wait for one
 };
 
 const current = () => state.conversations.find((c) => c.id === state.currentId);
@@ -530,7 +530,9 @@ async function refreshModel() {
     const response = await api('/v1/models');
     if (response.status === 401) {
       setOnline(true);
+      state.model = null;
       $('model-name').textContent = 'API key needed';
+      $('model-ctx').textContent = '';
       askForKey(Boolean(state.apiKey));
       return;
     }
@@ -552,7 +554,7 @@ async function pollHealth() {
   try {
     const response = await fetch('/health', {cache: 'no-store'});
     setOnline(response.ok);
-    if (response.ok && !state.model) await refreshModel();
+    if (response.ok && !state.model && !state.needKey) await refreshModel();
   } catch {
     setOnline(false);
   }
@@ -723,16 +725,18 @@ function loadSettings() {
 }
 
 function askForKey(refused) {
-  state.keyRefused = refused;
+  state.needKey = true;
   const dialog = $('key-dialog');
   $('key-message').textContent = refused
     ? 'The server refused this API key. Enter the right one.'
     : 'This server was started with --api-key. Enter the key to use it.';
+  if (dialog.open) return; // leave what the person is typing alone
   $('key-input').value = '';
-  if (!dialog.open) dialog.showModal();
+  dialog.showModal();
 }
 
 function setApiKey(key) {
+  state.needKey = false;
   state.apiKey = key.trim();
   if (state.apiKey) store(STORE.apiKey, state.apiKey);
   else localStorage.removeItem(STORE.apiKey);
