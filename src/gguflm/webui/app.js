@@ -549,11 +549,12 @@ async function refreshModel() {
   }
 }
 
-// /health says whether the server is there; its other fields (slots...) are not needed.
+// /health says whether the server is there; any answer means it is (a 503 may mean busy
+// or still loading), and its fields beyond that (slots...) are not needed here.
 async function pollHealth() {
   try {
     const response = await fetch('/health', {cache: 'no-store'});
-    setOnline(response.ok);
+    setOnline(true, response.ok ? '' : `health: ${response.status} ${response.statusText}`);
     if (response.ok && !state.model && !state.needKey) await refreshModel();
   } catch {
     setOnline(false);
@@ -568,10 +569,10 @@ function showBanner(text) {
   banner.hidden = !text;
 }
 
-function setOnline(online) {
+function setOnline(online, note = '') {
   state.online = online;
   $('status-dot').className = 'dot ' + (online ? 'online' : 'offline');
-  $('status-text').textContent = online ? '' : 'server unreachable';
+  $('status-text').textContent = online ? note : 'server unreachable';
 }
 
 function renderModel() {
