@@ -3,8 +3,11 @@
 Endpoints: ``GET /health`` (with the slots' state), ``GET /slots``, ``GET /metrics``
 (Prometheus text), ``GET /v1/models``, ``POST /v1/completions`` and
 ``POST /v1/chat/completions`` (JSON, or Server-Sent Events with ``"stream": true``); the same
-paths without ``/v1`` work too. Requests go to the ``LLM``'s engine, which computes up to
-``parallel`` of them together (continuous batching) and queues the rest in arrival order.
+paths without ``/v1`` work too. ``GET /`` is the chat page (``gguflm.webui``; off with
+``webui=False``). Origins and the optional API key are checked as ``gguflm.access`` says
+(403 / 401 with an OpenAI error object), before anything else. Requests go to the
+``LLM``'s engine, which computes up to ``parallel`` of them together (continuous batching)
+and queues the rest in arrival order.
 
 One asyncio loop serves every connection: an idle connection costs a socket, not a thread,
 and uvicorn's h11 parser frames requests strictly (odd ``Transfer-Encoding`` headers are
@@ -23,7 +26,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -32,6 +35,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from . import webui as webui_page
+from .access import AccessPolicy
 from .api import LLM, InvalidRequestError, QueueFullError, Shapes
 from .engine.params import SAMPLING_FIELDS
 
@@ -170,9 +175,12 @@ class APIServer:
     (in any thread), stopped by ``shutdown`` from another."""
 
     def __init__(self, llm: LLM, host: str = "127.0.0.1", port: int = 8080, *,
-                 max_queue: int | None = None, verbose: bool = False) -> None:
+                 max_queue: int | None = None, verbose: bool = False, webui: bool = True,
+                 cors: Iterable[str] = (), api_key: str | None = None) -> None:
         import uvicorn
 
+        self.access = AccessPolicy(cors, api_key)  # ValueError for a bad origin or key
+        self.webui = webui  # serve the chat page at GET /
         self.llm = llm
         self.engine = llm.engine
         if max_queue is not None:
@@ -232,7 +240,13 @@ class APIServer:
 
     # --- the application -----------------------------------------------------------------
 
-    def app(self) -> Starlette:
+    def app(self) -> Any:
+        """The ASGI application: the access checks and the page around the API routes."""
+        api = self.api_app()
+        known = {r.path for r in api.routes} | set(webui_page.ROUTES)
+        return _Access(api, self, known)
+
+    def api_app(self) -> Starlette:
         routes = [
             Route("/health", self.health, methods=["GET"]),
             Route("/slots", self.slots, methods=["GET"]),
@@ -557,6 +571,60 @@ class APIServer:
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
+
+
+class _Access:
+    """ASGI middleware: who may ask (``gguflm.access``), CORS headers on every answer, the
+    preflights, and the chat page. Order: origin (403), OPTIONS on a known path (204), the
+    page, then the API routes with the key checked (401) for those that need it."""
+
+    def __init__(self, app: Any, server: APIServer, known: set[str]) -> None:
+        self.app, self.server, self.known = app, server, known
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        from starlette.datastructures import Headers
+
+        headers = Headers(scope=scope)
+        access = self.server.access
+        cors = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                for k, v in access.cors_headers(headers)]
+
+        async def send_cors(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start" and cors:
+                message["headers"] = list(message.get("headers", [])) + cors
+            await send(message)
+
+        path = scope["path"].rstrip("/") or "/"
+        method = scope["method"]
+        err = access.origin_error(headers)
+        if err is not None:
+            resp: Response = _closing(JSONResponse(err, status_code=403))
+        elif method == "OPTIONS" and path in self.known:
+            resp = Response(status_code=204, headers=dict(access.preflight_headers(headers)))
+        elif path in webui_page.ROUTES and method in ("GET", "HEAD"):
+            if not self.server.webui:
+                resp = RequestError(404, "the web page is turned off (--no-webui)").response()
+            else:
+                name = webui_page.ROUTES[path]
+                resp = Response(webui_page.asset(name), media_type=None,
+                                headers={"Content-Type": webui_page.CONTENT_TYPES[name],
+                                         **dict(webui_page.HEADERS)})
+        elif path in self.known and (err := access.key_error(path, headers)) is not None:
+            resp = _closing(JSONResponse(err, status_code=401,
+                                         headers={"WWW-Authenticate": "Bearer"}))
+        else:
+            await self.app(scope, receive, send_cors)
+            return
+        await resp(scope, receive, send_cors)
+
+
+def _closing(resp: Response) -> Response:
+    """The answer to a refused request, whose body is left unread: close the connection."""
+    resp.headers["Connection"] = "close"
+    return resp
 
 
 def make_server(llm: LLM, host: str = "127.0.0.1", port: int = 8080, **kwargs: Any) -> APIServer:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import CLIError
@@ -18,9 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serve MODEL (a GGUF file or a known model name, default "
                     f"{DEFAULT_MODEL}) over HTTP: GET /health and /v1/models, POST "
                     "/v1/completions and /v1/chat/completions (JSON, or Server-Sent Events "
-                    "with \"stream\": true), GET /slots and /metrics. Up to --parallel "
-                    "requests are computed together (continuous batching); the rest wait "
-                    "in arrival order.")
+                    "with \"stream\": true), GET /slots and /metrics, and a chat page at "
+                    "GET /. Up to --parallel requests are computed together (continuous "
+                    "batching); the rest wait in arrival order.")
     add_model_argument(p, optional=True)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1, this machine only)")
@@ -34,7 +35,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"requests running or waiting at most; more get 503 (default: "
                         f"{DEFAULT_MAX_QUEUE})")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request to stderr")
+    add_access_options(p)
     p.set_defaults(func=serve)
+
+
+def add_access_options(p: argparse.ArgumentParser) -> None:
+    """The chat page and who may use the server (see gguflm.access)."""
+    p.add_argument("--no-webui", dest="webui", action="store_false",
+                   help="do not serve the chat page at GET /")
+    p.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages from ORIGIN (scheme://host[:port], or * for any) use "
+                        "the API; repeat or separate with commas (default: only the server's "
+                        "own page)")
+    p.add_argument("--api-key", metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on the API (not on /health or "
+                        "the page, which asks for it); default: $GGUFLM_API_KEY if set")
+
+
+def access_options(args: argparse.Namespace) -> dict:
+    """``make_server`` keyword arguments from --no-webui, --cors and --api-key."""
+    from ..access import check_origin
+
+    cors = [o for value in args.cors for o in value.split(",") if o.strip()]
+    for origin in cors:
+        try:
+            check_origin(origin)
+        except ValueError as e:
+            raise CLIError(f"--cors: {e}") from None
+    key = args.api_key if args.api_key is not None else os.environ.get("GGUFLM_API_KEY") or None
+    if key is not None and not key.strip():
+        raise CLIError("--api-key must not be empty")
+    return {"webui": args.webui, "cors": cors, "api_key": key and key.strip()}
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -82,15 +113,22 @@ def serve(args: argparse.Namespace) -> int:
     max_queue = DEFAULT_MAX_QUEUE if args.max_queue is None else args.max_queue
     if max_queue < 1:
         raise CLIError(f"--max-queue must be at least 1, got {max_queue}")
+    access = access_options(args)
     llm = load_llm(args, parallel=args.parallel, max_queue=max_queue)
     try:
-        server = make_server(llm, args.host, args.port, verbose=args.verbose)
+        server = make_server(llm, args.host, args.port, verbose=args.verbose, **access)
     except OSError as e:
         raise CLIError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     print(f"gguflm serve: {llm.model_id} (n_ctx {llm.n_ctx}, {llm.engine.n_slots} slots, "
           f"{llm.threads} threads, chat template: {llm.chat_template.name}) listening on "
           f"{server.url}/v1",
           file=sys.stderr, flush=True)
+    if access["webui"]:
+        # 0.0.0.0 means every address; a browser on this machine reaches it as 127.0.0.1
+        page = server.url.replace("//0.0.0.0:", "//127.0.0.1:") + "/"
+        print(f"gguflm serve: chat page at {page}"
+              + (" (it will ask for the API key)" if access["api_key"] else ""),
+              file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
