@@ -496,16 +496,19 @@ class _BoundedEscapeFormatter(_BoundedFormatter, EscapeFormatter):
     pass
 
 
+_GUARD = "gguflm guard"  # a filter no template can name (it has a space): the loop guard
+
+
 class _CodeGenerator(CodeGenerator):
-    """jinja's code generator, with every ``for`` loop's iterable wrapped in
-    ``environment.guard_iterable(...)`` and ``~`` compiled to ``environment.join_values``."""
+    """jinja's code generator, with every ``for`` loop's iterable wrapped in the ``_Guarded``
+    filter (jinja forbids new node types; a filter is called directly, not through the
+    sandbox's call) and ``~`` compiled to ``environment.join_values``."""
 
     def visit_Template(self, node: nodes.Template, frame: Frame | None = None) -> None:
         for loop in node.find_all(nodes.For):
-            call = nodes.Call(nodes.EnvironmentAttribute("guard_iterable"), [loop.iter], [],
-                              None, None, lineno=loop.iter.lineno)
-            call.set_environment(self.environment)
-            loop.iter = call
+            loop.iter = nodes.Filter(loop.iter, _GUARD, [], [], None, None,
+                                     lineno=loop.iter.lineno)
+            loop.iter.set_environment(self.environment)
         super().visit_Template(node, frame)
 
     @optimizeconst
@@ -533,12 +536,14 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         self.filters["sum"] = _sum
         self.filters["tojson"] = tojson
         self.globals["lipsum"] = _lipsum
+        self.filters[_GUARD] = _Guarded
 
     def guard_filters(self) -> None:
         """Wrap every filter installed so far in the size and time checks (call once, after
         adding the environment's own filters)."""
         for name, func in list(self.filters.items()):
-            self.filters[name] = _guard_filter(name, func)
+            if name != _GUARD:
+                self.filters[name] = _guard_filter(name, func)
 
     # -- the sandbox's hooks --------------------------------------------------------------------
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
@@ -603,9 +608,6 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         return functools.update_wrapper(wrapper, value)
 
     # -- what the generated code calls ----------------------------------------------------------
-    def guard_iterable(self, iterable: Any) -> _Guarded:
-        return _Guarded(iterable)
-
     def join_values(self, values: tuple[Any, ...]) -> str:
         """``a ~ b ~ c``: the parts printed and joined, their length checked first."""
         budget = _current()
