@@ -10,6 +10,7 @@ import argparse
 import difflib
 import os
 import shutil
+import types
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,9 @@ def _save(out: Path, arr: Any) -> None:
 
     try:
         with atomic_write(out) as fh:
-            np.save(fh, arr, allow_pickle=False)
+            # through .write() only: given the file itself, np.save calls tofile(), whose
+            # short writes (a full disk) lose the errno ("65536 requested and 16352 written")
+            np.save(types.SimpleNamespace(write=fh.write), arr, allow_pickle=False)
     except OSError as e:
         raise CLIError(f"cannot write {out}: {e.strerror or e}") from None
 
