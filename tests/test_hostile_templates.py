@@ -90,6 +90,12 @@ HOSTILE = {
                      "{% endfor %}", "time"),
     "recursive-loop": ("{% for x in range(100000) recursive %}{% for y in range(100000) %}"
                        "{% endfor %}{% endfor %}", "time"),
+    "hash-of-shared-tuples": ("{% set ns = namespace(t=(1,)) %}{% for i in range(60) %}"
+                              "{% set ns.t = (ns.t, ns.t) %}{% endfor %}{{ ns.t in {} }}",
+                              "length"),
+    "compare-shared-lists": ("{% set ns = namespace(a=[1], b=[1]) %}{% for i in range(60) %}"
+                             "{% set ns.a = [ns.a, ns.a] %}{% set ns.b = [ns.b] * 2 %}"
+                             "{% endfor %}{{ ns.a == ns.b }}", "length"),
     "macro-output": ('{% macro m() %}{% for i in range(100000) %}{{ "x" * 100000 }}'
                      "{% endfor %}{% endmacro %}{{ m() }}", "memory"),
     "accumulate-list": ("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}"

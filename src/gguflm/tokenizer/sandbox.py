@@ -19,14 +19,19 @@ ContextVar (so renders in concurrent threads each have their own):
 - memory: what each step builds is charged to the render (``sys.getsizeof``); past
   ``max_memory`` the render stops. Charges are never refunded, so this bounds what a render
   can hold at once from above.
+- nesting: every list, tuple and dict the template builds (literals included) is weighed:
+  its items counted through nesting and sharing, up to ``max_nodes``. Comparing, hashing
+  or sorting values happens inside single Python calls that no deadline can interrupt;
+  their cost is bounded by the weights of what they visit.
 
 Constant folding at compile time goes through the same hooks under a small budget; a fold
 that would break it raises, which jinja takes as "not a constant", so the expression is
 left for render time (where the render's budget applies). Breaking a bound raises
 ``LimitExceeded`` (or ``Cancelled``); ``chat.py`` turns them into its error classes.
 
-Known limit: one Python operation over values the template built (a sort, a comparison or
-a hash of a structure with much sharing) is not interrupted midway; memory stays bounded.
+What stays unbounded in time is only the cost of single Python operations on values within
+these caps (a sort of a million items, a regex filter over 4 Mi characters): seconds at
+worst, past the deadline, with memory bounded.
 """
 
 from __future__ import annotations
@@ -69,6 +74,10 @@ class TemplateLimits:
     bytes of everything one render builds (never refunded). ``max_int_bits``: the widest
     integer an operator may produce (8192 bits: 2466 digits). ``max_source``: characters of
     template text (jinja compiles about 60 KB/s; real templates are under 20 KB).
+    ``max_nodes``: the values inside any one list, tuple or dict the template builds, counted
+    through nesting and sharing: what comparing or hashing it may visit (a tuple doubled 60
+    times, ``(t, t)``, is tiny in memory but takes 2^60 steps to hash, in one uninterruptible
+    Python call).
     """
 
     timeout: float = 2.0
@@ -76,6 +85,7 @@ class TemplateLimits:
     max_memory: int = 1 << 28
     max_int_bits: int = 1 << 13
     max_source: int = 1 << 17
+    max_nodes: int = 1 << 20
 
 
 # constant folding at compile time: a fold past these is simply not done (left for render)
@@ -98,7 +108,7 @@ class Cancelled(Exception):  # noqa: N818 - a signal, converted by chat.py
 class Budget:
     """What one compile or render may still spend: a deadline, a memory allowance."""
 
-    __slots__ = ("cancel", "deadline", "limits", "memory", "_ticks")
+    __slots__ = ("cancel", "deadline", "limits", "memory", "_ticks", "_weights")
 
     def __init__(self, limits: TemplateLimits,
                  cancel: Callable[[], bool] | None = None) -> None:
@@ -107,6 +117,8 @@ class Budget:
         self.cancel = cancel
         self.memory = 0
         self._ticks = 0
+        # id -> (weight, the container itself: kept so that its id is not reused)
+        self._weights: dict[int, tuple[int, Any]] = {}
 
     def tick(self) -> None:
         """One step: past the deadline (or cancelled) the render stops here."""
@@ -125,11 +137,15 @@ class Budget:
                           f"limit is {self.limits.max_length:,})")
 
     def charge(self, value: Any) -> None:
-        """Count what a step built against the memory allowance."""
+        """Count what a step built against the memory allowance (and a container's nodes)."""
         if isinstance(value, str | bytes | int):
             self.memory += sys.getsizeof(value)
-        elif isinstance(value, list | tuple | dict | set | frozenset):
+        elif isinstance(value, _CONTAINERS):
             self.memory += sys.getsizeof(value) + 32 * len(value)  # + new items, roughly
+            n = self.weigh(value)
+            if n > self.limits.max_nodes:
+                raise LimitExceeded("length", f"would build a value of {_count(n)} nested "
+                                              f"items (the limit is {self.limits.max_nodes:,})")
         else:
             return
         if self.memory > self.limits.max_memory:
@@ -137,6 +153,30 @@ class Budget:
                 "memory", f"built more than {self.limits.max_memory >> 20} MiB of values")
 
 
+    def weigh(self, value: Any) -> int:
+        """1 + the weights of ``value``'s items (keys and values), through nesting and sharing:
+        the most a comparison or a hash of it can visit. Containers of more than 64 are
+        remembered, so that a new container over known ones is weighed in its own length."""
+        if not isinstance(value, _CONTAINERS):
+            return 1
+        known = self._weights.get(id(value))
+        if known is not None and known[1] is value:
+            return known[0]
+        total, cap = 1, self.limits.max_nodes
+        items = value.items() if isinstance(value, dict) else value
+        for i, item in enumerate(items):
+            if not i % _TICK_EVERY:
+                self.tick()
+            total += self.weigh(item)  # a dict's (key, value) pair: 1 + both
+            if total > cap:
+                return total
+        if total > 64:
+            self._weights[id(value)] = (total, value)
+            self.memory += 128  # the entry
+        return total
+
+
+_CONTAINERS = (list, tuple, dict, set, frozenset)
 _BUDGET: ContextVar[Budget | None] = ContextVar("gguflm_template_budget", default=None)
 
 
@@ -511,6 +551,26 @@ class _CodeGenerator(CodeGenerator):
             loop.iter.set_environment(self.environment)
         super().visit_Template(node, frame)
 
+    # literal lists, dicts and tuples are weighed as they are built (their items may be
+    # large shared values): environment.built([...])
+    def visit_List(self, node: nodes.List, frame: Frame) -> None:
+        self.write("environment.built(")
+        super().visit_List(node, frame)
+        self.write(")")
+
+    def visit_Dict(self, node: nodes.Dict, frame: Frame) -> None:
+        self.write("environment.built(")
+        super().visit_Dict(node, frame)
+        self.write(")")
+
+    def visit_Tuple(self, node: nodes.Tuple, frame: Frame) -> None:
+        if node.ctx != "load":  # an assignment target: a, b = ...
+            super().visit_Tuple(node, frame)
+            return
+        self.write("environment.built(")
+        super().visit_Tuple(node, frame)
+        self.write(")")
+
     @optimizeconst
     def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
         self.write("environment.join_values((")
@@ -608,6 +668,13 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         return functools.update_wrapper(wrapper, value)
 
     # -- what the generated code calls ----------------------------------------------------------
+    def built(self, value: Any) -> Any:
+        """A list, dict or tuple literal, just built: charged and weighed."""
+        budget = _current()
+        budget.tick()
+        budget.charge(value)
+        return value
+
     def join_values(self, values: tuple[Any, ...]) -> str:
         """``a ~ b ~ c``: the parts printed and joined, their length checked first."""
         budget = _current()
