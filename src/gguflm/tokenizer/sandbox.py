@@ -152,7 +152,6 @@ class Budget:
             raise LimitExceeded(
                 "memory", f"built more than {self.limits.max_memory >> 20} MiB of values")
 
-
     def weigh(self, value: Any) -> int:
         """1 + the weights of ``value``'s items (keys and values), through nesting and sharing:
         the most a comparison or a hash of it can visit. Containers of more than 64 are
@@ -196,7 +195,8 @@ def bounded(limits: TemplateLimits, cancel: Callable[[], bool] | None = None) ->
 
 
 def _count(n: int) -> str:
-    return f"{n:,}" if n < 10**30 else f"about 10^{len(str(n)) - 1}"
+    # huge counts (a width of 10**4000) as powers of ten, without printing them
+    return f"{n:,}" if n < 10**30 else f"about 10^{int(n.bit_length() * 0.30103)}"
 
 
 # -- sizes before building ---------------------------------------------------------------------
