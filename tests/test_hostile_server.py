@@ -222,3 +222,32 @@ def test_many_idle_connections_at_the_fd_limit(smollm2_path: Path, tmp_path: Pat
         for s in socks:
             s.close()
         _stop(proc)
+
+
+def test_a_hostile_chat_template_is_a_400_and_others_are_served(
+        smollm2_path: Path, tmp_path: Path) -> None:
+    """A template that spins is stopped at its deadline (400, code invalid_chat_template),
+    while /health and other requests go on being answered."""
+    import threading
+
+    evil = tmp_path / "evil.jinja"
+    evil.write_text("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}"
+                    "{% endfor %}{{ messages[0].content }}")
+    proc, url = _start(smollm2_path, tmp_path / "log.txt", "--chat-template", str(evil))
+    try:
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(_post(url, "/v1/chat/completions",
+                             json.dumps({"messages": [{"role": "user", "content": "hi"}]}))))
+        t.start()
+        time.sleep(0.3)
+        _health_fast(url)  # answered while the template spins
+        status, out = _post(url, "/v1/completions", json.dumps({"prompt": "Hi",
+                                                                 "max_tokens": 2}))
+        assert status == 200
+        t.join(60)
+        status, out = got[0]
+        assert status == 400 and out["error"]["code"] == "invalid_chat_template"
+        assert "chat template" in out["error"]["message"]
+        _health_fast(url)
+    finally:
+        _stop(proc)

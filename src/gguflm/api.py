@@ -29,7 +29,13 @@ from .engine.scheduler import DEFAULT_MAX_QUEUE, DEFAULT_SLOTS, QueueFullError, 
 from .engine.sequence import Request
 from .engine.sequence import Sequence as EngineSequence
 from .engine.stops import StopError, check_stops
-from .tokenizer.chat import ChatTemplate, ChatTemplateError, check_messages, encode_prompt
+from .tokenizer.chat import (
+    ChatTemplate,
+    ChatTemplateError,
+    TemplateLimitError,
+    check_messages,
+    encode_prompt,
+)
 
 __all__ = ["LLM", "InvalidRequestError", "QueueFullError", "Shapes"]
 
@@ -311,6 +317,9 @@ class LLM:
         try:
             return self.chat_template.render(_text_messages(messages), add_generation_prompt,
                                              tools=tools)
+        except TemplateLimitError as e:  # an untrusted template broke a bound
+            raise InvalidRequestError(str(e), param="messages",
+                                      code="invalid_chat_template") from None
         except ChatTemplateError as e:
             raise InvalidRequestError(str(e), param="messages") from None
 

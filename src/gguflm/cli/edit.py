@@ -164,6 +164,7 @@ def infer_value(text: str) -> tuple[Any, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from .. import gguf
+    from ..gguf.atomic import check_output_path
     from ..gguf.types import ValueType, type_name
     from ..gguf.writer import GGUFWriter
     from .pull import resolve
@@ -172,8 +173,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.exists() and os.path.samefile(out, path) or out.resolve() == path.resolve():
         raise CLIError("refusing to edit in place: -o must name a new file, not MODEL")
-    if out.is_dir():
-        raise CLIError(f"{out} is a directory")
+    check_output_path(out)  # a device, FIFO or directory would be replaced by the rename
     with gguf.open(path) as f:
         w = GGUFWriter.from_file(f, out)
         changes = []

@@ -70,8 +70,17 @@ def _print_json(f: Any, summary: dict[str, Any], query: str | None) -> None:
         ],
         "summary": summary,
     }
-    json.dump(out, sys.stdout)
-    sys.stdout.write("\n")
+    text = json.dumps(out, default=_json_default)  # all of it, or an error and nothing
+    sys.stdout.write(text + "\n")
+
+
+def _json_default(x: Any) -> Any:
+    """numpy values that reached the output (``to_json`` converts the ones it knows)."""
+    import numpy as np
+
+    if isinstance(x, np.generic | np.ndarray):
+        return x.tolist()
+    raise TypeError(f"cannot write a {type(x).__name__} as JSON")
 
 
 def _mb(n: int) -> str:
@@ -86,7 +95,7 @@ def _params(n: int) -> str:
 
 
 def _print_text(f: Any, s: dict[str, Any], args: argparse.Namespace) -> None:
-    from ..gguf.summary import format_value, type_name
+    from ..gguf.summary import format_value, printable, type_name
     from ..gguf.types import ArrayType
 
     out: list[str] = []
@@ -132,7 +141,8 @@ def _print_text(f: Any, s: dict[str, Any], args: argparse.Namespace) -> None:
             shape = "x".join(str(d) for d in t.shape) or "scalar"
             out.append(f"  {t.name:<{nw}}  {t.type.ggml_name:<8} {shape:<20} "
                        f"{t.offset:>12}  {t.nbytes:>12,}")
-    sys.stdout.write("\n".join(out) + "\n")
+    # keys, names and strings from the file may hold terminal escapes: shown escaped
+    sys.stdout.write("\n".join(printable(line) for line in out) + "\n")
 
 
 def _supported(arch: Any) -> bool | None:
@@ -219,4 +229,6 @@ def _summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("KV cache (f16)", f"{s['kv_cache_bytes_per_token']:,} bytes/token"))
     if s["output_tied"] is not None:
         rows.append(("output", "tied to token_embd" if s["output_tied"] else "output.weight"))
+    for i, problem in enumerate(s.get("problems", ())):  # keys of the wrong type, left out
+        rows.append(("problems" if i == 0 else "", problem))
     return rows

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import struct
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .atomic import atomic_write
 from .errors import WriteError
 from .reader import MAX_ARRAY_ELEMENTS, GGUFFile, StringArray, TensorInfo
 from .types import (
@@ -230,28 +230,15 @@ class GGUFWriter:
 
     # -- output --------------------------------------------------------------------------------
     def write(self, progress: Callable[[int, int], None] | None = None) -> Path:
-        """Write the file: a temporary file in the target folder, renamed into place.
+        """Write the file: a temporary file in the target folder, renamed into place
+        (``atomic_write``: refuses a path that exists and is not a regular file).
 
         ``progress(done, total)`` is called as tensor bytes are written.
         Returns the path written.
         """
-        path = self.path
-        folder = path.parent if str(path.parent) else Path(".")
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-        try:
-            with os.fdopen(fd, "wb", buffering=1 << 20) as f:
-                self._write_to(f, progress)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o666 & ~_umask())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        return path
+        with atomic_write(self.path) as f:
+            self._write_to(f, progress)
+        return self.path
 
     def _write_to(self, f: Any, progress: Callable[[int, int], None] | None) -> None:
         align = self.alignment
@@ -334,12 +321,6 @@ class GGUFWriter:
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
 
 def _pad(f: Any, align: int) -> None:
     pos = f.tell()

@@ -7,27 +7,41 @@ extension, a ``tojson`` filter that does not HTML-escape (``ensure_ascii=False``
 ``separators``, ``sort_keys``), and the globals ``raise_exception`` and ``strftime_now``;
 the special tokens (``bos_token``, ``eos_token``, ...) are passed as variables.
 
+A template is untrusted code (it comes with the model file): it is compiled and rendered in
+``sandbox.BoundedEnvironment``, under a deadline and caps on sizes and memory
+(``TemplateLimits``); breaking one raises ``TemplateLimitError``. Each template text is
+compiled once (a small cache keyed by the text).
+
 A file without a template gets a built-in one chosen from its vocabulary: Gemma's when it has
 ``<start_of_turn>``, else ChatML (llama.cpp's default). Needs only jinja2 and the tokenizer.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import jinja2
 import jinja2.ext
 import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from .sandbox import (
+    COMPILE_LIMITS,
+    BoundedEnvironment,
+    Cancelled,
+    LimitExceeded,
+    TemplateLimits,
+    bounded,
+    to_text,
+)
 from .vocab import TokenizerError
 
-__all__ = ["BUILTIN_TEMPLATES", "ChatTemplate", "ChatTemplateError", "encode_prompt",
-           "load_template_file"]
+__all__ = ["BUILTIN_TEMPLATES", "ChatTemplate", "ChatTemplateError", "TemplateCancelledError",
+           "TemplateLimitError", "TemplateLimits", "encode_prompt", "load_template_file"]
 
 # ChatML, as llama.cpp formats it when a model has no template of its own.
 CHATML = (
@@ -96,6 +110,21 @@ class ChatTemplateError(TokenizerError):
         self.raised = raised
 
 
+class TemplateLimitError(ChatTemplateError):
+    """A chat template broke a bound while compiling or rendering: it ran past its deadline
+    or would have built too much. ``limit`` says which: "time", "length" (a string or list
+    longer than ``TemplateLimits.max_length``), "memory", "integer" or "source" (the
+    template's own text is too long)."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class TemplateCancelledError(ChatTemplateError):
+    """A render stopped because its ``cancel`` callback said so (the client left)."""
+
+
 class _TemplateException(Exception):
     """What the template's ``raise_exception(message)`` throws (unwrapped by ``render``)."""
 
@@ -112,47 +141,65 @@ class _GenerationTag(jinja2.ext.Extension):
         return jinja2.nodes.Scope(body, lineno=lineno)
 
 
-def _raise_exception(message: str) -> None:
-    raise _TemplateException(str(message))
-
-
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | str | None = None,
-            separators: Sequence[str] | None = None, sort_keys: bool = False) -> str:
-    # HF's override: jinja's own tojson HTML-escapes <, >, & and ' and takes no options
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
-                      separators=tuple(separators) if separators else None, sort_keys=sort_keys)
+def _raise_exception(message: Any) -> None:
+    raise _TemplateException(to_text(message))
 
 
 def _strftime_now(fmt: str) -> str:
+    if len(fmt) > 4096:  # one directive prints up to ~30 characters
+        raise LimitExceeded("length", f"asked strftime_now for a {len(fmt):,}-character format")
     return datetime.now().strftime(fmt)
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True,
-        extensions=[jinja2.ext.loopcontrols, _GenerationTag])
-    env.filters["tojson"] = _tojson
+@functools.cache
+def _environment() -> BoundedEnvironment:
+    # HF's settings; its tojson (no HTML escaping, json.dumps options) is the sandbox's
+    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                             extensions=[jinja2.ext.loopcontrols, _GenerationTag])
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.guard_filters()
     return env
+
+
+@functools.lru_cache(maxsize=32)
+def _compile(source: str) -> jinja2.Template:
+    """The compiled template (cached: an LLM, a server's worker and a test share one).
+    Constant folding runs under COMPILE_LIMITS; what it cannot fold waits for render."""
+    with bounded(COMPILE_LIMITS):
+        return _environment().from_string(source)
+
+
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} chars)"
 
 
 class ChatTemplate:
     """A compiled chat template and the special-token strings it is rendered with."""
 
     def __init__(self, source: str, special_tokens: Mapping[str, str] | None = None,
-                 name: str = "template") -> None:
+                 name: str = "template", limits: TemplateLimits | None = None) -> None:
         if not isinstance(source, str) or not source.strip():
             raise ChatTemplateError(f"the chat template ({name}) is empty")
         self.source = source
         self.name = name
         self.special_tokens = dict(special_tokens or {})
+        self.limits = limits or TemplateLimits()
+        if len(source) > self.limits.max_source:
+            raise TemplateLimitError(
+                f"the chat template ({name}) is {len(source):,} characters long (the limit "
+                f"is {self.limits.max_source:,})", limit="source")
         try:
-            self._template = _environment().from_string(source)
+            self._template = _compile(source)
         except jinja2.TemplateSyntaxError as e:
             raise ChatTemplateError(
                 f"the chat template ({name}) does not parse: line {e.lineno}: {e.message}"
             ) from None
+        except LimitExceeded as e:
+            raise TemplateLimitError(f"the chat template ({name}) {e}", e.limit) from None
+        except Exception as e:  # noqa: BLE001 - too deep to compile, and the like
+            raise ChatTemplateError(f"the chat template ({name}) does not compile: "
+                                    f"{type(e).__name__}: {_short(str(e))}") from None
 
     @property
     def bos_token(self) -> str:
@@ -174,12 +221,20 @@ class ChatTemplate:
         return cls(BUILTIN_TEMPLATES[kind], specials, name=f"built-in {kind}")
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-               tools: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any) -> str:
+               tools: Sequence[Mapping[str, Any]] | None = None, *,
+               limits: TemplateLimits | None = None, cancel: Callable[[], bool] | None = None,
+               **kwargs: Any) -> str:
         """The prompt text for ``messages`` (dicts with ``role`` and ``content``).
 
         ``add_generation_prompt`` appends the header of the assistant's next turn; ``tools``
         (OpenAI-style function schemas) and any ``kwargs`` are passed to the template as
         variables, as HF's ``apply_chat_template`` does.
+
+        The render is bounded by ``limits`` (default: the template's, 2 s and the size caps
+        of ``TemplateLimits``) and stops early when ``cancel()`` returns true (it is polled
+        every few dozen steps); safe to call from several threads at once. Raises
+        ``TemplateLimitError`` past a bound, ``TemplateCancelledError`` when cancelled, and
+        ``ChatTemplateError`` for anything else the template does wrong.
         """
         check_messages(messages)
         context: dict[str, Any] = dict(self.special_tokens)
@@ -188,15 +243,24 @@ class ChatTemplate:
         context["add_generation_prompt"] = bool(add_generation_prompt)
         if tools is not None:
             context["tools"] = list(tools)
+        template = self._template
         try:
-            return self._template.render(**context)
+            with bounded(limits or self.limits, cancel):
+                # Template.render without its traceback rewriting (costly, and unused here)
+                return template.environment.concat(  # type: ignore[attr-defined]
+                    template.root_render_func(template.new_context(context)))
         except _TemplateException as e:
-            raise ChatTemplateError(
-                f"the chat template rejected the conversation: {e}", raised=True) from None
+            raise ChatTemplateError(f"the chat template rejected the conversation: "
+                                    f"{_short(str(e))}", raised=True) from None
+        except LimitExceeded as e:
+            raise TemplateLimitError(f"the chat template ({self.name}) {e}", e.limit) from None
+        except Cancelled:
+            raise TemplateCancelledError(
+                f"rendering the chat template ({self.name}) was cancelled") from None
         except Exception as e:  # noqa: BLE001 - anything a template does wrong is its error
             kind = type(e).__name__
             raise ChatTemplateError(
-                f"the chat template ({self.name}) failed: {kind}: {e}") from None
+                f"the chat template ({self.name}) failed: {kind}: {_short(str(e))}") from None
 
     def __repr__(self) -> str:
         return f"ChatTemplate({self.name}, {len(self.source)} chars)"
