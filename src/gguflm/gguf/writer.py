@@ -492,7 +492,7 @@ def _array_tensor(name: str, arr: np.ndarray, gtype: GGMLType | None,
         gtype = _DTYPE_TENSOR_TYPES[key]
     if gtype == GGMLType.BF16:
         if arr.dtype.kind == "f":
-            arr = _to_bf16_bits(arr)
+            arr = to_bf16_bits(arr)
         elif key != ("u", 2):
             raise WriteError(f"BF16 needs uint16 bits or float values, got {arr.dtype}")
     elif gtype in PLAIN_DTYPES:
@@ -515,7 +515,7 @@ def _array_tensor(name: str, arr: np.ndarray, gtype: GGMLType | None,
     return _Tensor(name, gtype, gshape, gtype.nbytes(gshape), arr)
 
 
-def _to_bf16_bits(x: np.ndarray) -> np.ndarray:
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """float -> bfloat16 bits, rounding to nearest even; NaNs stay (quiet) NaNs, as ggml."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     nan = (u & 0x7FFFFFFF) > 0x7F800000
