@@ -22,6 +22,8 @@ float bit casts. The kernels hold no GIL, so callers split rows across threads.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -35,7 +37,7 @@ _KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10,
 _jit = njit(cache=True, nogil=True)
 
 
-# -- helpers ------------------------------------------------------------------------------------
+# -- helpers -----------------------------------------------------------------------------------
 
 @_jit
 def nearest_int(v: float) -> int:
@@ -107,7 +109,7 @@ def _signed_absmax(x: np.ndarray) -> tuple[float, float]:
     return amax, mx
 
 
-# -- the scale searches ---------------------------------------------------------------------------
+# -- the scale searches ------------------------------------------------------------------------
 
 @_jit
 def make_qkx2(x: np.ndarray, w: np.ndarray, L: np.ndarray, Laux: np.ndarray, nmax: int,
@@ -257,7 +259,7 @@ def make_q3(x: np.ndarray, L: np.ndarray, nmax: int) -> float:
     return sumlx / suml2 if suml2 > 0 else F32(0)
 
 
-# -- packing ----------------------------------------------------------------------------------------
+# -- packing -----------------------------------------------------------------------------------
 
 @_jit
 def _pack_2bit(L: np.ndarray, qs: np.ndarray) -> None:
@@ -292,7 +294,7 @@ def _put_scale_min_k4(j: int, ls: int, lm: int, s: np.ndarray) -> None:
         s[j] |= (lm >> 4) << 6
 
 
-# -- one super-block per call -------------------------------------------------------------------
+# -- one super-block per call ------------------------------------------------------------------
 
 @_jit
 def _q2_k(x, out, d, L, Laux, w, scales, mins) -> None:  # noqa: ANN001
@@ -594,7 +596,7 @@ def _iq4_xs(x, out, d, L, w, scales, values) -> None:  # noqa: ANN001
         _pack_nibbles(L[32 * i:32 * i + 32], out[8 + 16 * i:24 + 16 * i])
 
 
-# -- drivers: a range of blocks, scratch made once -----------------------------------------------
+# -- drivers: a range of blocks, scratch made once ---------------------------------------------
 
 @_jit
 def q2_k_blocks(x: np.ndarray, out: np.ndarray, d: np.ndarray) -> None:
@@ -668,3 +670,19 @@ def iq4_nl_blocks(x: np.ndarray, out: np.ndarray, d: np.ndarray) -> None:
 
 def iq4_xs_blocks(x: np.ndarray, out: np.ndarray, d: np.ndarray) -> None:
     _iq4_xs_blocks(x, out, d, _KVALUES_IQ4NL)
+
+
+_KERNELS = {"Q2_K": q2_k_blocks, "Q3_K": q3_k_blocks, "Q4_K": q4_k_blocks,
+            "Q5_K": q5_k_blocks, "Q6_K": q6_k_blocks, "IQ4_NL": _iq4_nl_blocks,
+            "IQ4_XS": _iq4_xs_blocks}
+
+
+def is_compiled(types: Iterable[Any] = ()) -> bool:
+    """True when the kernels for ``types`` (ggml types or names) are cached on disk; the
+    first use of one otherwise compiles it (seconds to a minute, once)."""
+    names = {getattr(t, "ggml_name", t) for t in types} & set(_KERNELS)
+    try:
+        return all(len(_KERNELS[n]._cache._cache_file._load_index()) > 0 for n in names)
+    except Exception:  # noqa: BLE001 - numba internals moved: assume the slow path
+        return False
+

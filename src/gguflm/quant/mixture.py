@@ -161,7 +161,7 @@ def n_dims(shape: Sequence[int]) -> int:
     return max(n, 1)
 
 
-# -- categories ---------------------------------------------------------------------------------------
+# -- categories --------------------------------------------------------------------------------
 
 def category(name: str) -> str:
     """``tensor_get_category``: the rule group of a tensor, by its name."""
@@ -220,7 +220,7 @@ def allows_quantization(name: str, shape: Sequence[int], arch: str, options: Opt
     return not any(part in name for part in keep)
 
 
-# -- the choice -----------------------------------------------------------------------------------
+# -- the choice --------------------------------------------------------------------------------
 
 @dataclass
 class Mixture:

@@ -79,7 +79,7 @@ def _round_away(v: np.ndarray) -> np.ndarray:
     return np.sign(v) * np.floor(np.abs(v).astype(np.float64) + 0.5)
 
 
-# -- the simple types ------------------------------------------------------------------------------
+# -- the simple types --------------------------------------------------------------------------
 
 def quantize_q8_0(x: np.ndarray) -> np.ndarray:
     amax = np.abs(x).max(axis=1, keepdims=True)
@@ -178,7 +178,7 @@ def quantize_tq2_0(x: np.ndarray) -> np.ndarray:
     return np.concatenate([qs.reshape(-1, 64).astype(np.uint8), _f16(d)], axis=1)
 
 
-# -- the searched types (numba) ------------------------------------------------------------------
+# -- the searched types (numba) ----------------------------------------------------------------
 
 def _kernel(kernel: Callable[[np.ndarray, np.ndarray, np.ndarray], None], gtype: GGMLType,
             f16_fields: tuple[str, ...]) -> Callable[[np.ndarray], np.ndarray]:

@@ -176,11 +176,7 @@ def quantize_file(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     options = Options(_ggml_type(output_tensor_type), _ggml_type(token_embedding_type), pure,
                       not leave_output_tensor)
     src, dst = Path(src), Path(dst)
-    if dst.exists() and src.exists() and os.path.samefile(src, dst) or \
-            dst.resolve() == src.resolve():
-        raise GGUFError("the output file is the input file; name a new file", path=str(dst))
-    if dst.is_dir():
-        raise GGUFError("the output is a directory", path=str(dst))
+    check_output(src, dst)
     threads = threads if threads and threads > 0 else _cores()
     with open_gguf(src) as f:
         plans, n_fallback = plan(f, ft, options=options, allow_requantize=allow_requantize)
@@ -202,6 +198,15 @@ def quantize_file(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     bytes_out = sum(p.target.nbytes(p.shape) for p in plans)
     return QuantizeReport(dst, ft, ftype_value, plans, n_fallback, bytes_in, bytes_out,
                           time.perf_counter() - t0)
+
+
+def check_output(src: Path, dst: Path) -> None:
+    """Refuse an output that is the input (or a folder) before any work is done."""
+    if dst.exists() and src.exists() and os.path.samefile(src, dst) or \
+            dst.resolve() == src.resolve():
+        raise GGUFError("the output file is the input file; name a new file", path=str(dst))
+    if dst.is_dir():
+        raise GGUFError("the output is a directory", path=str(dst))
 
 
 def _maker(f: GGUFFile, t: TensorInfo, p: TensorPlan, index: int, total: int, threads: int,
