@@ -77,7 +77,7 @@ class TensorProgress:
 
 def run(args: argparse.Namespace) -> int:
     from ..gguf import open as open_gguf
-    from ..quant import kquantize
+    from ..quant import quantize_kernels
     from ..quant.mixture import Options, file_type
     from ..quant.quantize_file import check_output, plan, quantize_file
     from .pull import resolve
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     # before the wait; quantize_file plans again (cheap) and refuses before writing anything
     with open_gguf(src) as f:
         plans, _ = plan(f, ft, options=options, allow_requantize=args.allow_requantize)
-    if not kquantize.is_compiled({p.target for p in plans if p.converted}):
+    if not quantize_kernels.is_compiled({p.target for p in plans if p.converted}):
         print("gguflm: compiling the quantizers (first run only, may take a minute) ...",
               file=sys.stderr, flush=True)
     progress = TensorProgress()

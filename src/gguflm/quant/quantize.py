@@ -1,10 +1,11 @@
 """ggml's quantizers, byte for byte: what ``ggml_quantize_chunk`` writes without an importance
 matrix, for every type llama-quantize makes that way.
 
-- Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, TQ1_0, TQ2_0, F16, BF16, F32: numpy, vectorised
-  over blocks (below).
-- Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS: search loops over trial scales, in numba
-  (``kquantize.py``), run over row chunks on ``threads`` threads.
+- Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS: numba kernels
+  (``quantize_kernels.py``; the K-quants search trial scales float op for float op as
+  ggml does), run over row chunks on ``threads`` threads. The five simple types also have
+  numpy twins here (``NUMPY_TWINS``), which the tests hold the kernels to.
+- MXFP4, TQ1_0, TQ2_0, F16, BF16, F32: numpy, vectorised over blocks.
 
 The simple types compute the scale in float32 exactly as ggml does (``d = max / -8``,
 ``id = 1.0f/d``), round it to f16 with round-to-nearest-even (``GGML_FP32_TO_FP16``) and
@@ -27,7 +28,6 @@ import numpy as np
 from ..gguf.errors import TensorDataError
 from ..gguf.types import GGMLType
 from ..gguf.writer import to_bf16_bits
-from . import kquantize
 from .formats import FORMATS
 
 f32 = np.float32
@@ -178,17 +178,20 @@ def quantize_tq2_0(x: np.ndarray) -> np.ndarray:
     return np.concatenate([qs.reshape(-1, 64).astype(np.uint8), _f16(d)], axis=1)
 
 
-# -- the searched types (numba) ----------------------------------------------------------------
+# -- the numba kernels -----------------------------------------------------------------------
 
-def _kernel(kernel: Callable[[np.ndarray, np.ndarray, np.ndarray], None], gtype: GGMLType,
+def _kernel(kernel: str, gtype: GGMLType,
             f16_fields: tuple[str, ...]) -> Callable[[np.ndarray], np.ndarray]:
-    """A kquantize kernel as a blocks -> bytes function; it leaves the f16 fields to us."""
+    """A quantize_kernels kernel as a blocks -> bytes function; we store its f16 fields.
+    numba is imported on first use, so that importing gguflm.quant stays light."""
     fmt = FORMATS[gtype]
 
     def run(x: np.ndarray) -> np.ndarray:
+        from . import quantize_kernels
+
         out = np.zeros((len(x), fmt.type_size), np.uint8)
         d = np.zeros((len(x), len(f16_fields)), f32)
-        kernel(x, out, d)
+        getattr(quantize_kernels, kernel)(x, out, d)
         for i, name in enumerate(f16_fields):
             off = fmt[name].offset
             out[:, off:off + 2] = _f16(d[:, i])
@@ -198,25 +201,28 @@ def _kernel(kernel: Callable[[np.ndarray, np.ndarray, np.ndarray], None], gtype:
     return run
 
 
+_NUMBA = {
+    T.Q4_0: ("q4_0_blocks", ("d",)), T.Q4_1: ("q4_1_blocks", ("d", "m")),
+    T.Q5_0: ("q5_0_blocks", ("d",)), T.Q5_1: ("q5_1_blocks", ("d", "m")),
+    T.Q8_0: ("q8_0_blocks", ("d",)),
+    T.Q2_K: ("q2_k_blocks", ("d", "dmin")), T.Q3_K: ("q3_k_blocks", ("d",)),
+    T.Q4_K: ("q4_k_blocks", ("d", "dmin")), T.Q5_K: ("q5_k_blocks", ("d", "dmin")),
+    T.Q6_K: ("q6_k_blocks", ("d",)), T.IQ4_NL: ("iq4_nl_blocks", ("d",)),
+    T.IQ4_XS: ("iq4_xs_blocks", ("d",)),
+}
+
 # block type -> (n_blocks, block_size) float32 -> (n_blocks, type_size) uint8
 QUANTIZERS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
-    T.Q8_0: quantize_q8_0,
-    T.Q4_0: quantize_q4_0,
-    T.Q4_1: quantize_q4_1,
-    T.Q5_0: quantize_q5_0,
-    T.Q5_1: quantize_q5_1,
+    **{t: _kernel(k, t, fields) for t, (k, fields) in _NUMBA.items()},
     T.MXFP4: quantize_mxfp4,
     T.TQ1_0: quantize_tq1_0,
     T.TQ2_0: quantize_tq2_0,
-    T.Q2_K: _kernel(kquantize.q2_k_blocks, T.Q2_K, ("d", "dmin")),
-    T.Q3_K: _kernel(kquantize.q3_k_blocks, T.Q3_K, ("d",)),
-    T.Q4_K: _kernel(kquantize.q4_k_blocks, T.Q4_K, ("d", "dmin")),
-    T.Q5_K: _kernel(kquantize.q5_k_blocks, T.Q5_K, ("d", "dmin")),
-    T.Q6_K: _kernel(kquantize.q6_k_blocks, T.Q6_K, ("d",)),
-    T.IQ4_NL: _kernel(kquantize.iq4_nl_blocks, T.IQ4_NL, ("d",)),
-    T.IQ4_XS: _kernel(kquantize.iq4_xs_blocks, T.IQ4_XS, ("d",)),
 }
-_SEARCHED = frozenset({T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS})
+# the numpy originals of the simple kernels (slow; the tests compare the two)
+NUMPY_TWINS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
+    T.Q8_0: quantize_q8_0, T.Q4_0: quantize_q4_0, T.Q4_1: quantize_q4_1,
+    T.Q5_0: quantize_q5_0, T.Q5_1: quantize_q5_1,
+}
 
 # float32 rows -> the plain types' bytes
 _PLAIN: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
@@ -265,20 +271,20 @@ def quantize(x: np.ndarray, gtype: GGMLType, *, name: str | None = None,
         raise TensorDataError(f"{bad} values are NaN or infinite; cannot quantize to "
                               f"{gtype.ggml_name}", tensor=name)
     with np.errstate(all="ignore"):  # huge scales overflow f16 to inf: refused below
-        raw = _run(fn, flat, gtype in _SEARCHED, threads)
+        raw = _run(fn, flat, gtype in _NUMBA, threads)
     _check_finite_scales(gtype, raw, name)
     return raw.view(np.uint8).reshape(out_shape)
 
 
-def _run(fn: Callable[[np.ndarray], np.ndarray], blocks: np.ndarray, searched: bool,
+def _run(fn: Callable[[np.ndarray], np.ndarray], blocks: np.ndarray, numba: bool,
          threads: int) -> np.ndarray:
     """``fn`` over ``blocks`` in pieces: threads share the numba kernels (which release the
     GIL); the numpy ones run in slices that keep their temporaries small."""
-    step = 2048 if searched else 1 << 16
+    step = (1 << 19) // blocks.shape[1] if numba else 1 << 16
     pieces = [slice(i, i + step) for i in range(0, len(blocks), step)]
     if len(pieces) <= 1:
         return fn(blocks)
-    if searched and threads > 1:
+    if numba and threads > 1:
         with ThreadPoolExecutor(min(threads, len(pieces))) as pool:
             parts = list(pool.map(lambda s: fn(blocks[s]), pieces))
     else:

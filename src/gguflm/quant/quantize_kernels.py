@@ -1,11 +1,14 @@
-"""ggml's reference quantizers for the K-quants (Q2_K..Q6_K) and IQ4_NL/IQ4_XS, in numba.
+"""ggml's quantizers as numba kernels: the K-quants (Q2_K..Q6_K), IQ4_NL/IQ4_XS, and the
+hot simple types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, whose numpy twins in ``quantize.py`` the
+tests hold them to).
 
-What ``ggml_quantize_chunk`` runs without an importance matrix: ``quantize_row_q*_K_ref`` and
-``quantize_iq4_nl``/``quantize_iq4_xs`` (which search 7 scale tries either side). These fit
-scales by search loops (``make_qkx2_quants``, ``make_qx_quants``, ``make_q3_quants``) whose
-decisions turn on float comparisons, so each step here is the same float32 operation on the
-same operands, in the same order, as in ggml-quants.c (compiled by ggml without fast-math or
-FMA contraction; numba does not contract or reorder either):
+What ``ggml_quantize_chunk`` runs without an importance matrix: ``quantize_row_*_ref``, and
+``quantize_iq4_nl``/``quantize_iq4_xs`` (which search 7 scale tries either side). The
+K-quants fit scales by search loops (``make_qkx2_quants``, ``make_qx_quants``,
+``make_q3_quants``) whose decisions turn on float comparisons, so each step here is the
+same float32 operation on the same operands, in the same order, as in ggml-quants.c
+(compiled by ggml without fast-math or FMA contraction; numba does not contract or reorder
+either):
 
 - every value is float32; integers enter products as float32 (``w*l*l`` is ``(w*l)*l``);
 - sums run left to right in one float32 accumulator (never numpy's pairwise ``sum``);
@@ -14,9 +17,10 @@ FMA contraction; numba does not contract or reorder either):
 - a scale stored as f16 is rounded to the nearest f16 (ties to even) and used as such.
 
 Each ``<type>_blocks(x, out, d)`` quantizes ``x`` ``(n, block)`` float32 into ``out``
-``(n, type_size)`` uint8, except for the f16 fields: their values (already f16-exact) go to
-``d`` ``(n, k)`` float32 and the caller stores them (``quantize.py``), so no kernel needs
-float bit casts. The kernels hold no GIL, so callers split rows across threads.
+``(n, type_size)`` uint8, except for the f16 fields: their values go to ``d`` ``(n, k)``
+float32 (f16-exact where ggml reuses the rounded value) and the caller stores them
+(``quantize.py``), so no kernel needs float bit casts. The kernels hold no GIL, so callers
+split rows across threads.
 """
 
 from __future__ import annotations
@@ -672,9 +676,117 @@ def iq4_xs_blocks(x: np.ndarray, out: np.ndarray, d: np.ndarray) -> None:
     _iq4_xs_blocks(x, out, d, _KVALUES_IQ4NL)
 
 
-_KERNELS = {"Q2_K": q2_k_blocks, "Q3_K": q3_k_blocks, "Q4_K": q4_k_blocks,
-            "Q5_K": q5_k_blocks, "Q6_K": q6_k_blocks, "IQ4_NL": _iq4_nl_blocks,
-            "IQ4_XS": _iq4_xs_blocks}
+# -- the simple types: one scale (and min) per 32 values, no search ---------------------------
+
+@_jit
+def q4_0_blocks(x: np.ndarray, out: np.ndarray, d: np.ndarray) -> None:
+    # block_q4_0: d, qs[16]; d = (the value of largest magnitude) / -8
+    for b in range(x.shape[0]):
+        xb = x[b]
+        _, mx = _signed_absmax(xb)
+        db = mx / F32(-8)
+        inv = F32(1) / db if db != 0 else F32(0)
+        d[b, 0] = db
+        for j in range(16):
+            a = min(15, np.int64(np.int8(np.int64(xb[j] * inv + F32(8.5)))))
+            c = min(15, np.int64(np.int8(np.int64(xb[j + 16] * inv + F32(8.5)))))
+            out[b, 2 + j] = a | (c << 4)
+
+
+@_jit
+def _min_max(xb) -> tuple[float, float]:  # noqa: ANN001
+    lo = np.finfo(np.float32).max
+    hi = -np.finfo(np.float32).max
+    for j in range(xb.size):
+        if xb[j] < lo:
+            lo = xb[j]
+        if xb[j] > hi:
+            hi = xb[j]
+    return F32(lo), F32(hi)
+
+
+@_jit
+def q4_1_blocks(x: np.ndarray, out: np.ndarray, d: np.ndarray) -> None:
+    # block_q4_1: d, m, qs[16]; 16 levels from the block's min to its max
+    for b in range(x.shape[0]):
+        xb = x[b]
+        lo, hi = _min_max(xb)
+        db = (hi - lo) / F32(15)
+        inv = F32(1) / db if db != 0 else F32(0)
+        d[b, 0] = db
+        d[b, 1] = lo
+        for j in range(16):
+            a = min(15, np.int64(np.int8(np.int64((xb[j] - lo) * inv + F32(0.5)))))
+            c = min(15, np.int64(np.int8(np.int64((xb[j + 16] - lo) * inv + F32(0.5)))))
+            out[b, 4 + j] = a | (c << 4)
+
+
+@_jit
+def _put_q5(out_row, q0: int, levels) -> None:  # noqa: ANN001
+    # Q5_0/Q5_1: qh (u32: bit j is bit 4 of value j), then low nibbles as Q4_0
+    qh = 0
+    for j in range(16):
+        a = levels[j]
+        c = levels[j + 16]
+        out_row[q0 + 4 + j] = (a & 0xF) | ((c & 0xF) << 4)
+        qh |= ((a >> 4) & 1) << j
+        qh |= ((c >> 4) & 1) << (j + 16)
+    for k in range(4):
+        out_row[q0 + k] = (qh >> (8 * k)) & 0xFF
+
+
+@_jit
+def q5_0_blocks(x: np.ndarray, out: np.ndarray, d: np.ndarray) -> None:
+    # block_q5_0: d, qh[4], qs[16]; d = (the value of largest magnitude) / -16
+    levels = np.zeros(32, np.int64)
+    for b in range(x.shape[0]):
+        xb = x[b]
+        _, mx = _signed_absmax(xb)
+        db = mx / F32(-16)
+        inv = F32(1) / db if db != 0 else F32(0)
+        d[b, 0] = db
+        for j in range(32):
+            levels[j] = min(31, np.int64(np.int8(np.int64(xb[j] * inv + F32(16.5)))))
+        _put_q5(out[b], 2, levels)
+
+
+@_jit
+def q5_1_blocks(x: np.ndarray, out: np.ndarray, d: np.ndarray) -> None:
+    # block_q5_1: d, m, qh[4], qs[16]; 32 levels from min to max, (uint8_t) without a clamp
+    levels = np.zeros(32, np.int64)
+    for b in range(x.shape[0]):
+        xb = x[b]
+        lo, hi = _min_max(xb)
+        db = (hi - lo) / F32(31)
+        inv = F32(1) / db if db != 0 else F32(0)
+        d[b, 0] = db
+        d[b, 1] = lo
+        for j in range(32):
+            levels[j] = np.int64((xb[j] - lo) * inv + F32(0.5)) & 0xFF
+        _put_q5(out[b], 4, levels)
+
+
+@_jit
+def q8_0_blocks(x: np.ndarray, out: np.ndarray, d: np.ndarray) -> None:
+    # block_q8_0: d, qs[32] int8; d = max |x| / 127, values roundf(x / d)
+    for b in range(x.shape[0]):
+        xb = x[b]
+        amax = F32(0)
+        for j in range(32):
+            amax = max(amax, abs(xb[j]))
+        db = amax / F32(127)
+        inv = F32(1) / db if db != 0 else F32(0)
+        d[b, 0] = db
+        for j in range(32):
+            v = np.float64(xb[j] * inv)  # roundf: halves away from zero, exact in float64
+            r = math.floor(abs(v) + 0.5)
+            out[b, 2 + j] = np.int64(-r if v < 0 else r) & 0xFF
+
+
+_KERNELS = {"Q4_0": q4_0_blocks, "Q4_1": q4_1_blocks, "Q5_0": q5_0_blocks,
+            "Q5_1": q5_1_blocks, "Q8_0": q8_0_blocks, "Q2_K": q2_k_blocks,
+            "Q3_K": q3_k_blocks, "Q4_K": q4_k_blocks, "Q5_K": q5_k_blocks,
+            "Q6_K": q6_k_blocks, "IQ4_NL": _iq4_nl_blocks, "IQ4_XS": _iq4_xs_blocks}
 
 
 def is_compiled(types: Iterable[Any] = ()) -> bool:
