@@ -167,3 +167,15 @@ def test_unsupported_types_and_shapes():
         quantize(np.zeros((1, 256), np.float32), GGMLType.Q8_K)
     with pytest.raises(TensorDataError, match="'x'.*row length 320.*Q4_K block size 256"):
         quantize(np.zeros((2, 320), np.float32), GGMLType.Q4_K, name="x")
+
+
+def test_ternary_with_a_subnormal_scale():
+    """max |x| subnormal: 1/d is inf, x/d inf or NaN; x86 ggml (lroundf -> LONG_MIN, + 1 kept
+    as int 1) then stores every value as the middle trit, which is what we write."""
+    x = np.full((1, 256), 3e-40, np.float32)
+    x[0, ::3] = 0
+    q2 = quantize(x, GGMLType.TQ2_0)
+    assert (q2[0, :64] == 0b01010101).all()
+    q1 = quantize(x, GGMLType.TQ1_0)
+    assert (q1[0, :48] == (121 * 256 + 242) // 243).all()  # 11111 in base 3, rounded up
+    assert (q1[0, 48:52] == (40 * 3 * 256 + 242) // 243).all()

@@ -142,7 +142,10 @@ def quantize_mxfp4(x: np.ndarray) -> np.ndarray:
 def _trits(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """TQ1_0/TQ2_0: d = max |x| per block, each value as lroundf(x/d) + 1 in {0, 1, 2}."""
     d = np.abs(x).max(axis=1, keepdims=True)
-    t = (_round_away(x * _inverse(d)) + 1).astype(np.int32)
+    v = x * _inverse(d)
+    # a subnormal d has no finite inverse: x/d is then +-inf or NaN, for which x86's lroundf
+    # returns LONG_MIN, and ggml's int conversion of LONG_MIN + 1 keeps 1
+    t = np.where(np.isfinite(v), _round_away(v) + 1, 1).astype(np.int32)
     return d, t
 
 
