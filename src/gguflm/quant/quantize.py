@@ -282,8 +282,9 @@ def quantize(x: np.ndarray, gtype: GGMLType, *, name: str | None = None,
 def _run(fn: Callable[[np.ndarray], np.ndarray], blocks: np.ndarray, numba: bool,
          threads: int) -> np.ndarray:
     """``fn`` over ``blocks`` in pieces: threads share the numba kernels (which release the
-    GIL); the numpy ones run in slices that keep their temporaries small."""
-    step = (1 << 19) // blocks.shape[1] if numba else 1 << 16
+    GIL); the numpy ones run in slices of 256k values, which keep their temporaries small
+    (MXFP4 compares each value with 16 levels)."""
+    step = max(1, (1 << 19 if numba else 1 << 18) // blocks.shape[1])
     pieces = [slice(i, i + step) for i in range(0, len(blocks), step)]
     if len(pieces) <= 1:
         return fn(blocks)
