@@ -154,8 +154,8 @@ def test_removed_and_unconvertible_types():
         dequantize_raw(GGMLType.Q4_2_REMOVED, np.zeros(0, np.uint8), (0, 32))
     with pytest.raises(TensorDataError, match="Q8_K"):
         dequantize_raw(GGMLType.Q8_K, np.zeros(292, np.uint8), (1, 256))
-    with pytest.raises(TensorDataError, match="cannot quantize to Q4_K"):
-        quantize(np.zeros((1, 256), np.float32), GGMLType.Q4_K)
+    with pytest.raises(TensorDataError, match="cannot quantize to IQ2_XXS"):
+        quantize(np.zeros((1, 256), np.float32), GGMLType.IQ2_XXS)
     with pytest.raises(GGUFError, match="multiple"):
         quantize(np.zeros((1, 40), np.float32), GGMLType.Q8_0)
 

@@ -209,7 +209,9 @@ class GGUFWriter:
         for uint16 bits or float32 values to round), or the raw bytes of any ggml type
         (``bytes``/``memoryview``/uint8 array) with ``type`` and ``shape`` in ggml order.
         A uint8 array of shape ``(*rows, row_bytes)``, as ``TensorInfo.data`` gives for block
-        types, needs only ``type``.
+        types, needs only ``type``. A callable (with ``type`` and ``shape``) is called when
+        the tensor is written and returns its raw bytes: a file of computed tensors (such as
+        ``quant.quantize_file``'s) is then made one tensor at a time.
         """
         if name in self._tensors:
             raise WriteError("duplicate tensor name", tensor=name)
@@ -434,6 +436,12 @@ def _make_tensor(name: str, data: Any, gtype: GGMLType | None,
             raise WriteError("the source file is closed")
         src = data._file.raw_bytes(data.file_offset, data.file_offset + data.nbytes)
         return _Tensor(name, data.type, tuple(data.shape), data.nbytes, src)
+    if callable(data):
+        if gtype is None or shape is None:
+            raise WriteError("a tensor made at write time needs type= and shape=")
+        gtype = GGMLType(gtype)
+        gshape = _check_shape(shape, gtype)
+        return _Tensor(name, gtype, gshape, gtype.nbytes(gshape), data)
     if isinstance(data, np.generic):
         data = np.asarray(data)  # a numpy scalar: a 0-d tensor
     if gtype is not None:
@@ -473,7 +481,7 @@ def _array_tensor(name: str, arr: np.ndarray, gtype: GGMLType | None,
         gtype = _DTYPE_TENSOR_TYPES[key]
     if gtype == GGMLType.BF16:
         if arr.dtype.kind == "f":
-            arr = _to_bf16_bits(arr)
+            arr = to_bf16_bits(arr)
         elif key != ("u", 2):
             raise WriteError(f"BF16 needs uint16 bits or float values, got {arr.dtype}")
     elif gtype in PLAIN_DTYPES:
@@ -496,7 +504,7 @@ def _array_tensor(name: str, arr: np.ndarray, gtype: GGMLType | None,
     return _Tensor(name, gtype, gshape, gtype.nbytes(gshape), arr)
 
 
-def _to_bf16_bits(x: np.ndarray) -> np.ndarray:
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """float -> bfloat16 bits, rounding to nearest even; NaNs stay (quiet) NaNs, as ggml."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     nan = (u & 0x7FFFFFFF) > 0x7F800000
@@ -518,7 +526,13 @@ def _check_shape(shape: Sequence[int], gtype: GGMLType) -> tuple[int, ...]:
 
 def _tensor_chunks(t: _Tensor, bo: str) -> Iterable[memoryview]:
     src = t.source
-    if isinstance(src, np.ndarray):
+    if callable(src):  # made now: raw bytes of exactly the declared size
+        made = src()
+        src = memoryview(np.ascontiguousarray(made).reshape(-1).view(np.uint8)
+                         if isinstance(made, np.ndarray) else made).cast("B")
+        if src.nbytes != t.nbytes:
+            raise WriteError(f"made {src.nbytes} bytes, expected {t.nbytes}", tensor=t.name)
+    elif isinstance(src, np.ndarray):
         if t.type in PLAIN_DTYPES:
             dt = np.dtype(PLAIN_DTYPES[t.type]).newbyteorder(bo)
             src = np.ascontiguousarray(src.astype(dt, copy=False))
