@@ -18,30 +18,40 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
-import regex as rx
 
-from constrained import Chat
+from constrained import (
+    GRAMMAR_PROMPTS,
+    GRAMMARS,
+    LANGUAGES,
+    LLAMA_CPP_GRAMMARS,
+    SCHEMAS,
+    Arithmetic,
+    Chat,
+    Incomplete,
+    check_grammar_output,
+    check_json,
+    in_language,
+    obj,
+)
 from gguflm.engine.constraints import (
     ConstrainedSampler,
     Constraint,
-    ConstraintError,
-    ConstraintFailure,
     apply_bitmask,
-    constraint_from_request,
     fill_bitmasks,
+    ll_tokenizer,
+    token_bytes,
+)
+from gguflm.engine.errors import ConstraintError, ConstraintFailure, InvalidRequestError
+from gguflm.engine.grammar import (
+    constraint_from_request,
     gbnf_grammar,
     json_schema_grammar,
     lark_grammar,
-    ll_tokenizer,
     regex_grammar,
-    schema_from_arg,
-    token_bytes,
 )
-from gguflm.engine.errors import InvalidRequestError
 from gguflm.engine.sampling import Sampler, SamplerParams
+from gguflm.engine.schema import schema_from_arg
 from gguflm.tokenizer import Tokenizer
-
-GRAMMARS = Path(__file__).parent / "data" / "grammars"
 
 
 @pytest.fixture(scope="module")
@@ -190,102 +200,6 @@ def test_constrained_sampler_passes_the_prompt_to_the_penalties_only(smollm: Cha
 
 # --- the schema matrix --------------------------------------------------------------------------
 
-_OBJ = {"type": "object", "additionalProperties": False}
-
-
-def _obj(props: dict, required: list[str] | None = None, **kw) -> dict:
-    return {**_OBJ, "properties": props, "required": list(props) if required is None
-            else required, **kw}
-
-
-NAME = {"type": "string", "minLength": 1, "maxLength": 12}
-AGE = {"type": "integer", "minimum": 0, "maximum": 120}
-
-# (id, feature(s), prompt, schema); strings and arrays are bounded so that every output
-# must end within the token budget
-SCHEMAS = [
-    ("string", "type string, maxLength", "Name a color.", {"type": "string", "maxLength": 12}),
-    ("integer-range", "integer, minimum/maximum", "How many legs does a dog have?",
-     {"type": "integer", "minimum": 0, "maximum": 10}),
-    ("number-exclusive", "number, exclusiveMinimum/Maximum", "A probability between 0 and 1.",
-     {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}),
-    ("boolean", "boolean", "Is the sky blue?", {"type": "boolean"}),
-    ("null", "null", "Reply with null.", {"type": "null"}),
-    ("object-required", "properties, required", "Describe a person.",
-     _obj({"name": NAME, "age": AGE})),
-    ("optional-props", "optional properties", "Describe a city.",
-     _obj({"city": NAME, "country": NAME, "population": {"type": "integer", "minimum": 0}},
-          required=["city"])),
-    ("additional-schema", "additionalProperties schema, maxProperties",
-     "Scores of two players.",
-     {"type": "object", "maxProperties": 3,
-      "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 100}}),
-    ("enum-strings", "enum", "Pick a primary color.",
-     {"enum": ["red", "green", "blue"]}),
-    ("enum-mixed", "enum of mixed types", "Pick one.", {"enum": [1, "two", None, True]}),
-    ("const", "const", "Reply with the version.", _obj({"version": {"const": "1.0"},
-                                                        "ok": {"type": "boolean"}})),
-    ("anyof", "anyOf", "A number or a short word.",
-     {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9}, NAME]}),
-    ("oneof", "oneOf (disjoint)", "An id: number or string.",
-     {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 999}, NAME]}),
-    ("allof", "allOf", "Describe a pet.",
-     {"allOf": [_obj({"name": NAME, "legs": {"type": "integer", "minimum": 0,
-                                             "maximum": 8}}),
-                {"properties": {"legs": {"minimum": 2}}}]}),
-    ("ref-defs", "$ref, $defs", "Two points.",
-     {"$defs": {"point": _obj({"x": {"type": "integer", "minimum": -9, "maximum": 9},
-                               "y": {"type": "integer", "minimum": -9, "maximum": 9}})},
-      **_obj({"a": {"$ref": "#/$defs/point"}, "b": {"$ref": "#/$defs/point"}})}),
-    ("ref-recursive", "recursive $ref", "Ann has one child, Bo, who has no children.",
-     {"$defs": {"node": _obj({"name": NAME, "children": {
-         "type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/node"}}},
-         required=["name"])},
-      "$ref": "#/$defs/node"}),
-    ("array-items", "array items, minItems/maxItems", "Three fruits.",
-     {"type": "array", "items": NAME, "minItems": 1, "maxItems": 3}),
-    ("prefix-items", "prefixItems (tuple), items false", "A name and an age.",
-     {"type": "array", "prefixItems": [NAME, AGE], "items": False}),
-    ("string-length", "minLength/maxLength", "A two- to four-letter word.",
-     {"type": "string", "minLength": 2, "maxLength": 4}),
-    ("pattern", "string pattern", "A product code like ABC-12.",
-     _obj({"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}})),
-    ("format-date", "format date", "The date of the moon landing.",
-     _obj({"date": {"type": "string", "format": "date"}})),
-    ("format-email", "format email", "An email address for Bob.",
-     _obj({"email": {"type": "string", "format": "email", "maxLength": 30}})),
-    ("format-uuid", "format uuid", "A random UUID.",
-     {"type": "string", "format": "uuid"}),
-    ("format-ipv4", "format ipv4", "The IP address of a home router.",
-     _obj({"ip": {"type": "string", "format": "ipv4"}})),
-    ("format-time", "format time, date-time", "When does the meeting start?",
-     _obj({"time": {"type": "string", "format": "time"},
-           "at": {"type": "string", "format": "date-time"}})),
-    ("multiple-of", "multipleOf", "A multiple of five below 100.",
-     {"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 95}),
-    ("type-list", "type as a list", "A word, or null if none.",
-     {"type": ["string", "null"], "maxLength": 10}),
-    ("nested", "nested objects", "A book and its author.",
-     _obj({"title": NAME, "author": _obj({"name": NAME, "born": {
-         "type": "integer", "minimum": 1000, "maximum": 2024}})})),
-    ("array-of-objects", "array of objects", "Two people and their ages.",
-     {"type": "array", "minItems": 2, "maxItems": 2, "items": _obj({"name": NAME, "age": AGE})}),
-    ("nullable-anyof", "anyOf with null", "A nickname, if any.",
-     _obj({"nickname": {"anyOf": [NAME, {"type": "null"}]}})),
-    ("integer-enum", "enum of integers in an object", "Rate it 1 to 3.",
-     _obj({"rating": {"enum": [1, 2, 3]}, "comment": {"type": "string", "maxLength": 20}})),
-    ("annotations", "title, description, default, examples, x- keys", "Describe a task.",
-     {"title": "Task", "description": "A to-do item", "x-origin": "test",
-      **_obj({"task": {**NAME, "description": "what to do", "examples": ["shop"]},
-              "done": {"type": "boolean", "default": False}})}),
-]
-assert len(SCHEMAS) >= 30
-
-
-def _check(schema: dict, text: str) -> None:
-    value = json.loads(text)
-    jsonschema.validate(value, schema, format_checker=jsonschema.Draft202012Validator
-                        .FORMAT_CHECKER)
 
 
 # Each schema runs once here, the (model, temperature) pairs taking turns, so that every
@@ -303,11 +217,11 @@ def test_schema_matrix(request: pytest.FixtureRequest, i: int) -> None:
                    temp=temp, max_tokens=96)
     assert run.stop == "eos", f"{model} at {temp}: {run.text!r}"
     assert run.constraint.is_done()
-    _check(schema, run.text)
+    check_json(schema, run.text)
 
 
 def test_openai_response_formats(smollm: Chat) -> None:
-    schema = _obj({"answer": {"type": "string", "maxLength": 20}})
+    schema = obj({"answer": {"type": "string", "maxLength": 20}})
     spec = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema,
                                                    "strict": True}}
     prompt = smollm.ask("What is the capital of France? Answer in JSON.")
@@ -315,7 +229,7 @@ def test_openai_response_formats(smollm: Chat) -> None:
         g = constraint_from_request(response_format=rf)
         run = smollm.run(prompt, g, max_tokens=64)
         if run.stop == "eos":
-            _check(check, run.text)
+            check_json(check, run.text)
         else:  # json_object leaves the value unbounded: only a prefix is checked then
             assert run.text.startswith("{") and rf["type"] == "json_object"
     assert constraint_from_request(response_format={"type": "text"}) is None
@@ -326,10 +240,6 @@ def test_openai_response_formats(smollm: Chat) -> None:
 
 # --- grammars: GBNF, regex, Lark ---------------------------------------------------------------
 
-LLAMA_CPP_GRAMMARS = ["arithmetic", "c", "chess", "english", "japanese", "json", "json_arr",
-                      "list"]
-
-
 def test_llama_cpp_grammars_all_compile() -> None:
     """Every grammar of llama.cpp's grammars/ directory is accepted by llguidance (none is
     refused, so there is no list of errors to keep)."""
@@ -338,134 +248,31 @@ def test_llama_cpp_grammars_all_compile() -> None:
         assert g.kind == "gbnf"
 
 
-_MOVE = r"(?:(?:[a-h]x)?[a-h][1-8](?:=[NBKQR])?|[NBKQR][a-h]?[1-8]?x?[a-h][1-8]|O-O(?:-O)?)[+#]?"
-_LANGUAGES = {  # regular ones as Python regexes (a truncated output must be a prefix)
-    "list": r"(?:- [^\r\n\x0b\x0c\x85\u2028\u2029]+\n)+",
-    "chess": rf"1\. {_MOVE} {_MOVE}\n(?:[1-9][0-9]?\. {_MOVE} {_MOVE}\n)+",
-    "english": r"[a-zA-Z0-9!-/:-@\[-`{-~]+(?:[ \t\n][a-zA-Z0-9!-/:-@\[-`{-~]+)*",
-    "japanese": r"[ぁ-ゟァ-ヿ、-〾一-鿿]+(?:[ \t\n][ぁ-ゟァ-ヿ、-〾一-鿿]+)*",
-}
-
-
-def _in_language(pattern: str, text: str, complete: bool) -> bool:
-    m = rx.fullmatch(pattern, text, partial=not complete)
-    return m is not None
-
-
-class _Incomplete(Exception):
-    """The text ended where the language needs more (fine for a truncated output)."""
-
-
-class _Arithmetic:
-    """A recursive-descent parser of arithmetic.gbnf's language, which nested parentheses
-    make context-free: ``(expr "=" ws term "\\n")+`` where every term swallows the spaces
-    and newlines after it (so a line's final term must end its whitespace with the newline).
-    ``check`` raises AssertionError where the text leaves the language, ``_Incomplete`` if it
-    stops short of a complete sentence."""
-
-    def __init__(self, text: str) -> None:
-        self.s, self.i = text, 0
-
-    def peek(self) -> str:
-        if self.i >= len(self.s):
-            raise _Incomplete
-        return self.s[self.i]
-
-    def ws(self) -> None:
-        while self.i < len(self.s) and self.s[self.i] in " \t\n":
-            self.i += 1
-
-    def term(self) -> None:
-        ch = self.peek()
-        if ch == "(":
-            self.i += 1
-            self.ws()
-            self.expr()
-            assert self.peek() == ")", (self.s, self.i)
-            self.i += 1
-        elif ch.isdigit():
-            while self.i < len(self.s) and self.s[self.i].isdigit():
-                self.i += 1
-        else:
-            assert "a" <= ch <= "z", (self.s, self.i)
-            self.i = re.compile(r"[a-z][a-z0-9_]*").match(self.s, self.i).end()
-        self.ws()
-
-    def expr(self) -> None:
-        self.term()
-        while self.i < len(self.s) and self.s[self.i] in "-+*/":
-            self.i += 1
-            self.term()
-
-    def check(self) -> None:
-        while True:
-            self.expr()
-            assert self.peek() == "=", (self.s, self.i)
-            self.i += 1
-            self.ws()
-            self.term()
-            assert self.s[self.i - 1] == "\n", (self.s, self.i)
-            if self.i == len(self.s):
-                return
-
-
-def _check_grammar_output(name: str, text: str, complete: bool) -> None:
-    if not complete:  # cut off by max_tokens, perhaps inside a character
-        text = text.removesuffix("\ufffd")
-    if name in _LANGUAGES:
-        assert _in_language(_LANGUAGES[name], text, complete), (name, text)
-    elif name in ("json", "json_arr"):
-        if complete:
-            value = json.loads(text)
-            assert isinstance(value, dict if name == "json" else list)
-        else:
-            assert text.startswith("{" if name == "json" else "[\n"), text
-    elif name == "arithmetic":
-        try:
-            _Arithmetic(text).check()
-        except _Incomplete:
-            assert not complete, text
-    else:  # c.gbnf: no parser of ours; declarations start with a type
-        assert text == "" or re.match(r"(int|float|char)[ \t\n]", text), text
-
-
-GRAMMAR_PROMPTS = {
-    "arithmetic": "Write two equations like x = 2 + 3.",
-    "c": "Write a C function that adds two ints.",
-    "chess": "Write the first moves of a chess game.",
-    "english": "Describe a cat in one sentence.",
-    "japanese": "Say hello in Japanese.",
-    "json": "Describe a dog as a JSON object.",
-    "json_arr": "List three colors as a JSON array.",
-    "list": "List three fruits.",
-}
-
-
 @pytest.mark.parametrize("name", LLAMA_CPP_GRAMMARS)
 def test_llama_cpp_grammar_constrains_smollm(smollm: Chat, name: str) -> None:
     g = gbnf_grammar((GRAMMARS / f"{name}.gbnf").read_text(encoding="utf-8"))
     run = smollm.run(smollm.ask(GRAMMAR_PROMPTS[name]), g, temp=0.8, max_tokens=24)
-    _check_grammar_output(name, run.text, run.stop == "eos")
+    check_grammar_output(name, run.text, run.stop == "eos")
 
 
 @pytest.mark.parametrize("name", ["json", "arithmetic", "chess"])
 def test_llama_cpp_grammar_constrains_gemma(gemma: Chat, name: str) -> None:
     g = gbnf_grammar((GRAMMARS / f"{name}.gbnf").read_text(encoding="utf-8"))
     run = gemma.run(gemma.ask(GRAMMAR_PROMPTS[name]), g, temp=0.0, max_tokens=24)
-    _check_grammar_output(name, run.text, run.stop == "eos")
+    check_grammar_output(name, run.text, run.stop == "eos")
 
 
 def test_grammar_checkers_reject_what_the_grammars_reject() -> None:
-    _Arithmetic("(a +1)*b = 3\nx_2 = (4)\n").check()
+    Arithmetic("(a +1)*b = 3\nx_2 = (4)\n").check()
     for bad in ("a + 1 = 3\n", "a = 3 b\n", "a = 3", "A = 3\n"):
-        with pytest.raises((AssertionError, _Incomplete)):
-            _Arithmetic(bad).check()
-    with pytest.raises(_Incomplete):
-        _Arithmetic("(a +1").check()
-    assert _in_language(_LANGUAGES["chess"], "1. e4 e5\n2. Nf3 Nc6\n", True)
-    assert _in_language(_LANGUAGES["chess"], "1. e4 e5\n2. Nf", False)
-    assert not _in_language(_LANGUAGES["chess"], "1. e4 e5\n2. Zf3", False)
-    assert not _in_language(_LANGUAGES["list"], "- a\nb", False)
+        with pytest.raises((AssertionError, Incomplete)):
+            Arithmetic(bad).check()
+    with pytest.raises(Incomplete):
+        Arithmetic("(a +1").check()
+    assert in_language(LANGUAGES["chess"], "1. e4 e5\n2. Nf3 Nc6\n", True)
+    assert in_language(LANGUAGES["chess"], "1. e4 e5\n2. Nf", False)
+    assert not in_language(LANGUAGES["chess"], "1. e4 e5\n2. Zf3", False)
+    assert not in_language(LANGUAGES["list"], "- a\nb", False)
 
 
 @pytest.mark.parametrize("pattern", [r"[0-9]{3}-[0-9]{4}", r"(yes|no), because [a-z ]{1,20}\.",

@@ -7,7 +7,7 @@ object (400, ``param``, ``code``). ``api.InvalidRequestError`` is meant to becom
 
 from __future__ import annotations
 
-__all__ = ["InvalidRequestError"]
+__all__ = ["ConstraintError", "ConstraintFailure", "InvalidRequestError"]
 
 
 class InvalidRequestError(ValueError):
@@ -20,3 +20,14 @@ class InvalidRequestError(ValueError):
         super().__init__(message)
         self.param = param
         self.code = code
+
+
+class ConstraintError(InvalidRequestError):
+    """A schema, grammar or tool definition that cannot be enforced: invalid, or using an
+    unsupported feature. The message names the problem; ``param`` the request field
+    (``response_format.json_schema.schema``, ``grammar``, ``tools``)."""
+
+
+class ConstraintFailure(RuntimeError):
+    """A constraint that broke down while generating (llguidance hit one of its limits, or a
+    token outside the mask was accepted): the sequence cannot go on constrained."""
