@@ -121,11 +121,10 @@ SCHEMAS = [
      {"$defs": {"point": obj({"x": {"type": "integer", "minimum": -9, "maximum": 9},
                                "y": {"type": "integer", "minimum": -9, "maximum": 9}})},
       **obj({"a": {"$ref": "#/$defs/point"}, "b": {"$ref": "#/$defs/point"}})}),
-    ("ref-recursive", "recursive $ref", "Ann has one child, Bo, who has no children.",
-     {"$defs": {"node": obj({"name": NAME, "children": {
-         "type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/node"}}},
-         required=["name"])},
-      "$ref": "#/$defs/node"}),
+    ("ref-in-array", "$ref to a definition used in an array", "Two colors with their hex codes.",
+     {"$defs": {"color": obj({"name": NAME, "hex": {"type": "string",
+                                                     "pattern": "^#[0-9a-f]{6}$"}})},
+      "type": "array", "minItems": 2, "maxItems": 2, "items": {"$ref": "#/$defs/color"}}),
     ("array-items", "array items, minItems/maxItems", "Three fruits.",
      {"type": "array", "items": NAME, "minItems": 1, "maxItems": 3}),
     ("prefix-items", "prefixItems (tuple), items false", "A name and an age.",
@@ -164,6 +163,15 @@ SCHEMAS = [
               "done": {"type": "boolean", "default": False}})}),
 ]
 assert len(SCHEMAS) >= 30
+
+# A recursive schema: supported, but nothing bounds the depth, and these small models, once
+# nesting, tend to go on until max_tokens (at temperature 0 both do on this prompt); it is
+# reported apart from the matrix.
+RECURSIVE = ("ref-recursive", "recursive $ref",
+             "Ann has one child, Bo. Bo has no children: his list of children is empty.",
+             {"$defs": {"node": obj({"name": NAME, "children": {
+                 "type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/node"}}})},
+              "$ref": "#/$defs/node"})
 
 
 def check_json(schema: dict, text: str) -> None:

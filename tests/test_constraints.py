@@ -24,6 +24,7 @@ from constrained import (
     GRAMMARS,
     LANGUAGES,
     LLAMA_CPP_GRAMMARS,
+    RECURSIVE,
     SCHEMAS,
     Arithmetic,
     Chat,
@@ -50,7 +51,7 @@ from gguflm.engine.grammar import (
     regex_grammar,
 )
 from gguflm.engine.sampling import Sampler, SamplerParams
-from gguflm.engine.schema import schema_from_arg
+from gguflm.engine.schema import MAX_INTEGER, bounded_schema, embed_schema, schema_from_arg
 from gguflm.tokenizer import Tokenizer
 
 
@@ -220,6 +221,22 @@ def test_schema_matrix(request: pytest.FixtureRequest, i: int) -> None:
     check_json(schema, run.text)
 
 
+def test_recursive_schema(smollm: Chat) -> None:
+    """A recursive $ref takes any depth (checked token by token on a three-level value) and
+    a model's answer validates (SmolLM2 at 0.8 stops nesting here; see RECURSIVE)."""
+    _, _, question, schema = RECURSIVE
+    g = json_schema_grammar(schema)
+    c = Constraint(g, smollm.tokenizer)
+    value = {"name": "a", "children": [{"name": "b", "children": [
+        {"name": "c", "children": []}]}, {"name": "d", "children": []}]}
+    for t in smollm.tokenizer.encode(json.dumps(value), add_special=False):
+        c.accept(t)
+    assert c.is_done()
+    run = smollm.run(smollm.ask(f"{question} Answer in JSON."), g, temp=0.8, max_tokens=96)
+    assert run.stop == "eos", run.text
+    check_json(schema, run.text)
+
+
 def test_openai_response_formats(smollm: Chat) -> None:
     schema = obj({"answer": {"type": "string", "maxLength": 20}})
     spec = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema,
@@ -354,6 +371,54 @@ def test_bad_constraints_name_the_problem(smollm: Chat, kwargs, param, words) ->
     assert e.value.param == param
     assert words in str(e.value), str(e.value)
     assert "\n" not in str(e.value)
+
+
+def _accepts(chat: Chat, grammar, text: str) -> bool:
+    c = Constraint(grammar, chat.tokenizer)
+    try:
+        for t in chat.tokenizer.encode(text, add_special=False):
+            c.accept(t)
+    except ConstraintFailure:
+        return False
+    return c.is_accepting()
+
+
+def test_unbounded_values_get_limits(smollm: Chat) -> None:
+    """Magnitudes up to 2**53 - 1, 10 decimals, formatted strings of a real length: a model
+    cannot write digits forever; bounds the schema sets itself are kept."""
+    integer = json_schema_grammar({"type": "integer"})
+    assert _accepts(smollm, integer, "-9007199254740991")
+    assert not _accepts(smollm, integer, "9007199254740992")
+    assert not _accepts(smollm, integer, "1" + "0" * 16)
+    number = json_schema_grammar({"type": "number"})
+    assert _accepts(smollm, number, "3.1415926535") and _accepts(smollm, number, "-200000")
+    assert not _accepts(smollm, number, "2e5")  # llguidance's bounded numbers: no exponent
+    assert not _accepts(smollm, number, "3.14159265358")
+    big = json_schema_grammar({"type": "integer", "minimum": 0, "maximum": 10**17})
+    assert _accepts(smollm, big, "1" + "0" * 16)
+    fine = json_schema_grammar({"type": "number", "multipleOf": 0.5})
+    assert _accepts(smollm, fine, "2.5") and not _accepts(smollm, fine, "2.25")
+    time_ = json_schema_grammar({"type": "string", "format": "time"})
+    assert _accepts(smollm, time_, '"12:30:00.123Z"')
+    assert not _accepts(smollm, time_, '"12:30:00.' + "1" * 30 + 'Z"')
+    # what the limits add never widens the schema
+    bounded = bounded_schema({"type": ["number", "null"], "properties": {"x": {
+        "type": "integer", "maximum": 5}}, "items": [{"type": "number", "minimum": 1}]})
+    assert bounded["minimum"] == -MAX_INTEGER and bounded["multipleOf"] == 1e-10
+    assert bounded["properties"]["x"] == {"type": "integer", "maximum": 5,
+                                          "minimum": -MAX_INTEGER}
+    assert bounded["items"][0]["maximum"] == MAX_INTEGER
+
+
+def test_embedded_schemas_keep_their_references() -> None:
+    params = {"$defs": {"p": {"type": "object", "properties": {"$ref": {"const": "#/x"}}}},
+              "properties": {"a": {"$ref": "#/$defs/p"}, "b": {"$ref": "#"},
+                             "c": {"enum": [{"$ref": "#/$defs/p"}]}}}
+    moved = embed_schema(params, "/properties/arguments")
+    assert moved["properties"]["a"] == {"$ref": "#/properties/arguments/$defs/p"}
+    assert moved["properties"]["b"] == {"$ref": "#/properties/arguments"}
+    assert moved["properties"]["c"] == params["properties"]["c"]  # data, not a schema
+    assert moved["$defs"]["p"]["properties"]["$ref"] == {"const": "#/x"}  # a property name
 
 
 def test_deep_schemas_are_refused_before_llguidance() -> None:

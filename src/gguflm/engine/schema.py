@@ -121,18 +121,21 @@ def check_schema(schema: Any, param: str) -> None:
                 stack.append((value, here, depth + 1))
 
 
-# Limits on values a schema leaves unbounded, so that a model cannot write digits forever:
-# llama.cpp's schema grammars allow 16 integer digits (and 16 decimals: llguidance takes at
-# most 10 as a multipleOf); formats get lengths beyond any real value.
-MAX_INTEGER = 10**16 - 1
+# Limits on values a schema leaves unbounded, so that a model cannot write digits forever.
+# llama.cpp's schema grammars allow 16 integer digits and 16 decimals; here magnitudes up to
+# 2**53 - 1 (JavaScript's safe integers, 16 digits: llguidance reads bounds as doubles, which
+# hold no larger integer exactly) and 10 decimals (the finest multipleOf llguidance takes);
+# formats get lengths beyond any real value.
+MAX_INTEGER = 2**53 - 1
 MAX_DECIMALS = 10
 FORMAT_MAX_LENGTH = {"time": 32, "date-time": 48, "duration": 64, "email": 254,
                      "hostname": 253, "uri": 2083, "ipv6": 45}
 
 
 def bounded_schema(schema: Any) -> Any:
-    """A copy of ``schema`` whose integers and numbers have at most 16 integer digits and
-    numbers at most 10 decimals (where the schema sets no bound or multipleOf of its own),
+    """A copy of ``schema`` whose integers and numbers lie within +-(2**53 - 1) and whose
+    numbers have at most 10 decimals (and no exponent: llguidance writes bounded numbers
+    without one) (where the schema sets no bound or multipleOf of its own),
     and whose formatted strings (``time``, ``email``, ...) a length limit. Everything it
     allows the original allows too, so outputs still validate against the original."""
     if isinstance(schema, list):
