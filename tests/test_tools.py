@@ -224,6 +224,8 @@ REPLIES = [  # (format, reply, content, [(name, arguments)])
      None, [("add", '{"a": 1, "b": 2}'), ("get_weather", '{"city": "X", "unit": "celsius"}')]),
     ("json", '{"name": "add", "arguments": {"a": 1, "b', None,
      [("add", '{"a": 1, "b')]),  # cut off by max_tokens: what there is
+    ("json", '{"name": "add", "arguments": "{\\"a\\": 1', None,
+     [("add", '"{\\"a\\": 1')]),  # cut off inside string-encoded arguments: left raw
     ("json", "  \n  ", None, []),
 ]
 

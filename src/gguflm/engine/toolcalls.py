@@ -144,6 +144,8 @@ class ToolCallParser:
         self._pending_ws = ""
         self._scan: _Scan | None = None
         self._arg_parts: list[str] = []
+        self._opaque_scan: _Scan | None = None  # the search for the end of an opaque call
+        self._opaque_pos = 0
         self._finished = False
 
     # --- public ---
@@ -157,7 +159,7 @@ class ToolCallParser:
     def finish(self) -> list[dict[str, Any]]:
         out = self._run(final=True)
         if self._state == "args":  # cut off inside the arguments (max_tokens)
-            self._end_args()
+            self._end_args(out)
         self._finished = True
         return out
 
@@ -326,26 +328,30 @@ class ToolCallParser:
 
     def _opaque(self, out: list[dict[str, Any]], final: bool) -> bool:
         """A call whose start did not stream as expected (keys in another order, an unknown
-        function, not a call at all): wait for its end, then take it whole or as text."""
+        function, not a call at all): wait for its end, then take it whole or as text. The
+        search resumes where the last one stopped (a long reply costs linear time)."""
+        if self._opaque_scan is None:
+            self._opaque_scan, self._opaque_pos = _Scan(), 0
         if self.format == "hermes":
-            i = self._buf.find(_CLOSE)
+            i = self._buf.find(_CLOSE, self._opaque_pos)
             if i < 0 and not final:
+                self._opaque_pos = max(0, len(self._buf) - len(_CLOSE) + 1)
                 return False
             body = self._buf if i < 0 else self._buf[:i]
             rest = "" if i < 0 else self._buf[i + len(_CLOSE):]
             raw = _OPEN + body + ("" if i < 0 else _CLOSE)
             next_state = "text"
         else:
-            scan, n = _Scan(), 0
-            for ch in self._buf:
-                scan.feed(ch)
+            scan, n = self._opaque_scan, self._opaque_pos
+            while n < len(self._buf) and not scan.done:
+                scan.feed(self._buf[n])
                 n += 1
-                if scan.done:
-                    break
+            self._opaque_pos = n
             if not scan.done and not final:
                 return False
             body, rest, raw = self._buf[:n], self._buf[n:], self._buf[:n]
             next_state = "after"
+        self._opaque_scan = None
         call = self._whole_call(body)
         if call is None:
             self._emit_content(out, raw)
