@@ -38,6 +38,18 @@ class Run:
 
 
 class Chat:
+    """One model with its tokenizer, template and KV cache; ``Chat.of(path)`` shares one per
+    file across the test modules (the llguidance vocabulary, built once per tokenizer, takes
+    seconds for Gemma's)."""
+
+    _shared: dict[Path, Chat] = {}
+
+    @classmethod
+    def of(cls, path: Path) -> Chat:
+        if path not in cls._shared:
+            cls._shared[path] = cls(path)
+        return cls._shared[path]
+
     def __init__(self, path: Path) -> None:
         self.model = load_model(path)
         self.tokenizer = Tokenizer.from_gguf(self.model.gguf)

@@ -57,17 +57,12 @@ from gguflm.tokenizer import Tokenizer
 
 @pytest.fixture(scope="module")
 def smollm(smollm2_path: Path) -> Chat:
-    return Chat(smollm2_path)
+    return Chat.of(smollm2_path)
 
 
 @pytest.fixture(scope="module")
 def gemma(gemma3_path: Path) -> Chat:
-    return Chat(gemma3_path)
-
-
-@pytest.fixture(params=["smollm", "gemma"])
-def chat(request: pytest.FixtureRequest) -> Chat:
-    return request.getfixturevalue(request.param)
+    return Chat.of(gemma3_path)
 
 
 # --- the vocabulary as llguidance sees it ------------------------------------------------------
@@ -203,10 +198,11 @@ def test_constrained_sampler_passes_the_prompt_to_the_penalties_only(smollm: Cha
 
 
 
-# Each schema runs once here, the (model, temperature) pairs taking turns, so that every
-# pair sees a quarter of the features; benchmarks/check_structured.py runs the whole matrix
-# (every schema on both models at both temperatures), which takes minutes.
-_PAIRS = [("smollm", 0.0), ("gemma", 0.8), ("gemma", 0.0), ("smollm", 0.8)]
+# Each schema runs once here, the (model, temperature) pairs taking turns (Gemma, twice as
+# slow, one turn in three); benchmarks/check_structured.py runs the whole matrix (every
+# schema on both models at both temperatures), which takes minutes.
+_PAIRS = [("smollm", 0.0), ("smollm", 0.8), ("gemma", 0.8), ("smollm", 0.8), ("smollm", 0.0),
+          ("gemma", 0.0)]
 
 
 @pytest.mark.parametrize("i", range(len(SCHEMAS)), ids=[s[0] for s in SCHEMAS])
@@ -272,7 +268,7 @@ def test_llama_cpp_grammar_constrains_smollm(smollm: Chat, name: str) -> None:
     check_grammar_output(name, run.text, run.stop == "eos")
 
 
-@pytest.mark.parametrize("name", ["json", "arithmetic", "chess"])
+@pytest.mark.parametrize("name", ["json", "arithmetic"])
 def test_llama_cpp_grammar_constrains_gemma(gemma: Chat, name: str) -> None:
     g = gbnf_grammar((GRAMMARS / f"{name}.gbnf").read_text(encoding="utf-8"))
     run = gemma.run(gemma.ask(GRAMMAR_PROMPTS[name]), g, temp=0.0, max_tokens=24)
@@ -292,9 +288,11 @@ def test_grammar_checkers_reject_what_the_grammars_reject() -> None:
     assert not in_language(LANGUAGES["list"], "- a\nb", False)
 
 
-@pytest.mark.parametrize("pattern", [r"[0-9]{3}-[0-9]{4}", r"(yes|no), because [a-z ]{1,20}\.",
-                                     r"\d{4}-\d{2}-\d{2}"])
-def test_regex_constrains_the_whole_output(chat: Chat, pattern: str) -> None:
+@pytest.mark.parametrize("model, pattern", [
+    ("smollm", r"[0-9]{3}-[0-9]{4}"), ("smollm", r"(yes|no), because [a-z ]{1,20}\."),
+    ("gemma", r"\d{4}-\d{2}-\d{2}")])
+def test_regex_constrains_the_whole_output(request, model: str, pattern: str) -> None:
+    chat = request.getfixturevalue(model)
     run = chat.run(chat.ask("Answer briefly."), regex_grammar(pattern), temp=0.8,
                    max_tokens=40)
     assert run.stop == "eos" and re.fullmatch(pattern, run.text, re.ASCII), run.text
