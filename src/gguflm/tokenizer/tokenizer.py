@@ -119,12 +119,15 @@ class Tokenizer:
 
     # --- encoding ------------------------------------------------------------------------------
 
-    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False,
+               space_prefix: bool = True) -> list[int]:
         """Token ids of ``text``.
 
         ``add_special`` adds BOS/EOS as the vocabulary asks (``add_bos``/``add_eos``);
         ``parse_special`` turns control tokens written in the text (``<|im_start|>``) into
         their ids. User-defined tokens are recognised either way, as in llama.cpp.
+        ``space_prefix=False`` leaves out the space a SentencePiece vocabulary with
+        ``add_space_prefix`` puts before the text: for text that continues other text.
         """
         v = self.vocab
         text = _valid_unicode(text)
@@ -135,7 +138,9 @@ class Tokenizer:
             out.append(v.special["bos"])
         frags = self._special.split(text, parse_special) if text else []
         if v.kind == "spm":
-            prev_special = True  # the space prefix goes before text that starts or follows one
+            # the space prefix goes before text that follows a special token, and before
+            # the start of the text unless space_prefix is off
+            prev_special = space_prefix
             for frag in frags:
                 if isinstance(frag, int):
                     out.append(frag)

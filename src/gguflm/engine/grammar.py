@@ -1,0 +1,229 @@
+"""A request's constraint as a checked grammar: JSON Schema, GBNF, Lark or regex.
+
+``constraint_from_request`` reads the constraint fields of a request (OpenAI
+``response_format``, llama-server's ``json_schema`` and ``grammar``, ``regex``, ``lark``)
+and returns a ``Grammar`` that llguidance accepted, or raises ``ConstraintError`` naming the
+request field and the problem. Nothing is ignored: llguidance's ``lenient`` and
+``coerce_one_of`` are forced off (an unimplemented keyword, an unknown ``format`` or a
+``oneOf`` not provably an ``anyOf`` is an error), unknown keywords are refused
+(``schema.check_schema``) and grammar warnings are errors.
+
+JSON whitespace is limited to what llama.cpp's schema grammars allow (one space, or one or
+two newlines and an indent of up to 20 spaces/tabs, between tokens), and numbers and
+formatted strings to ``schema.bounded_schema``'s lengths, so that a model cannot loop on
+whitespace or digits; a schema's own ``x-guidance`` object can change the whitespace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import llguidance
+
+from .errors import ConstraintError
+from .schema import bounded_schema, check_schema, load_schema
+
+if TYPE_CHECKING:
+    from ..tokenizer import Tokenizer
+
+__all__ = ["CONSTRAINT_PARAMS", "JSON_WHITESPACE", "Grammar", "constraint_from_request",
+           "gbnf_grammar", "json_schema_grammar", "lark_grammar", "one_line", "regex_grammar"]
+
+# the request fields that carry a constraint, in the order they are looked at
+CONSTRAINT_PARAMS = ("response_format", "json_schema", "grammar", "regex", "lark")
+
+# llama.cpp's JSON whitespace (json-schema-to-grammar's SPACE_RULE): a space, or a line
+# break or two and an indent of at most 20
+JSON_WHITESPACE = r"(?: |\n{1,2}[ \t]{0,20})"
+_JSON_DEFAULTS = {"whitespace_pattern": JSON_WHITESPACE}
+_JSON_STRICT = {"lenient": False, "coerce_one_of": False}
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A checked constraint, ready to be compiled for a tokenizer by ``Constraint``.
+
+    ``kind`` is ``json_schema``, ``gbnf``, ``lark`` or ``regex``; ``ll_grammar`` llguidance's
+    grammar (serialised); ``param`` the request field it came from (for errors);
+    ``schema`` the JSON schema for ``json_schema`` grammars (to validate outputs with);
+    ``check_seconds`` the time conversion and validation took."""
+
+    kind: str
+    ll_grammar: str
+    param: str
+    schema: Any = None
+    check_seconds: float = 0.0
+
+
+def one_line(message: str) -> str:
+    """llguidance's multi-line messages (regex errors draw a caret line) on one line."""
+    lines = [ln.strip() for ln in str(message).splitlines()]
+    return "; ".join(ln for ln in lines if ln and set(ln) - set("^ |~0123456789"))
+
+
+def _validate(ll_grammar: str, param: str, what: str,
+              tokenizer: Tokenizer | None = None) -> None:
+    ll = None
+    if tokenizer is not None:
+        from .constraints import ll_tokenizer  # (it imports this module)
+
+        ll = ll_tokenizer(tokenizer)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(ll_grammar, ll)
+    if ll is None:  # special token names are checked once compiled for a vocabulary
+        messages = [m for m in messages if "no tokenizer" not in m]
+    if messages:  # a warning is something llguidance ignored or changed: refused as well
+        msg = one_line(messages[0])
+        if what == "JSON schema" and _unsupported(msg):
+            raise ConstraintError(f"unsupported JSON schema feature: {msg}", param=param,
+                                  code="unsupported_schema")
+        raise ConstraintError(f"invalid {what}: {msg}", param=param)
+
+
+def _unsupported(msg: str) -> bool:
+    return any(s in msg for s in ("Unimplemented", "not supported", "Unknown format",
+                                  "is not present in a registry"))
+
+
+def _timed(kind: str, ll_grammar: str, param: str, t0: float, schema: Any = None) -> Grammar:
+    return Grammar(kind, ll_grammar, param, schema, time.perf_counter() - t0)
+
+
+def json_schema_grammar(schema: Any, param: str = "json_schema",
+                        tokenizer: Tokenizer | None = None) -> Grammar:
+    """A grammar for JSON values that match ``schema`` (a dict, ``True``, or its JSON text)."""
+    t0 = time.perf_counter()
+    schema = load_schema(schema, param)
+    check_schema(schema, param)
+    try:
+        ll = llguidance.LLMatcher.grammar_from_json_schema(
+            bounded_schema(schema), defaults=_JSON_DEFAULTS, overrides=_JSON_STRICT)
+    except (ValueError, TypeError) as e:
+        raise ConstraintError(f"invalid JSON schema: {one_line(str(e))}", param=param) from None
+    _validate(ll, param, "JSON schema", tokenizer)
+    return _timed("json_schema", ll, param, t0, schema)
+
+
+def gbnf_grammar(text: Any, param: str = "grammar",
+                 tokenizer: Tokenizer | None = None) -> Grammar:
+    """A grammar from llama.cpp GBNF text (Lark text is recognised and taken as it is)."""
+    t0 = time.perf_counter()
+    text = _text(text, param, "a GBNF grammar")
+    try:
+        ll = llguidance.grammar_from("gbnf", text)
+    except ValueError as e:
+        msg = one_line(str(e)).removeprefix("Failed to convert the grammar from GBNF to Lark: ")
+        raise ConstraintError(f"invalid GBNF grammar: {msg}", param=param) from None
+    _validate(ll, param, "grammar", tokenizer)
+    return _timed("gbnf", ll, param, t0)
+
+
+def lark_grammar(text: Any, param: str = "lark", tokenizer: Tokenizer | None = None) -> Grammar:
+    """A grammar from llguidance's Lark syntax (``%json {...}`` embeds a JSON schema)."""
+    t0 = time.perf_counter()
+    ll = llguidance.LLMatcher.grammar_from_lark(_text(text, param, "a Lark grammar"))
+    _validate(ll, param, "Lark grammar", tokenizer)
+    return _timed("lark", ll, param, t0)
+
+
+def regex_grammar(pattern: Any, param: str = "regex",
+                  tokenizer: Tokenizer | None = None) -> Grammar:
+    """A grammar whose outputs match ``pattern`` as a whole. Rust ``regex`` syntax (no
+    look-around or back-references) with ``\\d`` and ``\\w`` meaning ASCII ``[0-9]`` and
+    ``[0-9A-Za-z_]``, as in JSON Schema patterns (Rust's are Unicode: ``\\d`` would let a
+    model write a date in digits from other scripts)."""
+    t0 = time.perf_counter()
+    text = _text(pattern, param, "a regular expression")
+    _validate(llguidance.LLMatcher.grammar_from_regex(text), param, "regular expression")
+    ll = llguidance.LLMatcher.grammar_from_lark(
+        f"start: /{llguidance.regex_to_lark(text, 'dw')}/")
+    _validate(ll, param, "regular expression", tokenizer)
+    return _timed("regex", ll, param, t0)
+
+
+def _text(value: Any, param: str, what: str) -> str:
+    if not isinstance(value, str):
+        raise ConstraintError(f"{param} must be a string ({what}), got {type(value).__name__}",
+                              param=param)
+    if not value.strip():
+        raise ConstraintError(f"{param} is empty", param=param)
+    if "\x00" in value:
+        raise ConstraintError(f"{param} contains a NUL character", param=param)
+    return value
+
+
+# --- a request's constraint ------------------------------------------------------------------
+
+def constraint_from_request(response_format: Any = None, json_schema: Any = None,
+                            grammar: Any = None, regex: Any = None, lark: Any = None, *,
+                            tokenizer: Tokenizer | None = None) -> Grammar | None:
+    """The grammar a request asks for, or None (no constraint).
+
+    ``response_format``: OpenAI's ``{"type": "text"}`` (none), ``{"type": "json_object"}``
+    (any JSON object; a ``schema`` beside it is used, as llama-server does) or
+    ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`` (``strict`` is
+    accepted either way: the schema is always enforced). ``json_schema``: a schema (dict or
+    JSON text), llama-server's field. ``grammar``: GBNF text (llama.cpp's grammars work
+    unchanged; Lark text is recognised too). ``regex``: the whole output must match.
+    ``lark``: llguidance's Lark syntax. At most one may be given. With ``tokenizer`` the
+    grammar is also checked against its vocabulary (special token names).
+    Raises ``ConstraintError`` (``param`` set) for anything that cannot be enforced exactly.
+    """
+    given = {name: value for name, value in zip(
+        CONSTRAINT_PARAMS, (response_format, json_schema, grammar, regex, lark))
+        if value is not None}
+    if "response_format" in given and _format_type(given["response_format"]) == "text":
+        del given["response_format"]
+    if len(given) > 1:
+        first, second = list(given)[:2]
+        raise ConstraintError(f"{first} and {second} cannot be combined: give one "
+                              f"constraint per request", param=second)
+    if not given:
+        return None
+    (param, value), = given.items()
+    if param == "response_format":
+        return _response_format(value, tokenizer)
+    if param == "json_schema":
+        return json_schema_grammar(value, "json_schema", tokenizer)
+    if param == "grammar":
+        return gbnf_grammar(value, "grammar", tokenizer)
+    if param == "regex":
+        return regex_grammar(value, "regex", tokenizer)
+    return lark_grammar(value, "lark", tokenizer)
+
+
+_FORMAT_TYPES = ("text", "json_object", "json_schema")
+
+
+def _format_type(rf: Any) -> str:
+    if not isinstance(rf, Mapping):
+        raise ConstraintError("response_format must be an object such as "
+                              '{"type": "json_object"}', param="response_format")
+    kind = rf.get("type")
+    if kind not in _FORMAT_TYPES:
+        raise ConstraintError(f"response_format.type must be one of {', '.join(_FORMAT_TYPES)}"
+                              f", got {kind!r}", param="response_format.type")
+    return kind
+
+
+def _response_format(rf: Mapping[str, Any], tokenizer: Tokenizer | None) -> Grammar:
+    if _format_type(rf) == "json_object":
+        schema = rf.get("schema")
+        if schema is None:
+            return json_schema_grammar({"type": "object"}, "response_format", tokenizer)
+        return json_schema_grammar(schema, "response_format.schema", tokenizer)
+    spec = rf.get("json_schema")
+    if not isinstance(spec, Mapping):
+        raise ConstraintError('response_format.json_schema must be an object with "name" and '
+                              '"schema"', param="response_format.json_schema")
+    for key, kinds, what in (("name", str, "a string"), ("strict", bool | type(None), "a boolean"),
+                             ("description", str, "a string")):
+        if key in spec and not isinstance(spec[key], kinds):
+            raise ConstraintError(f"response_format.json_schema.{key} must be {what}",
+                                  param=f"response_format.json_schema.{key}")
+    schema = spec.get("schema")
+    if schema is None:  # OpenAI makes it optional: then any JSON object
+        schema = {"type": "object"}
+    return json_schema_grammar(schema, "response_format.json_schema.schema", tokenizer)

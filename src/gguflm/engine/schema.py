@@ -1,0 +1,192 @@
+"""JSON Schema handling that needs no grammar engine: loading, keyword checks, bounds.
+
+``check_schema`` refuses keywords JSON Schema does not define (a misspelt ``requried`` would
+otherwise be ignored, as the standard says, and silently not enforced), except ``x-``
+extensions and a few harmless annotations (``discriminator``, ``example``); llguidance then
+refuses the keywords it does not implement. ``bounded_schema`` bounds what a schema leaves
+unbounded where a model could loop (digits of numbers, lengths of formatted strings);
+``embed_schema`` keeps a schema's ``$ref``s working when it is placed inside another.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import ConstraintError
+
+__all__ = ["FORMAT_MAX_LENGTH", "KNOWN_KEYWORDS", "MAX_DECIMALS", "MAX_INTEGER",
+           "bounded_schema", "check_schema", "embed_schema", "load_schema", "schema_from_arg"]
+
+MAX_SCHEMA_DEPTH = 64  # nesting deeper than this is refused before it reaches llguidance
+
+
+def load_schema(schema: Any, param: str) -> Any:
+    """``schema`` (a dict, a boolean or JSON text) as a schema object; ``param`` names the
+    request field in errors."""
+    if isinstance(schema, str | bytes):
+        try:
+            schema = json.loads(schema)
+        except (ValueError, RecursionError) as e:
+            raise ConstraintError(f"{param} is not valid JSON: {e}", param=param) from None
+    if schema is True:
+        return {}
+    if schema is False:
+        raise ConstraintError(f"{param} is the schema false, which no value matches",
+                              param=param)
+    if not isinstance(schema, Mapping):
+        raise ConstraintError(f"{param} must be a JSON schema object, got "
+                              f"{type(schema).__name__}", param=param)
+    return schema
+
+
+def schema_from_arg(value: str) -> dict[str, Any]:
+    """A JSON schema from a command-line argument: JSON text if it starts with ``{``, else
+    the path of a file holding it. Errors name the file."""
+    text = value.strip()
+    if not text.startswith("{"):
+        try:
+            with open(os.path.expanduser(value), encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConstraintError(f"cannot read the JSON schema file {value}: {e}",
+                                  param="json_schema") from None
+    schema = load_schema(text, "json_schema")
+    return dict(schema)
+
+
+# --- keywords --------------------------------------------------------------------------------
+
+_SUBSCHEMA = {"items", "additionalItems", "additionalProperties", "not", "if", "then", "else",
+              "contains", "propertyNames", "unevaluatedItems", "unevaluatedProperties",
+              "contentSchema"}
+_SUBSCHEMA_MAP = {"properties", "patternProperties", "$defs", "definitions",
+                  "dependentSchemas", "dependencies"}
+_SUBSCHEMA_LIST = {"allOf", "anyOf", "oneOf", "prefixItems", "items"}
+_OTHER_KEYWORDS = {
+    # core, drafts 4 to 2020-12
+    "$schema", "$id", "id", "$ref", "$anchor", "$dynamicRef", "$dynamicAnchor", "$vocabulary",
+    "$comment", "$recursiveRef", "$recursiveAnchor",
+    # validation
+    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
+    "exclusiveMinimum", "maxLength", "minLength", "pattern", "maxItems", "minItems",
+    "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties", "required",
+    "dependentRequired", "format", "contentEncoding", "contentMediaType",
+    # annotations
+    "title", "description", "default", "deprecated", "readOnly", "writeOnly", "examples",
+    # not JSON Schema, but common annotations that change nothing (OpenAPI, pydantic)
+    "discriminator", "example",
+}
+KNOWN_KEYWORDS = frozenset(_SUBSCHEMA | _SUBSCHEMA_MAP | _SUBSCHEMA_LIST | _OTHER_KEYWORDS)
+
+
+def check_schema(schema: Any, param: str) -> None:
+    """Refuse keywords JSON Schema does not define (``x-`` extensions excepted), anywhere in
+    ``schema``, naming the keyword and where it is (a JSON pointer); and nesting deeper than
+    64 levels. llguidance checks the rest (types, unimplemented keywords, ranges)."""
+    stack: list[tuple[Any, str, int]] = [(schema, "", 0)]
+    while stack:
+        node, where, depth = stack.pop()
+        if isinstance(node, bool):
+            continue
+        if not isinstance(node, Mapping):
+            raise ConstraintError(f"invalid JSON schema: {where or '/'} must be a schema "
+                                  f"(an object or a boolean), got {type(node).__name__}",
+                                  param=param)
+        if depth > MAX_SCHEMA_DEPTH:
+            raise ConstraintError(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} "
+                                  f"levels (at {where})", param=param)
+        for key, value in node.items():
+            if not isinstance(key, str):
+                raise ConstraintError(f"invalid JSON schema: key {key!r} at {where or '/'}",
+                                      param=param)
+            here = f"{where}/{_pointer(key)}"
+            if key.startswith("x-"):
+                continue
+            if key not in KNOWN_KEYWORDS:
+                raise ConstraintError(
+                    f"unsupported JSON schema feature: unknown keyword {key!r} at "
+                    f"{where or '/'} (JSON Schema would ignore it; remove it or write "
+                    f"it as 'x-{key}')", param=param, code="unsupported_schema")
+            if key in _SUBSCHEMA_LIST and isinstance(value, list):
+                stack.extend((s, f"{here}/{i}", depth + 1) for i, s in enumerate(value))
+            elif key in _SUBSCHEMA_MAP and isinstance(value, Mapping):
+                for name, s in value.items():
+                    if key == "dependencies" and isinstance(s, list):
+                        continue  # draft 4's property dependencies: a list of names
+                    stack.append((s, f"{here}/{_pointer(str(name))}", depth + 1))
+            elif key in _SUBSCHEMA or key in _SUBSCHEMA_LIST:
+                stack.append((value, here, depth + 1))
+
+
+# Limits on values a schema leaves unbounded, so that a model cannot write digits forever.
+# llama.cpp's schema grammars allow 16 integer digits and 16 decimals; here magnitudes up to
+# 2**53 - 1 (JavaScript's safe integers, 16 digits: llguidance reads bounds as doubles, which
+# hold no larger integer exactly) and 10 decimals (the finest multipleOf llguidance takes);
+# formats get lengths beyond any real value.
+MAX_INTEGER = 2**53 - 1
+MAX_DECIMALS = 10
+FORMAT_MAX_LENGTH = {"time": 32, "date-time": 48, "duration": 64, "email": 254,
+                     "hostname": 253, "uri": 2083, "ipv6": 45}
+
+
+def bounded_schema(schema: Any) -> Any:
+    """A copy of ``schema`` whose integers and numbers lie within +-(2**53 - 1) and whose
+    numbers have at most 10 decimals (and no exponent: llguidance writes bounded numbers
+    without one) (where the schema sets no bound or multipleOf of its own),
+    and whose formatted strings (``time``, ``email``, ...) a length limit. Everything it
+    allows the original allows too, so outputs still validate against the original."""
+    if isinstance(schema, list):
+        return [bounded_schema(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SUBSCHEMA_MAP and isinstance(value, Mapping):
+            out[key] = {name: bounded_schema(s) for name, s in value.items()}
+        elif key in _SUBSCHEMA or key in _SUBSCHEMA_LIST:
+            out[key] = bounded_schema(value)
+        else:
+            out[key] = value
+    types = out.get("type")
+    types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
+    if ("integer" in types or "number" in types) and "enum" not in out and "const" not in out:
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -MAX_INTEGER
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = MAX_INTEGER
+        if "integer" not in types and "multipleOf" not in out:
+            out["multipleOf"] = 10.0 ** -MAX_DECIMALS
+    limit = FORMAT_MAX_LENGTH.get(out.get("format"))  # type: ignore[arg-type]
+    if limit is not None and "maxLength" not in out and out.get("minLength", 0) <= limit:
+        out["maxLength"] = limit
+    return out
+
+
+def _pointer(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def embed_schema(schema: Any, pointer: str) -> Any:
+    """A copy of ``schema`` for placing at JSON pointer ``pointer`` (``/properties/x``) inside
+    another schema: its local references (``#``, ``#/$defs/T``) are rewritten to still point
+    into it. Only schema positions are rewritten (not ``enum``/``const`` data or a property
+    that happens to be called ``$ref``)."""
+    if isinstance(schema, list):
+        return [embed_schema(s, pointer) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            rest = value[1:]
+            out[key] = "#" + pointer + rest if rest.startswith("/") or not rest else value
+        elif key in _SUBSCHEMA_MAP and isinstance(value, Mapping):
+            out[key] = {name: embed_schema(s, pointer) for name, s in value.items()}
+        elif key in _SUBSCHEMA or key in _SUBSCHEMA_LIST:
+            out[key] = embed_schema(value, pointer)
+        else:
+            out[key] = value
+    return out
