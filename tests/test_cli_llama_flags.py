@@ -263,3 +263,15 @@ def test_bench_lists_print_llama_benchs_table(tiny: str,
     assert main(["bench", tiny, "-p", "8,16", "-n", "0", "-r", "1", "--json"]) == 0
     many = json.loads(capsys.readouterr().out)
     assert [t["test"] for t in many["tests"]] == ["pp8", "pp16"]
+
+
+def test_sizes_are_in_one_unit() -> None:
+    """MB means 10^6 bytes in pull's progress and list, inspect and bench (and the README)."""
+    import io
+
+    from gguflm.cli.pull import StderrProgress, _amount
+
+    assert _amount(126_556_512, 253_113_024) == "126.6/253.1 MB  50%"
+    stream = io.StringIO()
+    StderrProgress(stream)("extract", 0, 253_113_024)
+    assert stream.getvalue() == "extract (253.1 MB)\n"
