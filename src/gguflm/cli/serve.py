@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import CLIError
+from . import CLIError, UsageError
 from .common import (
     add_ignored_options,
     add_load_options,
@@ -90,10 +90,10 @@ def serve(args: argparse.Namespace) -> int:
     from ..server import make_server
 
     if not 0 <= args.port <= 65535:
-        raise CLIError(f"--port must be 0..65535, got {args.port}")
+        raise UsageError(f"--port must be 0..65535, got {args.port}")
     max_queue = DEFAULT_MAX_QUEUE if args.max_queue is None else args.max_queue
     if max_queue < 1:
-        raise CLIError(f"--max-queue must be at least 1, got {max_queue}")
+        raise UsageError(f"--max-queue must be at least 1, got {max_queue}")
     llm = load_llm(args, parallel=args.parallel, max_queue=max_queue)
     try:
         server = make_server(llm, args.host, args.port, verbose=args.verbose)
