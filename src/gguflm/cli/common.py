@@ -102,17 +102,18 @@ FLASH_ATTN_VALUES = ("on", "off", "auto")
 def add_ignored_options(p: argparse.ArgumentParser) -> None:
     """llama.cpp's GPU/memory options (-ngl, --mlock, --no-mmap, -fa, ...): accepted, and
     noted on stderr as ignored, so that a llama.cpp command line runs as it is."""
-    g = p.add_argument_group("accepted for llama.cpp compatibility, ignored (gguflm runs "
-                             "on the CPU from the memory-mapped file)")
-    for flags, value in IGNORED_OPTIONS:
+    g = p.add_argument_group("llama.cpp's GPU and memory options")
+    for i, (flags, value) in enumerate(IGNORED_OPTIONS):
+        shown = ("accepted and ignored, as are --mlock, --no-mmap, -fa/--flash-attn "
+                 "[on|off|auto], -dev, -mg: gguflm runs on the CPU from the memory-mapped "
+                 "file" if i == 0 else argparse.SUPPRESS)
         if value is None:
             g.add_argument(*flags, action=_Ignored, nargs="?", const=True,
-                           choices=FLASH_ATTN_VALUES, help=argparse.SUPPRESS)
+                           choices=FLASH_ATTN_VALUES, help=shown)
         elif value:
-            g.add_argument(*flags, action=_Ignored, nargs=1, metavar="X",
-                           help=argparse.SUPPRESS)
+            g.add_argument(*flags, action=_Ignored, nargs=1, metavar="N", help=shown)
         else:
-            g.add_argument(*flags, action=_Ignored, nargs=0, help=argparse.SUPPRESS)
+            g.add_argument(*flags, action=_Ignored, nargs=0, help=shown)
     p.set_defaults(ignored_options=None)
 
 
