@@ -189,3 +189,21 @@ def test_embed_command(reference: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert capsys.readouterr().out.count(" token ") == n_tok
     with pytest.raises(SystemExit):
         main(["embed", tiny])  # nothing to embed: a usage error
+
+
+def test_the_files_pooling_type_is_the_default(reference: Path) -> None:
+    tiny = str(reference / "tiny-llama-f16" / "tiny-llama-f16.gguf")
+    plain = gguflm.LLM(tiny, parallel=1)
+    last = gguflm.LLM(tiny, parallel=1, kv_overrides={"llama.pooling_type": 3})  # LAST
+    try:
+        assert plain.pooling == "mean" and last.pooling == "last"
+        assert np.array_equal(last.embed("hello there"), plain.embed("hello there",
+                                                                    pooling="last"))
+        cls = gguflm.LLM(tiny, parallel=1, pooling="cls")
+        assert cls.pooling == "cls"
+        cls.close()
+        with pytest.raises(InvalidRequestError, match="pooling"):
+            gguflm.LLM(tiny, parallel=1, pooling="max")
+    finally:
+        plain.close()
+        last.close()
