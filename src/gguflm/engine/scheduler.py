@@ -1,7 +1,9 @@
 """The serving engine: continuous batching of many sequences over one model.
 
 The one path from a prompt to tokens: ``gguflm run``, ``gguflm chat``, ``gguflm.LLM`` and
-the server all ``submit`` a ``Request`` here and read the ``Sequence`` it returns.
+the server all ``submit`` a ``Request`` here and read the ``Sequence`` it returns. An
+``EmbedRequest`` (embed.py) is scheduled the same way, but its prompt chunks ask the batch
+for final hidden states instead of logits, and it ends, pooled, when its prompt is done.
 
 ``n_slots`` sequences run at once (llama-server's ``--parallel``), each in a slot of one KV
 arena. Every step, one engine thread builds one batch: one token for each decoding sequence,
