@@ -108,6 +108,9 @@ class LLM:
         limit_blas_threads()  # an entry point's choice, not an import's side effect
         self.threads = thread_count(threads)
         self.verbose = bool(verbose)
+        self.seed = self._default_seed(seed)
+        if pooling is not None:  # checked before the file is opened
+            self._check_pooling(pooling)
         t0 = time.perf_counter()
         try:
             self.model = load_model(self.model_path, kv_overrides, rope_style)
@@ -115,7 +118,6 @@ class LLM:
             raise InvalidRequestError(str(e), param="kv_overrides" if rope_style is None
                                       or "rope" not in str(e) else "rope_style") from None
         self.tokenizer = Tokenizer.from_gguf(self.model.gguf)
-        self.seed = self._default_seed(seed)
         self.pooling = self._check_pooling(pooling)
         self.n_ctx = n_ctx if n_ctx is not None else default_n_ctx(
             int(self.model.config.n_ctx_train or 0))
