@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import argparse
 import io
+import time
 
 import pytest
 
-from gguflm.cli import CLIError
+from gguflm.cli import CLIError, UsageError
 from gguflm.cli.common import (
+    Progress,
     add_model_argument,
+    finish_model_argument,
     load_model,
     non_negative_int,
     positive_int,
+    process_escapes,
     read_text,
 )
 from gguflm.hub import DEFAULT_MODEL
@@ -27,14 +31,64 @@ def test_integer_types() -> None:
 
 
 def test_model_argument() -> None:
+    def parse(p: argparse.ArgumentParser, argv: list[str]) -> str:
+        args = p.parse_args(argv)
+        finish_model_argument(args)
+        return args.model
+
     p = argparse.ArgumentParser()
     add_model_argument(p, optional=True)
-    assert p.parse_args([]).model == DEFAULT_MODEL
-    assert p.parse_args(["m.gguf"]).model == "m.gguf"
+    assert parse(p, []) == DEFAULT_MODEL
+    assert parse(p, ["m.gguf"]) == "m.gguf"
+    assert parse(p, ["-m", "m.gguf"]) == parse(p, ["--model", "m.gguf"]) == "m.gguf"
+    assert parse(p, ["m.gguf", "-m", "m.gguf"]) == "m.gguf"
+    with pytest.raises(UsageError, match="two models"):
+        parse(p, ["a.gguf", "-m", "b.gguf"])
     q = argparse.ArgumentParser()
     add_model_argument(q)
-    with pytest.raises(SystemExit):  # required: a usage error
-        q.parse_args([])
+    assert parse(q, ["-m", "x.gguf"]) == "x.gguf"
+    with pytest.raises(UsageError, match="MODEL is required"):
+        parse(q, [])
+
+
+def test_process_escapes() -> None:
+    assert process_escapes(r"a\nb\tc\\d\'\"") == "a\nb\tc\\d'\""
+    assert process_escapes(r"caf\xC3\xA9 \x41") == "café A"
+    assert process_escapes(r"keep \q and \x4 and end\\") == r"keep \q and \x4 and end" + "\\"
+
+
+def test_progress_is_silent_off_a_terminal() -> None:
+    stream = io.StringIO()
+    p = Progress("prompt", 1000, "tokens", stream=stream)
+    p.update(500)
+    p.close()
+    assert stream.getvalue() == ""
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()
+    p = Progress("prompt", 1000, "tokens", stream=tty)
+    time.sleep(0.01)
+    p.update(500)
+    text = tty.getvalue()
+    assert "prompt: 500/1000 tokens 50%" in text and "ETA" in text
+    p.close()
+    assert tty.getvalue().endswith("\r")
+    assert not Progress("x", 10, enabled=False, stream=tty).enabled
+
+
+def test_kv_override_parsing() -> None:
+    from gguflm.model.overrides import KVOverrideError, parse_kv_override
+
+    assert parse_kv_override("a.b=int:5") == ("a.b", 5)
+    assert parse_kv_override("a.b=float:1e4") == ("a.b", 1e4)
+    assert parse_kv_override("a.b=bool:false") == ("a.b", False)
+    assert parse_kv_override("a.b=str:x:y=z") == ("a.b", "x:y=z")
+    for bad in ("a.b", "=int:1", "a.b=long:1", "a.b=int:x", "a.b=bool:yes", "a.b=float:nan"):
+        with pytest.raises(KVOverrideError):
+            parse_kv_override(bad)
 
 
 def test_read_text(tmp_path, monkeypatch) -> None:

@@ -63,15 +63,27 @@ def test_streamed_text_equals_json_text_for_the_same_seed(
     (["--repeat-penalty", "0"], "repeat-penalty must be > 0"),
     (["--seed", "-2"], "seed must be in"),
     (["-n", "-3"], "-n must be"),
-    (["-c", "0"], "-c must be at least 1"),
-    (["-c", "3"], "longer than the context of 3"),
+    (["-c", "0"], "must be at least 1, got 0"),
 ])
-def test_bad_values_are_one_error_line(reference: Path, capsys: pytest.CaptureFixture[str],
-                                       argv: list[str], message: str) -> None:
+def test_bad_option_values_are_usage_errors(reference: Path, capsys: pytest.CaptureFixture[str],
+                                            argv: list[str], message: str) -> None:
+    """A bad option value exits 2 with the command's usage, as argparse's own errors do."""
     model = str(reference / "tiny-llama-f16" / "tiny-llama-f16.gguf")
-    assert main(["run", model, "-p", "a prompt of several tokens here", *argv]) == 1
+    with pytest.raises(SystemExit) as e:
+        main(["run", model, "-p", "a prompt of several tokens here", *argv])
+    assert e.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert err.startswith("usage: gguflm run") and "gguflm run: error: " in err
+    assert message in err.splitlines()[-1]
+
+
+def test_a_prompt_longer_than_the_context_is_one_error_line(
+        reference: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = str(reference / "tiny-llama-f16" / "tiny-llama-f16.gguf")
+    assert main(["run", model, "-p", "a prompt of several tokens here", "-c", "3"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "longer than the context of 3" in err
+    assert err.count("\n") == 1
 
 
 def test_unparseable_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -209,5 +209,6 @@ def test_bench_command_errors(reference, capsys) -> None:  # noqa: ANN001
     from gguflm.cli import main
 
     model = reference / "tiny-llama-q4_0" / "tiny-llama-q4_0.gguf"
-    assert main(["bench", str(model), "-p", "0", "-n", "0"]) == 1
-    assert "nothing to measure" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # a usage error: the command's usage, exit 2
+        main(["bench", str(model), "-p", "0", "-n", "0"])
+    assert e.value.code == 2 and "nothing to measure" in capsys.readouterr().err

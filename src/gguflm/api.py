@@ -18,9 +18,12 @@ runs beside it: the same seed gives the same text under any load.
 
 from __future__ import annotations
 
+import base64
 import os
+import sys
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -69,20 +72,35 @@ class LLM:
     ``threads`` the kernel threads (default: the cores available); ``chat_template`` a file
     that replaces the model's template (Jinja text or a ``tokenizer_config.json``);
     ``parallel`` the sequences computed together (slots, default 4; more calls wait in
-    arrival order, at most ``max_queue`` in all). Constructing an LLM sets process-wide
-    state once: numpy's OpenBLAS runs on one thread (see ``quant.matrix.limit_blas_threads``).
+    arrival order, at most ``max_queue`` in all). ``kv_overrides`` replace metadata values
+    at load (``{"tokenizer.ggml.add_bos_token": False}``, llama.cpp's ``--override-kv``);
+    ``rope_style`` (``"norm"``/``"neox"``) the architecture's RoPE pairing; ``pooling`` the
+    embeddings' pooling (default: the file's ``pooling_type``, else mean); ``seed`` the seed
+    of calls that give none (default: a random one each call); ``verbose`` prints what was
+    loaded to stderr. llama-cpp-python's names work too: ``model_path``, ``n_threads``
+    (``n_ctx`` and ``seed`` are the same); ``n_gpu_layers``, ``use_mmap``, ``use_mlock``,
+    ``flash_attn``, ``n_batch``, ``embedding`` and the like are accepted and ignored, with a
+    warning for the GPU ones. Constructing an LLM sets process-wide state once: numpy's
+    OpenBLAS runs on one thread (see ``quant.matrix.limit_blas_threads``).
     """
 
     def __init__(self, model: str | os.PathLike[str] | None = None, *, n_ctx: int | None = None,
                  threads: int | None = None,
                  chat_template: str | os.PathLike[str] | None = None,
-                 parallel: int = DEFAULT_SLOTS, max_queue: int = DEFAULT_MAX_QUEUE) -> None:
+                 parallel: int = DEFAULT_SLOTS, max_queue: int = DEFAULT_MAX_QUEUE,
+                 kv_overrides: Mapping[str, bool | int | float | str] | None = None,
+                 rope_style: str | None = None, pooling: str | None = None,
+                 seed: int | None = None, verbose: bool = False,
+                 model_path: str | os.PathLike[str] | None = None,
+                 n_threads: int | None = None, **ignored: Any) -> None:
         from . import load_model
         from .engine.scheduler import Engine
         from .hub import DEFAULT_MODEL, KNOWN_MODELS, resolve_model
         from .quant.matrix import limit_blas_threads
         from .tokenizer import Tokenizer
 
+        # llama-cpp-python's names for the same things
+        model, threads = _lcpp_aliases(model, model_path, threads, n_threads, ignored)
         name = os.fspath(model) if model is not None else DEFAULT_MODEL
         for arg, value in (("threads", threads), ("parallel", parallel),
                            ("max_queue", max_queue), ("n_ctx", n_ctx)):
@@ -95,8 +113,18 @@ class LLM:
         self.model_id = name if name in KNOWN_MODELS else self.model_path.name
         limit_blas_threads()  # an entry point's choice, not an import's side effect
         self.threads = thread_count(threads)
-        self.model = load_model(self.model_path)
+        self.verbose = bool(verbose)
+        self.seed = self._default_seed(seed)
+        if pooling is not None:  # checked before the file is opened
+            self._check_pooling(pooling)
+        t0 = time.perf_counter()
+        try:
+            self.model = load_model(self.model_path, kv_overrides, rope_style)
+        except ValueError as e:  # a bad override or rope_style (file errors pass as they are)
+            raise InvalidRequestError(str(e), param="kv_overrides" if rope_style is None
+                                      or "rope" not in str(e) else "rope_style") from None
         self.tokenizer = Tokenizer.from_gguf(self.model.gguf)
+        self.pooling = self._check_pooling(pooling)
         self.n_ctx = n_ctx if n_ctx is not None else default_n_ctx(
             int(self.model.config.n_ctx_train or 0))
         self.chat_template = ChatTemplate.for_tokenizer(
@@ -106,6 +134,11 @@ class LLM:
         # usage and finish reason of the last run, however it ended (None: not ended)
         self.last_run: dict[str, Any] | None = None
         self._max_token_bytes: int | None = None  # the longest token's text (see _check_fits)
+        if self.verbose:
+            print(f"gguflm: loaded {self.model_path.name} in {time.perf_counter() - t0:.2f} s "
+                  f"({self.model!r}; n_ctx {self.n_ctx}, {self.threads} threads, "
+                  f"{parallel} slots, chat template {self.chat_template.name})",
+                  file=sys.stderr, flush=True)
 
     # --- tokens ------------------------------------------------------------------------------
 
@@ -161,6 +194,8 @@ class LLM:
             stops = check_stops(stop)
         except StopError as e:
             raise InvalidRequestError(str(e), param="stop") from None
+        if seed is None:
+            seed = self.seed  # the LLM's seed (llama-cpp-python's Llama(seed=...)), if any
         try:
             params = sampler_params(sampling | {"seed": seed})
         except SamplingError as e:
@@ -360,6 +395,123 @@ class LLM:
         if include_usage:
             yield shape.usage_chunk(seq.usage())
 
+    # --- embeddings (engine/embed.py) ---------------------------------------------------------
+
+    def embed(self, input: str | Sequence[int] | Sequence[str | Sequence[int]], *,  # noqa: A002
+              pooling: str | None = None, normalize: bool | int = True,
+              ) -> list[float] | list[list[float]] | list[list[list[float]]]:
+        """Embeddings of ``input`` (a text or token ids: one vector; a list of them: one
+        vector each, computed together), as llama.cpp computes them: the final hidden
+        states pooled (``pooling``: mean, cls, last or none, default the model's) and
+        normalized (True: Euclidean, llama.cpp's default; False: not; an int: llama.cpp's
+        ``embd_normalize``). Pooling ``none`` gives one vector per token."""
+        single = isinstance(input, str) or _is_ids(input) and bool(input)
+        vectors, _ = self._embed([input] if single else list(input), pooling, normalize)
+        out = [v.tolist() for v in vectors]
+        return out[0] if single else out
+
+    def create_embedding(self, input: str | Sequence[Any], model: str | None = None,  # noqa: A002
+                         *, encoding_format: str = "float", pooling: str | None = None,
+                         normalize: bool | int = True, **unused: Any) -> dict[str, Any]:
+        """An OpenAI ``embeddings`` response (llama-cpp-python's name): ``data`` holds one
+        ``{"object": "embedding", "index", "embedding"}`` per input, the vector as floats or
+        (``encoding_format="base64"``) as base64 of little-endian float32, as OpenAI sends
+        it; ``usage`` counts the tokens."""
+        if encoding_format not in ("float", "base64"):
+            raise InvalidRequestError("encoding_format must be 'float' or 'base64', got "
+                                      f"{encoding_format!r}", param="encoding_format")
+        dims = unused.pop("dimensions", None)
+        if unused:
+            raise TypeError(f"unexpected argument(s): {', '.join(sorted(unused))}")
+        items = [input] if isinstance(input, str) or _is_ids(input) and bool(input) \
+            else list(input) if isinstance(input, list | tuple) else [input]
+        pooling = self._check_pooling(pooling) if pooling is not None else self.pooling
+        if pooling == "none":
+            raise InvalidRequestError("pooling 'none' gives a vector per token, which the "
+                                      "OpenAI format cannot hold; use LLM.embed",
+                                      param="pooling")
+        vectors, n_tokens = self._embed(items, pooling, normalize)
+        if dims is not None and dims != self.model.config.n_embd:
+            raise InvalidRequestError(f"dimensions: this model's embeddings have "
+                                      f"{self.model.config.n_embd}", param="dimensions")
+        data = []
+        for i, v in enumerate(vectors):
+            vec: Any = v.tolist() if encoding_format == "float" else base64.b64encode(
+                v.astype("<f4").tobytes()).decode("ascii")
+            data.append({"object": "embedding", "index": i, "embedding": vec})
+        return {"object": "list", "data": data, "model": model or self.model_id,
+                "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+
+    def _embed(self, items: list[Any], pooling: str | None, normalize: bool | int
+               ) -> tuple[list[Any], int]:
+        """The vectors of ``items`` (texts or id lists) and their token count: all
+        submitted to the engine at once, so they are computed together."""
+        from .engine.embed import EmbedRequest
+
+        if not items:
+            raise InvalidRequestError("input is empty", param="input")
+        pooling = self._check_pooling(pooling) if pooling is not None else self.pooling
+        if isinstance(normalize, bool):
+            norm = 2 if normalize else -1
+        elif isinstance(normalize, int) and normalize >= -1:
+            norm = normalize
+        else:
+            raise InvalidRequestError(f"normalize must be True, False or an integer of at "
+                                      f"least -1, got {normalize!r}", param="normalize")
+        reqs = []
+        for item in items:
+            if isinstance(item, str):
+                _check_text(item, "input")
+                self._check_fits(item, "input")
+                ids = self.tokenizer.encode(item, add_special=True, parse_special=True)
+            elif _is_ids(item):
+                ids = list(item)
+            else:
+                raise InvalidRequestError("input must be a string, a list of token ids, or "
+                                          "a list of them", param="input")
+            req = self._request(ids, 0, None, None, {})  # the same checks as a prompt's
+            reqs.append(EmbedRequest(req.prompt_ids, pooling=pooling, normalize=norm))
+        seqs = []
+        try:
+            for req in reqs:
+                try:
+                    seqs.append(self.engine.submit(req))
+                except ValueError as e:
+                    raise InvalidRequestError(str(e), param="input") from None
+            for seq in seqs:
+                seq.wait()
+        finally:
+            for seq in seqs:
+                seq.cancel()  # a no-op for those that ended
+        for seq in seqs:
+            if seq.embedding is None:
+                raise RuntimeError(f"embedding failed: {seq.error or seq.finish_reason}")
+        return [s.embedding for s in seqs], sum(len(r.prompt_ids) for r in reqs)
+
+    def _check_pooling(self, pooling: str | None) -> str:
+        """``pooling`` checked; None: the file's ``pooling_type``, else mean."""
+        from .engine.embed import DEFAULT_POOLING, POOLINGS, model_pooling
+
+        if pooling is None:
+            pooling = model_pooling(self.model.gguf.metadata) or DEFAULT_POOLING
+            if pooling not in POOLINGS:  # rank: a reranker's head
+                warnings.warn(f"the model asks for {pooling!r} pooling, which gguflm does "
+                              "not run; using mean", stacklevel=3)
+                pooling = DEFAULT_POOLING
+        if pooling not in POOLINGS:
+            raise InvalidRequestError(f"pooling must be one of {', '.join(POOLINGS)}, got "
+                                      f"{pooling!r}", param="pooling")
+        return pooling
+
+    @staticmethod
+    def _default_seed(seed: Any) -> int | None:
+        if seed is None or seed == -1 or seed == 0xFFFFFFFF:  # llama.cpp's "random" seeds
+            return None
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+            raise InvalidRequestError(f"seed must be in 0..4294967295 (or -1), got {seed!r}",
+                                      param="seed")
+        return seed
+
     # --- the rest ----------------------------------------------------------------------------
 
     def warm_up(self) -> float:
@@ -483,3 +635,32 @@ def _text_messages(messages: Any) -> list[dict[str, Any]]:
 
 def _new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+# llama-cpp-python's Llama() arguments with no meaning here: GPU and memory-mapping choices
+# (warned about: the user may expect a GPU), and tuning knobs gguflm sets itself (silent)
+# (name: llama-cpp-python's default; only another value is warned about)
+_IGNORED_WARN = {"n_gpu_layers": 0, "main_gpu": 0, "tensor_split": None, "split_mode": 1,
+                 "use_mlock": False, "use_mmap": True, "flash_attn": False,
+                 "offload_kqv": True, "numa": False}
+_IGNORED_SILENT = ("n_batch", "n_ubatch", "n_threads_batch", "embedding", "logits_all",
+                   "last_n_tokens_size", "type_k", "type_v", "chat_format")
+
+
+def _lcpp_aliases(model: Any, model_path: Any, threads: Any, n_threads: Any,
+                  ignored: dict[str, Any]) -> tuple[Any, Any]:
+    """Resolve llama-cpp-python's constructor names (``model_path``, ``n_threads``) and
+    its arguments that mean nothing here; anything else unknown is a TypeError."""
+    if model is not None and model_path is not None:
+        raise TypeError("give model or model_path, not both")
+    if threads is not None and n_threads is not None:
+        raise TypeError("give threads or n_threads, not both")
+    unknown = sorted(set(ignored) - set(_IGNORED_WARN) - set(_IGNORED_SILENT))
+    if unknown:
+        raise TypeError(f"LLM() got unexpected argument(s): {', '.join(unknown)}")
+    gpu = [k for k, default in _IGNORED_WARN.items() if k in ignored and ignored[k] != default]
+    if gpu:
+        warnings.warn(f"{', '.join(gpu)}: ignored (gguflm runs on the CPU, from the "
+                      "memory-mapped file)", stacklevel=3)
+    return (model if model is not None else model_path,
+            threads if threads is not None else n_threads)

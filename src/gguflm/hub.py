@@ -107,7 +107,8 @@ def known_model(name: str) -> KnownModel:
     try:
         return KNOWN_MODELS[name]
     except KeyError:
-        raise HubError(f"unknown model {name!r} (known models: {_known_names()})") from None
+        raise HubError(f"unknown model {name!r}{_did_you_mean(name)} (known models: "
+                       f"{_known_names()})") from None
 
 
 def cached_path(name: str) -> Path:
@@ -133,8 +134,8 @@ def resolve_model(name_or_path: str | os.PathLike[str], *,
         return pull(text, progress=progress)
     if path.is_dir():
         raise HubError(f"{text} is a directory, not a GGUF file")
-    raise HubError(
-        f"{text!r} is neither a file nor a known model (known models: {_known_names()})")
+    raise HubError(f"{text!r} is neither a file nor a known model{_did_you_mean(text)} "
+                   f"(known models: {_known_names()})")
 
 
 def pull(name: str, *, progress: ProgressFn | None = None, force: bool = False) -> Path:
@@ -332,6 +333,14 @@ def _sweep_stale_partials(dest: Path) -> None:
 
 def _known_names() -> str:
     return ", ".join(KNOWN_MODELS)
+
+
+def _did_you_mean(name: str) -> str:
+    """``; did you mean 'x'?`` for a known name close to ``name`` (a typo), else ''."""
+    import difflib
+
+    close = difflib.get_close_matches(name.lower(), list(KNOWN_MODELS), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 __all__ = [

@@ -257,6 +257,8 @@ class APIServer:
             Route("/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/embeddings", self.embeddings, methods=["POST"]),
+            Route("/embeddings", self.embeddings, methods=["POST"]),
         ]
         return Starlette(routes=routes, exception_handlers={
             HTTPException: self._http_error, Exception: self._internal_error})
@@ -571,6 +573,31 @@ class APIServer:
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
+
+    # --- embeddings ------------------------------------------------------------------------
+
+    async def embeddings(self, request: Request) -> Response:
+        """``POST /v1/embeddings``: OpenAI's request and response (``encoding_format``
+        float or base64), computed by the engine beside the running generations."""
+        fields: dict[str, tuple[tuple[type, ...], str]] = {
+            "input": ((str, list), "a string, a list of strings, or token ids"),
+            "model": ((str,), "a string"), "encoding_format": ((str,), "a string"),
+            "dimensions": ((int,), "an integer"), "user": ((str,), "a string")}
+        try:
+            body = await self._read_json(request)
+            _check_fields(body, fields)
+            if body.get("input") is None:
+                raise RequestError(400, "'input' is required", param="input")
+            extra = {"dimensions": body["dimensions"]} if body.get("dimensions") else {}
+            result = await asyncio.to_thread(self._call, lambda: self.llm.create_embedding(
+                body["input"], encoding_format=body.get("encoding_format") or "float",
+                **extra))
+        except RequestError as e:
+            return self._error(e)
+        except QueueFullError as e:
+            return self._error(RequestError(503, str(e), type="server_error"))
+        self.count("requests")
+        return JSONResponse(result)
 
 
 class _Access:

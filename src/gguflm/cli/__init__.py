@@ -3,6 +3,10 @@
 Each command lives in its own module here and exposes ``register(subparsers)``, which
 adds its parser and sets ``func(args) -> int``. Modules import heavy dependencies inside
 their functions so that ``gguflm --help`` and ``gguflm inspect`` start fast.
+
+Exit status: 0 done; 1 an error in the input or the work (a file, a model, a prompt longer
+than the context): one ``error: ...`` line; 2 a usage error (an unknown option, a bad
+option value): the command's usage and one ``gguflm CMD: error: ...`` line; 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -24,13 +28,18 @@ from ..gguf.errors import GGUFError  # noqa: E402 - numpy (imported here) reads 
 
 # order = order shown in --help; a module that does not exist yet is skipped
 COMMAND_MODULES = [
-    "pull", "inspect", "tensor", "edit", "tokenize", "run", "chat",
+    "pull", "inspect", "tensor", "edit", "tokenize", "run", "chat", "embed",
     "perplexity", "bench", "serve", "archs", "quantize",
 ]
 
 
 class CLIError(Exception):
     """A user-facing error: printed as one ``error: ...`` line, exit status 1."""
+
+
+class UsageError(CLIError):
+    """A bad option value found after parsing: the command's usage and the message, exit
+    status 2 (as argparse does for the errors it finds itself)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,17 +57,30 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         mod.register(sub)
+    parser.set_defaults(subparsers=sub.choices)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .common import finish_model_argument, normalize_argv
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    args, extra = parser.parse_known_args(argv)
+    command = args.subparsers.get(args.command) if args.command else None
+    if extra:  # an unknown option: the command's own usage, not the top-level one
+        (command or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
+        finish_model_argument(args)
+        if getattr(args, "ignored_options", None):
+            print(f"note: ignored {', '.join(args.ignored_options)} (gguflm runs on the CPU, "
+                  "from the memory-mapped file)", file=sys.stderr)
         return int(args.func(args) or 0)
+    except UsageError as e:
+        (command or parser).error(str(e))
     except (GGUFError, CLIError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -1,5 +1,9 @@
 """``gguflm bench [MODEL] [-p 128] [-n 64] [-t N] [-r 3] [--json] [--vs-llama-cpp]``.
 
+``-p`` and ``-n`` take comma-separated lists (``-p 64,128,512 -n 32,64``), one test each,
+and the results are printed as llama-bench's table (model, size, params, backend, threads,
+test, t/s as mean ± standard deviation).
+
 llama-bench's definitions: ``pp`` is tokens/s evaluating a P-token prompt from an empty
 cache with logits for the last position only; ``tg`` is tokens/s generating N tokens one
 at a time from an empty cache. Token ids are seeded pseudo-random (as llama-bench's), so
@@ -26,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import CLIError
-from .common import add_model_argument, add_threads_argument, say_if_compiling
+from . import CLIError, UsageError
+from .common import add_ignored_options, add_model_argument, add_threads_argument, say_if_compiling
 from .common import non_negative_int as _non_negative
 from .common import positive_int as _positive
 
@@ -39,11 +43,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "logits for the last position) and generation (tg: N tokens one at a "
                     "time) in tokens/s, as llama-bench does.")
     add_model_argument(p, optional=True)
-    p.add_argument("-p", "--n-prompt", type=_non_negative, default=128, metavar="P",
-                   help="prompt tokens for the pp test (default 128; 0 skips it)")
-    p.add_argument("-n", "--n-gen", type=_non_negative, default=64, metavar="N",
-                   help="tokens for the tg test (default 64; 0 skips it)")
+    p.add_argument("-p", "--n-prompt", type=_sizes, default=[128], metavar="P[,P...]",
+                   help="prompt tokens for the pp test; a list runs one test each "
+                        "(default 128; 0 skips it)")
+    p.add_argument("-n", "--n-gen", type=_sizes, default=[64], metavar="N[,N...]",
+                   help="tokens for the tg test; a list runs one test each (default 64; 0 "
+                        "skips it)")
     add_threads_argument(p)
+    add_ignored_options(p)
     p.add_argument("-r", "--repetitions", type=_positive, default=3, metavar="R",
                    help="timed repetitions of each test (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -53,6 +60,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a Python interpreter with llama-cpp-python, for --vs-llama-cpp when "
                         "it is not importable here")
     p.set_defaults(func=run)
+
+
+def _sizes(text: str) -> list[int]:
+    """argparse type: a token count or a comma-separated list of them (llama-bench's)."""
+    return [_non_negative(x.strip()) for x in text.split(",")]
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -65,8 +77,8 @@ def _peak_rss_mb() -> float:
         import resource
     except ImportError:  # not on this platform
         return float("nan")
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb / 1024 if sys.platform != "darwin" else kb / 2**20
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS
+    return kb * 1024 / 1e6 if sys.platform != "darwin" else kb / 1e6
 
 
 def _token_ids(n_vocab: int, count: int, seed: int) -> list[int]:
@@ -133,10 +145,11 @@ if __name__ == "__main__":
     r = Runner(path, threads, n_ctx, n_batch)
     print("ready", flush=True)
     for line in sys.stdin:
-        cmd = line.strip()
+        cmd, _, size = line.strip().partition(" ")
         if cmd == "quit":
             break
-        print(r.pp(prompt) if cmd == "pp" else r.tg(gen), flush=True)
+        n = int(size) if size else None
+        print(r.pp(prompt[:n]) if cmd == "pp" else r.tg(gen[:n]), flush=True)
     r.close()
 '''
 
@@ -171,13 +184,13 @@ class _LlamaChild:
         assert self.proc.stdin is not None
         self.proc.stdin.write(cmd + "\n")
         self.proc.stdin.flush()
-        return float(self._expect(cmd))
+        return float(self._expect(cmd.split()[0]))
 
     def pp(self, prompt: list[int]) -> float:
-        return self._ask("pp")
+        return self._ask(f"pp {len(prompt)}")
 
     def tg(self, gen: list[int]) -> float:
-        return self._ask("tg")
+        return self._ask(f"tg {len(gen)}")
 
     def close(self) -> None:
         if self.proc.poll() is None and self.proc.stdin:
@@ -200,14 +213,13 @@ def _llama_runner(python: str | None, path: Path, threads: int, n_ctx: int, n_ba
     return namespace["Runner"](str(path), threads, n_ctx, n_batch)
 
 
-def _measure(runners: dict[str, Any], prompt: list[int], gen: list[int],
-             reps: int) -> dict[str, dict[str, dict[str, float]]]:
+def _measure(runners: dict[str, Any], tests: list[tuple[str, int]], prompt: list[int],
+             gen: list[int], reps: int) -> dict[str, dict[tuple[str, int], dict[str, float]]]:
     """Each test, each runner in turn within a repetition (so that a noisy neighbour hits
     both alike); the first repetition is an untimed warm-up."""
-    res: dict[str, dict[str, Any]] = {name: {} for name in runners}
-    for test, ids in (("pp", prompt), ("tg", gen)):
-        if not ids:
-            continue
+    res: dict[str, dict[tuple[str, int], Any]] = {name: {} for name in runners}
+    for test, n in tests:
+        ids = (prompt if test == "pp" else gen)[:n]
         times: dict[str, list[float]] = {name: [] for name in runners}
         for rep in range(reps + 1):
             for name, runner in runners.items():
@@ -215,17 +227,44 @@ def _measure(runners: dict[str, Any], prompt: list[int], gen: list[int],
                 if rep:
                     times[name].append(dt)
         for name in runners:
-            res[name][test] = _stats([len(ids) / t for t in times[name]])
+            res[name][(test, n)] = _stats([len(ids) / t for t in times[name]])
     return res
 
 
-def _fmt(s: dict[str, float] | None) -> str:
-    return f"{s['mean']:8.2f} ± {s['std']:.2f}  (median {s['median']:.2f})" if s else "-"
+def _model_label(path: Path) -> tuple[str, str, str]:
+    """llama-bench's model, size and params columns: "llama 135M Q4_1", "98.36 MB",
+    "134.52 M" (sizes in MB of 10^6 bytes, as everywhere in gguflm)."""
+    from .. import gguf
+    from ..gguf.summary import summarize
+
+    with gguf.open(path) as f:
+        s = summarize(f)
+    n = s.get("n_params") or 0
+    size = s.get("n_bytes") or os.path.getsize(path)
+    scaled = next(((n / d, u) for d, u in ((1e9, "B"), (1e6, "M"), (1e3, "K")) if n >= d),
+                  (n, ""))
+    name = f"{s.get('architecture') or '?'} {scaled[0]:.0f}{scaled[1]} " \
+           f"{(s.get('file_type_name') or '?').removeprefix('MOSTLY_')}"
+    return name, f"{size / 1e6:.2f} MB", f"{scaled[0]:.2f} {scaled[1]}".strip()
+
+
+def _table(rows: list[list[str]]) -> str:
+    """A markdown table as llama-bench prints it (text left, numbers right)."""
+    head = ["model", "size", "params", "backend", "threads", "test", "t/s"]
+    right = {1, 2, 4, 5, 6}
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.rjust(w) if i in right else c.ljust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+    sep = "| " + " | ".join("-" * (w - 1) + ":" if i in right else "-" * w
+                            for i, w in enumerate(widths)) + " |"
+    return "\n".join([line(head), sep, *(line(r) for r in rows)])
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.n_prompt == 0 and args.n_gen == 0:
-        raise CLIError("nothing to measure: -p and -n are both 0")
+    tests = [("pp", n) for n in args.n_prompt if n] + [("tg", n) for n in args.n_gen if n]
+    if not tests:
+        raise UsageError("nothing to measure: -p and -n are both 0")
     from .. import load_model
     from ..quant.matrix import set_threads
     from .pull import resolve
@@ -240,8 +279,8 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(path)
     load_s = time.perf_counter() - t0
     n_vocab = model.config.n_vocab
-    prompt = _token_ids(n_vocab, args.n_prompt, seed=1)
-    gen = _token_ids(n_vocab, args.n_gen, seed=2)
+    prompt = _token_ids(n_vocab, max(args.n_prompt), seed=1)
+    gen = _token_ids(n_vocab, max(args.n_gen), seed=2)
     # first products load (or compile) the kernels: timed separately, as the start-up cost
     t0 = time.perf_counter()
     model.forward(prompt[:2] or gen[:2], model.new_cache(4))
@@ -253,49 +292,63 @@ def run(args: argparse.Namespace) -> int:
         runners["llama.cpp"] = _llama_runner(args.llama_python, path, threads, n_ctx,
                                              max(len(prompt), 1), prompt, gen)
     try:
-        measured = _measure(runners, prompt, gen, args.repetitions)
+        measured = _measure(runners, tests, prompt, gen, args.repetitions)
     finally:
         for runner in runners.values():
             runner.close()
     ours = measured["gguflm"]
     rss = _peak_rss_mb()  # includes llama.cpp's when it ran in this process
-    file_mb = os.path.getsize(path) / 2**20
-    kv_mb = model.new_cache(n_ctx).nbytes / 2**20
+    file_mb = os.path.getsize(path) / 1e6
+    kv_mb = model.new_cache(n_ctx).nbytes / 1e6
+    single = len(args.n_prompt) == 1 and len(args.n_gen) == 1
+    first_pp = next(((t, n) for t, n in tests if t == "pp"), None)
+    first_tg = next(((t, n) for t, n in tests if t == "tg"), None)
     result: dict[str, Any] = {
         "model": str(path), "file_mb": round(file_mb, 1), "threads": threads,
-        "n_prompt": args.n_prompt, "n_gen": args.n_gen, "repetitions": args.repetitions,
-        "pp_tps": ours["pp"]["median"] if "pp" in ours else None,
-        "tg_tps": ours["tg"]["median"] if "tg" in ours else None,
-        "pp": ours.get("pp"), "tg": ours.get("tg"),
+        "n_prompt": args.n_prompt[0] if single else args.n_prompt,
+        "n_gen": args.n_gen[0] if single else args.n_gen, "repetitions": args.repetitions,
+        "pp_tps": ours[first_pp]["median"] if first_pp else None,
+        "tg_tps": ours[first_tg]["median"] if first_tg else None,
+        "pp": ours.get(first_pp), "tg": ours.get(first_tg),
         "peak_rss_mb": round(rss, 1), "kv_cache_mb": round(kv_mb, 1),
         "kernels_s": round(compile_s, 3), "load_s": round(load_s, 3),
         "first_forward_s": round(warmup_s, 3),
     }
+    if not single:
+        result["tests"] = [{"test": f"{t}{n}", "n_prompt": n if t == "pp" else 0,
+                            "n_gen": n if t == "tg" else 0, **ours[(t, n)]} for t, n in tests]
     if "llama.cpp" in measured:
         result["rss_includes_llama_cpp"] = args.llama_python is None
         ref = measured["llama.cpp"]
-        result["llama_cpp"] = ref
-        for test in ("pp", "tg"):
-            if test in ours and test in ref:
-                result[f"ratio_{test}"] = round(ours[test]["median"] / ref[test]["median"], 3)
+        result["llama_cpp"] = {"pp": ref.get(first_pp), "tg": ref.get(first_tg)}
+        for test, key in (("pp", first_pp), ("tg", first_tg)):
+            if key in ours and key in ref:
+                result[f"ratio_{test}"] = round(ours[key]["median"] / ref[key]["median"], 3)
+        if not single:
+            result["llama_cpp"]["tests"] = [{"test": f"{t}{n}", **ref[(t, n)]}
+                                            for t, n in tests]
 
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"model: {path.name} ({file_mb:.1f} MiB), threads: {threads}, "
-          f"repetitions: {args.repetitions}")
-    print(f"start-up: kernels {compile_s:.2f} s, model load {load_s:.2f} s, first forward "
-          f"{warmup_s:.2f} s")
-    for test, n in (("pp", args.n_prompt), ("tg", args.n_gen)):
-        if test not in ours:
-            continue
-        line = f"{test}{n:<5} gguflm    {_fmt(ours[test])} tokens/s"
-        print(line)
-        if "llama_cpp" in result and test in result["llama_cpp"]:
-            print(f"{test}{n:<5} llama.cpp {_fmt(result['llama_cpp'][test])} tokens/s"
-                  f"   ratio {result[f'ratio_{test}']:.2f}x")
+    name, size, params = _model_label(path)
+    rows = []
+    for runner, res in measured.items():
+        backend = "CPU" if runner == "gguflm" else "llama.cpp CPU"
+        for t, n in tests:
+            st = res[(t, n)]
+            rows.append([name, size, params, backend, str(threads), f"{t}{n}",
+                         f"{st['mean']:.2f} ± {st['std']:.2f}"])
+    print(_table(rows))
+    print()
+    print(f"repetitions: {args.repetitions}; start-up: kernels {compile_s:.2f} s, model load "
+          f"{load_s:.2f} s, first forward {warmup_s:.2f} s")
+    if "llama.cpp" in measured:
+        ref = measured["llama.cpp"]
+        print("gguflm / llama.cpp (medians): " + ", ".join(
+            f"{t}{n} {ours[(t, n)]['median'] / ref[(t, n)]['median']:.2f}x" for t, n in tests))
     note = " (llama.cpp's included: it ran in this process)" \
         if result.get("rss_includes_llama_cpp") else ""
-    print(f"peak RSS: {rss:.1f} MiB (model file {file_mb:.1f} MiB + KV cache {kv_mb:.1f} MiB; "
+    print(f"peak RSS: {rss:.1f} MB (model file {file_mb:.1f} MB + KV cache {kv_mb:.1f} MB; "
           f"ratio {rss / (file_mb + kv_mb):.2f}){note}")
     return 0

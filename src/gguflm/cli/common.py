@@ -1,5 +1,7 @@
-"""What several commands share: the MODEL argument, integer option types, reading a text
-file, and loading a model with its tokenizer.
+"""What several commands share: the MODEL argument (positional or ``-m``), integer option
+types, llama.cpp's options that mean nothing here (accepted and noted), the model-loading
+options (``--override-kv``, ``--no-bos``, ``--rope-style``), reading a text file, loading a
+model with its tokenizer and warming it up, and a progress line for long work.
 
 Heavy modules (numpy, the model) are imported inside the functions, so that importing this
 module keeps ``gguflm --help`` fast.
@@ -37,15 +39,128 @@ def _int_at_least(text: str, minimum: int) -> int:
 
 
 def add_model_argument(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
-    """The MODEL positional: a GGUF file or a known model name (pulled on first use);
-    ``optional``: it may be left out for the default model."""
+    """The MODEL positional: a GGUF file or a known model name (pulled on first use), also
+    as ``-m/--model MODEL`` (llama.cpp's spelling); ``optional``: it may be left out for
+    the default model. ``finish_model_argument`` reconciles the two after parsing."""
     if not optional:
-        p.add_argument("model", metavar="MODEL", help="GGUF file or known model name")
+        p.add_argument("model", nargs="?", metavar="MODEL",
+                       help="GGUF file or known model name (or -m MODEL)")
+        p.add_argument("-m", "--model", dest="model_flag", metavar="MODEL",
+                       help="the same as the positional MODEL")
+        p.set_defaults(model_required=True)
         return
     from ..hub import DEFAULT_MODEL
 
-    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL",
+    p.add_argument("model", nargs="?", metavar="MODEL",
                    help=f"GGUF file or known model name (default: {DEFAULT_MODEL})")
+    p.add_argument("-m", "--model", dest="model_flag", metavar="MODEL",
+                   help="the same as the positional MODEL")
+    p.set_defaults(model_default=DEFAULT_MODEL)
+
+
+def finish_model_argument(args: argparse.Namespace) -> None:
+    """After parsing: MODEL from the positional or ``-m`` (not two different ones), else
+    the default; a UsageError when a required MODEL is missing."""
+    from . import UsageError
+
+    if not hasattr(args, "model_flag"):
+        return
+    flag, pos = args.model_flag, args.model
+    if flag is not None and pos is not None and flag != pos:
+        raise UsageError(f"two models given: {pos} and -m {flag}")
+    args.model = flag if flag is not None else pos
+    if args.model is None:
+        if getattr(args, "model_required", False):
+            raise UsageError("MODEL is required (a GGUF file or a known model name)")
+        args.model = args.model_default
+
+
+class _Ignored(argparse.Action):
+    """A llama.cpp option that means nothing here: accepted, remembered, noted once."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        seen = list(getattr(namespace, "ignored_options", None) or [])
+        value = (values[0] if values else None) if isinstance(values, list) else values
+        seen.append(option_string if value in (None, True) else f"{option_string} {value}")
+        namespace.ignored_options = seen
+
+
+# llama.cpp's GPU and memory options: (flags, takes a value). ``-fa`` takes on|off|auto or
+# nothing (see ``normalize_argv``).
+IGNORED_OPTIONS = (
+    (("-ngl", "--n-gpu-layers", "--gpu-layers"), True),
+    (("--mlock",), False),
+    (("--no-mmap",), False),
+    (("-fa", "--flash-attn"), None),
+    (("-dev", "--device"), True),
+    (("-mg", "--main-gpu"), True),
+)
+FLASH_ATTN_VALUES = ("on", "off", "auto")
+
+
+def add_ignored_options(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's GPU/memory options (-ngl, --mlock, --no-mmap, -fa, ...): accepted, and
+    noted on stderr as ignored, so that a llama.cpp command line runs as it is."""
+    g = p.add_argument_group("llama.cpp's GPU and memory options")
+    for i, (flags, value) in enumerate(IGNORED_OPTIONS):
+        shown = ("accepted and ignored, as are --mlock, --no-mmap, -fa/--flash-attn "
+                 "[on|off|auto], -dev, -mg: gguflm runs on the CPU from the memory-mapped "
+                 "file" if i == 0 else argparse.SUPPRESS)
+        if value is None:
+            g.add_argument(*flags, action=_Ignored, nargs="?", const=True,
+                           choices=FLASH_ATTN_VALUES, help=shown)
+        elif value:
+            g.add_argument(*flags, action=_Ignored, nargs=1, metavar="N", help=shown)
+        else:
+            g.add_argument(*flags, action=_Ignored, nargs=0, help=shown)
+    p.set_defaults(ignored_options=None)
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """``-fa`` without one of on/off/auto after it is the plain switch (so that it never
+    swallows the next argument, e.g. a MODEL)."""
+    out = []
+    for i, a in enumerate(argv):
+        if a in ("-fa", "--flash-attn") and (i + 1 >= len(argv)
+                                              or argv[i + 1] not in FLASH_ATTN_VALUES):
+            a = f"{a}=on" if a.startswith("--") else "--flash-attn=on"
+        out.append(a)
+    return out
+
+
+def add_load_options(p: argparse.ArgumentParser) -> None:
+    """How the model is loaded: ``--override-kv``, ``--no-bos``, ``--rope-style``."""
+    g = p.add_argument_group("loading the model")
+    g.add_argument("--override-kv", metavar="KEY=TYPE:VALUE", action="append", default=[],
+                   type=_kv_overrides,
+                   help="replace a metadata value at load, as llama.cpp does (TYPE: int, "
+                        "float, bool, str; several: repeat, or separate with commas), e.g. "
+                        "llama.rope.freq_base=float:100000")
+    g.add_argument("--no-bos", action="store_true",
+                   help="never add the BOS token, whatever the file's metadata says")
+    g.add_argument("--rope-style", choices=("norm", "neox"),
+                   help="RoPE pairing to use instead of the architecture's (for a file whose "
+                        "Q/K rows were converted for the other one)")
+
+
+def _kv_overrides(text: str) -> list[tuple[str, Any]]:
+    from ..model.overrides import KVOverrideError, parse_kv_override
+
+    try:
+        return [parse_kv_override(item) for item in text.split(",") if item]
+    except KVOverrideError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def load_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``load_model``/``LLM`` keywords from ``add_load_options``: kv_overrides, rope_style."""
+    overrides: dict[str, Any] = {}
+    for group in getattr(args, "override_kv", None) or []:
+        overrides.update(group)
+    if getattr(args, "no_bos", False):
+        overrides["tokenizer.ggml.add_bos_token"] = False
+    return {"kv_overrides": overrides or None, "rope_style": getattr(args, "rope_style", None)}
 
 
 def add_threads_argument(p: argparse.ArgumentParser) -> None:
@@ -77,9 +192,11 @@ class Loaded(NamedTuple):
     seconds: float   # loading the model and its tokenizer (not pulling it)
 
 
-def load_model(name: str, threads: int | None = None) -> Loaded:
+def load_model(name: str, threads: int | None = None,
+               options: dict[str, Any] | None = None) -> Loaded:
     """MODEL (a path or a known name, pulled with progress on stderr), loaded with its
-    tokenizer; says so first when the kernels still have to be compiled."""
+    tokenizer (``options``: from ``load_options``); says so first when the kernels still
+    have to be compiled."""
     from .. import load_model as load
     from ..quant.matrix import set_threads
     from ..tokenizer import Tokenizer
@@ -89,9 +206,90 @@ def load_model(name: str, threads: int | None = None) -> Loaded:
     set_threads(threads)
     say_if_compiling()
     t0 = time.perf_counter()
-    model = load(path)
+    model = load(path, **(options or {}))
     tokenizer = Tokenizer.from_gguf(model.gguf)
     return Loaded(path, model, tokenizer, time.perf_counter() - t0)
+
+
+def warm_up(model: Any) -> float:
+    """Run the kernels once (a 2-token batch, then one token) so that the timed work that
+    follows pays neither their compilation (first run) nor their loading; the seconds."""
+    t0 = time.perf_counter()
+    ids = [0, min(1, model.config.n_vocab - 1)]
+    model.forward(ids, model.new_cache(4))
+    model.forward(ids[:1], model.new_cache(4))
+    return time.perf_counter() - t0
+
+
+class Progress:
+    """One updating line on stderr for long work (``done/total unit pct ETA``), only when
+    stderr is a terminal and ``enabled``; otherwise silent."""
+
+    def __init__(self, label: str, total: int, unit: str = "", enabled: bool = True,
+                 stream: Any = None) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = enabled and total > 0 and self.stream.isatty()
+        self.label, self.total, self.unit = label, total, unit
+        self.t0 = time.perf_counter()
+        self._last = 0.0
+        self._width = 0
+
+    def update(self, done: int, extra: str = "") -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if now - self._last < 0.1 and done < self.total:
+            return
+        self._last = now
+        elapsed = now - self.t0
+        eta = f", ETA {_duration(elapsed / done * (self.total - done))}" \
+            if 0 < done < self.total else ""
+        unit = f" {self.unit}" if self.unit else ""
+        line = (f"{self.label}: {done}/{self.total}{unit} {100 * done // self.total}%"
+                f"{extra}{eta}")
+        self.stream.write("\r" + line.ljust(self._width))
+        self.stream.flush()
+        self._width = len(line)
+
+    def close(self) -> None:
+        """Erase the line (what follows starts at the left margin)."""
+        if self.enabled and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.flush()
+        self._width = 0
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds + 0.5)
+    if seconds < 60:
+        return f"{seconds} s"
+    m, s = divmod(seconds, 60)
+    return f"{m} min {s:02d} s" if m < 60 else f"{m // 60} h {m % 60:02d} min"
+
+
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\"}
+
+
+def process_escapes(text: str) -> str:
+    """llama.cpp's ``-e``: \\n \\r \\t \\' \\" \\\\ and \\xHH (a byte: \\xC3\\xA9 is é)
+    become what they name; any other backslash stays as it is."""
+    out, i = bytearray(), 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt in _ESCAPES:
+                out += _ESCAPES[nxt].encode()
+                i += 2
+                continue
+            hexa = text[i + 2:i + 4]
+            if nxt == "x" and len(hexa) == 2 and all(h in "0123456789abcdefABCDEF" for h in hexa):
+                out.append(int(hexa, 16))
+                i += 4
+                continue
+        out += c.encode("utf-8", "surrogatepass")
+        i += 1
+    return out.decode("utf-8", "replace")
 
 
 def say_if_compiling() -> None:

@@ -26,6 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true",
                    help="one JSON object: version, alignment, data_offset, metadata (full "
                         "values), tensors, summary")
+    p.add_argument("--layers", action="store_true",
+                   help="a grid of layers by tensor kind showing each tensor's type (the "
+                        "quantization mix at a glance; coloured on a terminal)")
     p.set_defaults(func=run)
 
 
@@ -45,16 +48,20 @@ def run(args: argparse.Namespace) -> int:
         summary["architecture_supported"] = _supported(summary["architecture"])
         summary["ignored_keys"] = _ignored_keys(summary["architecture"])
         if args.json:
-            _print_json(f, summary, args.query)
+            _print_json(f, summary, args.query, args)
         else:
             _print_text(f, summary, args)
+            if args.layers:
+                sys.stdout.write(_layer_grid(f, sys.stdout.isatty()))
     return 0
 
 
-def _print_json(f: Any, summary: dict[str, Any], query: str | None) -> None:
+def _print_json(f: Any, summary: dict[str, Any], query: str | None,
+                args: argparse.Namespace | None = None) -> None:
     from ..gguf.summary import to_json, type_name
 
     keys = [k for k in f.metadata if query is None or query in k]
+    tensor_query = query if args is not None and args.tensors else None
     out = {
         "file": str(f.path),
         "version": f.version,
@@ -66,10 +73,12 @@ def _print_json(f: Any, summary: dict[str, Any], query: str | None) -> None:
         "tensors": [
             {"name": t.name, "type": t.type.ggml_name, "shape": list(t.shape),
              "offset": t.offset, "nbytes": t.nbytes}
-            for t in f.tensors.values()
+            for t in f.tensors.values() if tensor_query is None or tensor_query in t.name
         ],
         "summary": summary,
     }
+    if args is not None and args.layers:
+        out["layers"] = _layer_types(f)
     text = json.dumps(out, default=_json_default)  # all of it, or an error and nothing
     sys.stdout.write(text + "\n")
 
@@ -118,8 +127,12 @@ def _print_text(f: Any, s: dict[str, Any], args: argparse.Namespace) -> None:
         out += [f"  {k:<{width}}  {v}" for k, v in rows]
 
     keys = [k for k in f.metadata if args.query is None or args.query in k]
-    if args.query is not None and not keys:
-        raise CLIError(f"no metadata key contains {args.query!r}")
+    # --query filters the tensors too when they are listed
+    tensors = [t for t in f.tensors.values()
+               if not args.tensors or args.query is None or args.query in t.name]
+    if args.query is not None and not keys and not (args.tensors and tensors):
+        raise CLIError(f"no metadata key {'or tensor name ' if args.tensors else ''}contains "
+                       f"{args.query!r}")
     out += ["", f"metadata ({len(keys)} of {len(f.metadata)} keys)" if args.query is not None
             else "metadata"]
     kw = max((len(k) for k in keys), default=0)
@@ -132,9 +145,10 @@ def _print_text(f: Any, s: dict[str, Any], args: argparse.Namespace) -> None:
         out.append(f"  {k:<{kw}}  {type_name(t) + n:<{tw + 10}}  {v}")
 
     if args.tensors:
-        out += ["", f"tensors ({len(f.tensors)}; offsets relative to the data section at "
+        count = (f"{len(tensors)} of {len(f.tensors)}" if len(tensors) != len(f.tensors)
+                 else f"{len(f.tensors)}")
+        out += ["", f"tensors ({count}; offsets relative to the data section at "
                 f"{f.data_offset})"]
-        tensors = list(f.tensors.values())
         nw = max((len(t.name) for t in tensors), default=4)
         out.append(f"  {'name':<{nw}}  {'type':<8} {'shape':<20} {'offset':>12}  {'bytes':>12}")
         for t in tensors:
@@ -232,3 +246,68 @@ def _summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     for i, problem in enumerate(s.get("problems", ())):  # keys of the wrong type, left out
         rows.append(("problems" if i == 0 else "", problem))
     return rows
+
+
+# --- inspect --layers: the type of each layer's tensors ---------------------------------------
+
+def _layer_types(f: Any) -> dict[str, Any]:
+    """{"layers": [{kind: type}, ...] per block, "other": {name: type}} for the tensors
+    named ``blk.N.<kind>`` (kind without ``.weight``) and the rest."""
+    layers: dict[int, dict[str, str]] = {}
+    other: dict[str, str] = {}
+    for t in f.tensors.values():
+        parts = t.name.split(".", 2)
+        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
+            layers.setdefault(int(parts[1]), {})[parts[2].removesuffix(".weight")] = \
+                t.type.ggml_name
+        else:
+            other[t.name] = t.type.ggml_name
+    n = max(layers) + 1 if layers else 0
+    return {"layers": [layers.get(i, {}) for i in range(n)], "other": other}
+
+
+# a colour per precision, so the mix shows: 8+ bits green, 6 cyan, 5 blue, 4 yellow, less red
+_COLOURS = (("F32", "2"), ("F16", "37"), ("BF16", "37"), ("Q8", "32"), ("Q6", "36"),
+            ("Q5", "34"), ("Q4", "33"), ("IQ4", "33"), ("MXFP4", "33"), ("Q3", "31"),
+            ("IQ3", "31"), ("Q2", "35"), ("IQ2", "35"), ("IQ1", "35"), ("TQ", "35"))
+
+
+def _colour(type_name: str, text: str) -> str:
+    code = next((c for prefix, c in _COLOURS if type_name.startswith(prefix)), "0")
+    return f"\033[{code}m{text}\033[0m"
+
+
+def _layer_grid(f: Any, colour: bool) -> str:
+    """Layers x tensor kinds, each cell the tensor's type; 1-D tensors (norms, biases),
+    which llama.cpp never quantizes, are summarized below the grid."""
+    data = _layer_types(f)
+    if not data["layers"]:
+        return "\nlayers: none (no blk.N tensors)\n"
+    kinds: list[str] = []
+    for layer in data["layers"]:
+        for kind in layer:
+            if kind not in kinds:
+                kinds.append(kind)
+    dims = {}
+    for t in f.tensors.values():
+        parts = t.name.split(".", 2)
+        if len(parts) == 3 and parts[0] == "blk":
+            dims[parts[2].removesuffix(".weight")] = len(t.shape)
+    grid = [k for k in kinds if dims.get(k, 2) >= 2]
+    flat = sorted({layer[k] for layer in data["layers"] for k in kinds if k not in grid
+                   and k in layer})
+    widths = [max(len(k), *(len(layer.get(k, "-")) for layer in data["layers"])) for k in grid]
+    lines = ["", "layers (tensor types; rows: blk.N)",
+             "  layer  " + "  ".join(k.ljust(w) for k, w in zip(grid, widths))]
+    for i, layer in enumerate(data["layers"]):
+        cells = []
+        for k, w in zip(grid, widths):
+            t = layer.get(k, "-")
+            cells.append(_colour(t, t.ljust(w)) if colour and t != "-" else t.ljust(w))
+        lines.append(f"  {i:5d}  " + "  ".join(cells))
+    if flat:
+        lines.append(f"  1-D tensors ({', '.join(k for k in kinds if k not in grid)}): "
+                     f"{', '.join(flat)}")
+    if data["other"]:
+        lines.append("  other: " + ", ".join(f"{n} {t}" for n, t in data["other"].items()))
+    return "\n".join(lines) + "\n"

@@ -1,18 +1,32 @@
 """``gguflm perplexity [MODEL] -f FILE [-c N_CTX]``: llama.cpp's perplexity of a text.
 
-Running perplexity after each chunk goes to stderr as llama.cpp prints it
-(``[1]13.4288,[2]18.9891,...``); the result is one line on stdout: ``PPL = X +/- E``.
+On a terminal, stderr shows the chunks done, the running perplexity and an ETA while it
+works; at the end the running values as llama.cpp prints them (``[1]13.4288,[2]18.9891,...``)
+go to stderr and the result to stdout: ``PPL = X +/- E`` (``--json``: one object instead,
+and nothing on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
-from . import CLIError
-from .common import add_model_argument, add_threads_argument, load_model, positive_int, read_text
+from . import CLIError, UsageError
+from .common import (
+    Progress,
+    add_ignored_options,
+    add_load_options,
+    add_model_argument,
+    add_threads_argument,
+    load_model,
+    load_options,
+    positive_int,
+    read_text,
+    warm_up,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,36 +42,58 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="tokens per chunk (default 128)")
     p.add_argument("--chunks", type=positive_int, default=None, metavar="N",
                    help="score only the first N chunks")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (ppl, ppl_error, chunks, tokens, timings)")
+    add_load_options(p)
+    add_ignored_options(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     text = read_text(args.file)
     if args.ctx_size < 4:
-        raise CLIError(f"-c/--ctx-size must be at least 4, got {args.ctx_size}")
+        raise UsageError(f"-c/--ctx-size must be at least 4, got {args.ctx_size}")
 
     from ..engine.perplexity import perplexity
 
-    loaded = load_model(args.model, args.threads)
+    loaded = load_model(args.model, args.threads, load_options(args))
     model, tok = loaded.model, loaded.tokenizer
     tokens = tok.encode(text, add_special=True)
     bos = tok.bos_id if tok.add_bos else None
-    n_chunks = len(tokens) // args.ctx_size if args.chunks is None else args.chunks
-    print(f"perplexity: {len(tokens)} tokens, n_ctx {args.ctx_size}, "
-          f"{min(n_chunks, len(tokens) // args.ctx_size)} chunks", file=sys.stderr)
+    n_chunks = len(tokens) // args.ctx_size
+    if args.chunks is not None:
+        n_chunks = min(args.chunks, n_chunks)
+    if not args.json:
+        print(f"perplexity: {len(tokens)} tokens, n_ctx {args.ctx_size}, {n_chunks} chunks",
+              file=sys.stderr)
+    warmup = warm_up(model)
+    progress = Progress("perplexity", n_chunks, "chunks", enabled=not args.json)
 
-    def progress(i: int, n: int, ppl: float) -> None:
-        print(f"[{i}]{ppl:.4f},", end="\n" if i == n else "", file=sys.stderr, flush=True)
+    def step(i: int, n: int, ppl: float) -> None:
+        progress.update(i, f", PPL {ppl:.4f}")
 
     t0 = time.perf_counter()
     try:
         res = perplexity(model, tokens, args.ctx_size, bos_id=bos, n_chunks=args.chunks,
-                         progress=progress)
+                         progress=step)
     except ValueError as e:
         raise CLIError(str(e)) from None
+    finally:
+        progress.close()
     t1 = time.perf_counter()
     n_eval = res.n_chunks * res.n_ctx
-    print(f"load {loaded.seconds:.2f} s, evaluated {n_eval} tokens in {t1 - t0:.2f} s "
-          f"({n_eval / (t1 - t0):.1f} tokens/s)", file=sys.stderr)
+    if args.json:
+        print(json.dumps({
+            "model": str(loaded.path), "ppl": res.ppl, "ppl_error": res.ppl_error,
+            "n_ctx": res.n_ctx, "n_chunks": res.n_chunks, "n_tokens": len(tokens),
+            "n_scored": res.n_scored, "running": res.running,
+            "timings": {"load_seconds": round(loaded.seconds, 6),
+                        "warmup_seconds": round(warmup, 6), "seconds": round(t1 - t0, 6),
+                        "tokens_per_second": round(n_eval / (t1 - t0), 3)}}))
+        return 0
+    print(",".join(f"[{i}]{p:.4f}" for i, p in enumerate(res.running, 1)) + ",",
+          file=sys.stderr)
+    print(f"load {loaded.seconds:.2f} s, warm-up {warmup:.2f} s, evaluated {n_eval} tokens in "
+          f"{t1 - t0:.2f} s ({n_eval / (t1 - t0):.1f} tokens/s)", file=sys.stderr)
     print(f"PPL = {res.ppl:.4f} +/- {res.ppl_error:.5f}")
     return 0

@@ -14,6 +14,9 @@ from typing import TextIO
 
 from .. import hub
 
+# sizes are shown in MB of 10^6 bytes everywhere (pull, inspect, bench, the README)
+MB = 1e6
+
 
 class StderrProgress:
     """Renders ``hub.pull`` progress: one updating line on a terminal, otherwise one line
@@ -41,7 +44,7 @@ class StderrProgress:
                 self._width = len(line)
                 self.stream.flush()
         elif new_stage:
-            size = f" ({total / (1 << 20):.1f} MB)" if total else ""
+            size = f" ({total / MB:.1f} MB)" if total else ""
             self.stream.write(f"{stage}{size}\n")
             self.stream.flush()
 
@@ -55,10 +58,9 @@ class StderrProgress:
 
 
 def _amount(done: int, total: int) -> str:
-    mb = 1 << 20
     if total:
-        return f"{done / mb:.1f}/{total / mb:.1f} MB {100 * done // total:3d}%"
-    return f"{done / mb:.1f} MB" if done else ""
+        return f"{done / MB:.1f}/{total / MB:.1f} MB {100 * done // total:3d}%"
+    return f"{done / MB:.1f} MB" if done else ""
 
 
 def resolve(name_or_path: str) -> Path:
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         for name, m in hub.KNOWN_MODELS.items():
             state = "cached" if hub.is_cached(name) else "not cached"
             default = " (default)" if name == hub.DEFAULT_MODEL else ""
-            print(f"{name}{default}: {m.description}; {m.size / 1e6:.0f} MB, {state}")
+            print(f"{name}{default}: {m.description}; {m.size / MB:.0f} MB, {state}")
             print(f"    {hub.cached_path(name)}")
         return 0
     names = args.names or [hub.DEFAULT_MODEL]

@@ -6,8 +6,16 @@ import argparse
 import os
 import sys
 
-from . import CLIError
-from .common import add_model_argument, add_threads_argument, positive_int, say_if_compiling
+from . import CLIError, UsageError
+from .common import (
+    add_ignored_options,
+    add_load_options,
+    add_model_argument,
+    add_threads_argument,
+    load_options,
+    positive_int,
+    say_if_compiling,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,8 +42,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=int, default=None, metavar="N",
                    help=f"requests running or waiting at most; more get 503 (default: "
                         f"{DEFAULT_MAX_QUEUE})")
+    p.add_argument("--pooling", choices=("mean", "cls", "last", "none"),
+                   help="pooling of /v1/embeddings (default: the model's pooling_type, else "
+                        "mean; none is refused there: one vector per token)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request to stderr")
     add_access_options(p)
+    add_load_options(p)
+    add_ignored_options(p)
     p.set_defaults(func=serve)
 
 
@@ -70,7 +83,7 @@ def access_options(args: argparse.Namespace) -> dict:
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """-c, -t and --chat-template, shared with ``gguflm chat``."""
-    p.add_argument("-c", "--ctx-size", type=int, metavar="N_CTX",
+    p.add_argument("-c", "--ctx-size", type=positive_int, metavar="N_CTX",
                    help="context size in tokens (default: 4096, at most the model's training "
                         "context)")
     add_threads_argument(p)
@@ -88,13 +101,12 @@ def load_llm(args: argparse.Namespace, parallel: int | None = None,  # noqa: ANN
     from ..hub import KNOWN_MODELS
     from .pull import resolve
 
-    if args.ctx_size is not None and args.ctx_size < 1:
-        raise CLIError(f"-c must be at least 1, got {args.ctx_size}")
     path = resolve(args.model)  # pulls a known model with progress shown
     try:
         llm = LLM(path, n_ctx=args.ctx_size, threads=args.threads,
                   chat_template=args.chat_template, parallel=parallel or DEFAULT_SLOTS,
-                  max_queue=max_queue or DEFAULT_MAX_QUEUE)
+                  max_queue=max_queue or DEFAULT_MAX_QUEUE, pooling=getattr(args, "pooling", None),
+                  **load_options(args))
     except InvalidRequestError as e:
         raise CLIError(str(e)) from None
     if args.model in KNOWN_MODELS:
@@ -109,10 +121,10 @@ def serve(args: argparse.Namespace) -> int:
     from ..server import make_server
 
     if not 0 <= args.port <= 65535:
-        raise CLIError(f"--port must be 0..65535, got {args.port}")
+        raise UsageError(f"--port must be 0..65535, got {args.port}")
     max_queue = DEFAULT_MAX_QUEUE if args.max_queue is None else args.max_queue
     if max_queue < 1:
-        raise CLIError(f"--max-queue must be at least 1, got {max_queue}")
+        raise UsageError(f"--max-queue must be at least 1, got {max_queue}")
     access = access_options(args)
     llm = load_llm(args, parallel=args.parallel, max_queue=max_queue)
     try:

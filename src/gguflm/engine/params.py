@@ -18,7 +18,7 @@ from typing import Any
 from .sampling import SamplerParams, SamplingError
 
 __all__ = ["PARAMS", "SAMPLING_FIELDS", "Param", "add_cli_options", "cli_sampler_params",
-           "cli_values", "sampler_params"]
+           "cli_stops", "cli_values", "sampler_params"]
 
 
 @dataclass(frozen=True)
@@ -94,12 +94,21 @@ def _is_int(value: Any) -> bool:
 
 
 def add_cli_options(p: argparse.ArgumentParser) -> None:
-    """Every sampling option (``--temp``, ``--top-k``, ...), in a group of their own."""
+    """Every sampling option (``--temp``, ``--top-k``, ...), in a group of their own, and
+    the stop strings (``--stop``, llama.cpp's ``-r/--reverse-prompt``: see ``cli_stops``)."""
     g = p.add_argument_group("sampling (defaults: llama.cpp's)")
     for prm in PARAMS:
         g.add_argument(*prm.flags, dest=f"sampling_{prm.name}", type=prm.type, default=None,
                        metavar=prm.name.split("_")[-1].upper() if prm.type is int else "X",
                        help=f"{prm.help} (default: {prm.default})")
+    g.add_argument("--stop", "-r", "--reverse-prompt", dest="stop", action="append",
+                   default=[], metavar="TEXT",
+                   help="end the text where TEXT appears (not included); repeat for more")
+
+
+def cli_stops(args: argparse.Namespace) -> list[str]:
+    """The stop strings ``add_cli_options`` collected (the API's ``stop``)."""
+    return list(getattr(args, "stop", None) or [])
 
 
 def cli_values(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """The serving engine: continuous batching of many sequences over one model.
 
 The one path from a prompt to tokens: ``gguflm run``, ``gguflm chat``, ``gguflm.LLM`` and
-the server all ``submit`` a ``Request`` here and read the ``Sequence`` it returns.
+the server all ``submit`` a ``Request`` here and read the ``Sequence`` it returns. An
+``EmbedRequest`` (embed.py) is scheduled the same way, but its prompt chunks ask the batch
+for final hidden states instead of logits, and it ends, pooled, when its prompt is done.
 
 ``n_slots`` sequences run at once (llama-server's ``--parallel``), each in a slot of one KV
 arena. Every step, one engine thread builds one batch: one token for each decoding sequence,
@@ -31,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..model.batch import LAST, NONE, Part
+from .embed import EmbedRequest, EmbedSequence
 from .sequence import DECODE, DONE, PREFILL, Request, Sequence
 
 __all__ = ["Engine", "QueueFullError"]
@@ -140,7 +143,8 @@ class Engine:
         if len(ids) > self.n_ctx:
             raise ValueError(f"the prompt is {len(ids)} tokens, longer than the context of "
                              f"{self.n_ctx}")
-        seq = Sequence(request, self.tokenizer.decoder(special=False), self.eog_ids, notify)
+        kind = EmbedSequence if isinstance(request, EmbedRequest) else Sequence
+        seq = kind(request, self.tokenizer.decoder(special=False), self.eog_ids, notify)
         with self._cv:
             if self._closed:
                 raise RuntimeError("the engine is closed")
@@ -259,7 +263,8 @@ class Engine:
                 self._waiting.popleft()
                 seq._finish("cancelled", "cancelled")
                 continue
-            if seq.request.max_tokens == 0:  # nothing to generate: no slot needed
+            embedding = isinstance(seq, EmbedSequence)
+            if seq.request.max_tokens == 0 and not embedding:  # nothing to generate
                 self._waiting.popleft()
                 seq.timings.started = time.perf_counter()
                 seq._finish("length", "max_tokens")
@@ -272,6 +277,8 @@ class Engine:
             # the slot sharing the longest prefix; then the least recently used
             slot = max(free, key=lambda s: (common_prefix(s.tokens, prompt), -s.last_used))
             keep = min(common_prefix(slot.tokens, prompt), len(prompt) - 1)
+            if embedding and seq.request.pooling != "last":
+                keep = 0  # every token's hidden state is needed: the cache has none
             slot.cache.truncate(min(keep, slot.cache.n))
             keep = slot.cache.n
             slot.tokens = slot.tokens[:keep]
@@ -317,9 +324,13 @@ class Engine:
             start = seq.n_prompt_done
             n = min(len(seq.prompt_ids) - start, budget)
             last = start + n == len(seq.prompt_ids)
-            parts.append(Part(s.cache, np.array(seq.prompt_ids[start:start + n]),
-                              LAST if last else NONE))
-            owners.append((s, last))
+            ids = np.array(seq.prompt_ids[start:start + n])
+            if isinstance(seq, EmbedSequence):  # hidden states, not logits
+                parts.append(Part(s.cache, ids, NONE, seq.hidden_wanted(last)))
+                owners.append((s, False))
+            else:
+                parts.append(Part(s.cache, ids, LAST if last else NONE))
+                owners.append((s, last))
             budget -= n
         logits = self.model.forward_batch(parts)
         row = 0
@@ -331,6 +342,13 @@ class Engine:
                 seq.n_prompt_done += n
                 seq.timings.prompt_evaluated += n
                 self.stats.prompt_tokens += n
+                if isinstance(seq, EmbedSequence):
+                    done = seq.n_prompt_done == len(seq.prompt_ids)
+                    seq._on_hidden(part.hidden_states, done)
+                    if done:
+                        seq.timings.prompt_done = time.perf_counter()
+                        self._end(s, "stop", "embedded")
+                    continue
                 if not wants:
                     continue
                 seq.state = DECODE

@@ -1,9 +1,11 @@
 """The Model interface every architecture implements, and what they all share.
 
-An architecture subclasses ``Model`` and provides three parts, in its own file:
-``config_class`` (a ``ModelConfig`` subclass when it reads extra keys), ``load_tensors``
-(declares its tensors and their shapes) and ``_forward`` (one batch through the network).
-This class does the rest: checking ids, splitting long batches, advancing the caches.
+An architecture subclasses ``Model`` and provides, in its own file: ``config_class`` (a
+``ModelConfig`` subclass when it reads extra keys), ``load_tensors`` (declares its tensors
+and their shapes), ``_forward`` (one batch through the network up to the final norm),
+``head`` (the output projection) and ``rope_style`` (how RoPE pairs a head's dimensions).
+This class does the rest: checking ids, splitting long batches, advancing the caches, and
+handing out the final hidden states (for embeddings) and the logits each sequence asked for.
 A batch may hold several sequences (``forward_batch``); ``forward`` is the one-sequence case.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..gguf.reader import GGUFFile
+from . import ops
 from .batch import ALL, LAST, NONE, Batch, Part
 from .config import ModelConfig
 from .kv_cache import KVArena, KVCache
@@ -20,6 +23,9 @@ from .weights import Weights
 # Tokens per forward batch: long prompts are split so the (heads, T, S) attention scores
 # stay small (llama.cpp's n_ubatch is 512 too).
 MAX_BATCH = 512
+
+# RoPE pairings: llama.cpp's NORM (adjacent dimensions) and NEOX (split halves)
+ROPE_STYLES = {"norm": ops.rope_norm, "neox": ops.rope_neox}
 
 
 class Model:
@@ -33,6 +39,9 @@ class Model:
 
     config_class: type[ModelConfig] = ModelConfig
     kv_f16: bool = True
+    # how the architecture pairs dimensions for RoPE; an instance may override it (a file
+    # converted for the other pairing: ``load_model(..., rope_style=...)``)
+    rope_style: str = "norm"
 
     def __init__(self, gguf: GGUFFile, config: ModelConfig) -> None:
         self.gguf = gguf
@@ -58,8 +67,19 @@ class Model:
     def _forward(self, batch: Batch) -> np.ndarray:
         """Evaluate ``batch`` (its rows' ids at their positions), storing each layer's
         keys/values through ``batch.attention`` (the caches are advanced afterwards by the
-        caller); return logits (len(batch.out), n_vocab) for the rows ``batch.out`` lists."""
+        caller); return the final normed hidden states (len(batch.out), n_embd) of the rows
+        ``batch.out`` lists."""
         raise NotImplementedError
+
+    def head(self, x: np.ndarray) -> np.ndarray:
+        """Logits (rows, n_vocab) of final hidden states x (rows, n_embd): the output
+        projection (and whatever the architecture does after it)."""
+        return self.output.matmul(x)
+
+    def apply_rope(self, x: np.ndarray, rot: np.ndarray) -> np.ndarray:
+        """RoPE with this model's pairing (``rope_style``): x (T, H, d), rot from
+        ``ops.rope_table`` -> (T, H, d)."""
+        return ROPE_STYLES[self.rope_style](x, rot)
 
     # -- the interface --------------------------------------------------------------------------
     def new_arena(self, n_ctx: int, n_slots: int = 1) -> KVArena:
@@ -81,9 +101,15 @@ class Model:
         for p in parts:
             p.ids = self._check_ids(p.ids)
         batch = Batch(parts)
-        logits = self._forward(batch)
+        x = self._forward(batch)                           # (len(batch.out), n_embd)
         batch.advance()
-        return logits
+        for p, rows in batch.hidden_rows:
+            p.hidden_states = x[rows]
+        if batch.logit_rows is not None:
+            x = x[batch.logit_rows]
+        if not len(x):
+            return np.zeros((0, self.config.n_vocab), np.float32)
+        return self.head(x)
 
     def forward(self, ids: list[int] | np.ndarray, cache: KVCache,
                 all_logits: bool = False) -> np.ndarray:

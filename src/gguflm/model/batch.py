@@ -9,28 +9,45 @@ batch-invariant, so a sequence's logits do not depend on what else is in the bat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .kv_cache import KVCache
 
-# What a sequence wants back from a batch: the logits of its last row, of every row, or none
+# What a sequence wants back from a batch, of logits and of final hidden states: those of
+# its last row, of every row, or none
 LAST, ALL, NONE = "last", "all", "none"
 
 
 @dataclass
 class Part:
-    """One sequence's share of a batch: ``ids`` evaluated at positions cache.n.. ."""
+    """One sequence's share of a batch: ``ids`` evaluated at positions cache.n.. .
+
+    ``logits`` says which rows' logits it wants; ``hidden`` which rows' final hidden states
+    (the output norm's result, before the output projection: what embeddings pool), which
+    the forward pass leaves in ``hidden_states`` (rows, n_embd)."""
 
     cache: KVCache
     ids: np.ndarray
     logits: str = LAST
+    hidden: str = NONE
+    hidden_states: np.ndarray | None = field(default=None, repr=False)
+
+
+def _rows(want: str, row: int, n: int) -> np.ndarray:
+    if want == ALL:
+        return np.arange(row, row + n)
+    if want == LAST:
+        return np.array([row + n - 1])
+    return np.zeros(0, np.int64)
 
 
 class Batch:
     """Rows of several sequences. ``ids``, ``pos`` and ``slot`` are (T,); ``out`` holds the
-    rows whose logits are wanted, in row order; ``parts`` the sequences, in row order."""
+    rows that go through the last layer (their logits or hidden states are wanted), in row
+    order; ``logit_rows`` indexes the rows of ``out`` whose logits are wanted (None: all of
+    them); ``parts`` the sequences, in row order."""
 
     def __init__(self, parts: Sequence[Part]) -> None:
         if not parts:
@@ -42,8 +59,9 @@ class Batch:
             raise ValueError("a sequence may appear only once in a batch")
         self.arena = arena
         self.parts = list(parts)
-        ids, pos, slot, out = [], [], [], []
-        row = 0
+        ids, pos, slot, out, logit_rows = [], [], [], [], []
+        self.hidden_rows: list[tuple[Part, np.ndarray]] = []  # (part, its rows of ``out``)
+        row = n_out = 0
         for p in parts:
             n = len(p.ids)
             if n == 0:
@@ -52,15 +70,22 @@ class Batch:
             ids.append(p.ids)
             pos.append(np.arange(p.cache.n, p.cache.n + n))
             slot.append(np.full(n, p.cache.slot))
-            if p.logits == ALL:
-                out.append(np.arange(row, row + n))
-            elif p.logits == LAST:
-                out.append(np.array([row + n - 1]))
+            # the rows this part needs past the last layer: logits' and hidden states' union
+            wants = {p.logits, p.hidden}
+            rows = _rows(ALL if ALL in wants else LAST if LAST in wants else NONE, row, n)
+            out.append(rows)
+            logit_rows.append(n_out + np.searchsorted(rows, _rows(p.logits, row, n)))
+            if p.hidden != NONE:
+                self.hidden_rows.append((p, n_out + np.searchsorted(rows, _rows(p.hidden,
+                                                                              row, n))))
             row += n
+            n_out += len(rows)
         self.ids = np.concatenate(ids).astype(np.int64, copy=False)
         self.pos = np.concatenate(pos).astype(np.int64)
         self.slot = np.concatenate(slot).astype(np.int64)
-        self.out = np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
+        self.out = np.concatenate(out).astype(np.int64)
+        lr = np.concatenate(logit_rows).astype(np.int64)
+        self.logit_rows = None if len(lr) == n_out else lr
 
     def __len__(self) -> int:
         return len(self.ids)

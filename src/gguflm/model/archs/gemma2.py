@@ -68,6 +68,7 @@ class Gemma2(Model):
 
     config_class = Gemma2Config
     config: Gemma2Config
+    rope_style = "neox"
 
     # -- tensors ---------------------------------------------------------------------------------
     def load_tensors(self, w: Weights) -> None:
@@ -104,8 +105,10 @@ class Gemma2(Model):
             h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
             f = ops.glu_ffn(h, layer, ops.geglu)           # GeGLU
             x = x + ops.rmsnorm(f, layer.post_ffw_norm, c.norm_eps)
-        x = ops.rmsnorm(x, self.output_norm, c.norm_eps)
-        return ops.softcap(self.token_embd.matmul(x), c.final_softcap)  # (rows, n_vocab)
+        return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
+
+    def head(self, x: np.ndarray) -> np.ndarray:
+        return ops.softcap(self.token_embd.matmul(x), self.config.final_softcap)  # (rows, n_vocab)
 
     def attention(self, il: int, layer: Any, h: np.ndarray, rope: np.ndarray,
                   window: int, batch: Batch) -> np.ndarray:
@@ -113,6 +116,6 @@ class Gemma2(Model):
         ``window`` > 0: sliding-window attention."""
         c = self.config
         q, k, v = ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
-        q, k = ops.rope_neox(q, rope), ops.rope_neox(k, rope)
+        q, k = self.apply_rope(q, rope), self.apply_rope(k, rope)
         a = batch.attention(il, q, k, v, c.attn_scale, cap=c.attn_softcap, window=window)
         return ops.linear(a, layer.attn_output)

@@ -68,6 +68,7 @@ class Gemma3(Model):
 
     config_class = Gemma3Config
     config: Gemma3Config
+    rope_style = "neox"
 
     # -- tensors ---------------------------------------------------------------------------------
     def load_tensors(self, w: Weights) -> None:
@@ -109,10 +110,12 @@ class Gemma3(Model):
             h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
             f = ops.glu_ffn(h, layer, ops.geglu)           # GeGLU
             x = x + ops.rmsnorm(f, layer.post_ffw_norm, c.norm_eps)
-        x = ops.rmsnorm(x, self.output_norm, c.norm_eps)
+        return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
+
+    def head(self, x: np.ndarray) -> np.ndarray:
         logits = self.output.matmul(x)                        # (rows, n_vocab)
-        if c.final_softcap > 0:
-            logits = ops.softcap(logits, c.final_softcap)
+        if self.config.final_softcap > 0:
+            logits = ops.softcap(logits, self.config.final_softcap)
         return logits
 
     def attention(self, il: int, layer: Any, h: np.ndarray,
@@ -121,8 +124,8 @@ class Gemma3(Model):
         ``window`` > 0: sliding-window attention."""
         c = self.config
         q, k, v = ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
-        q = ops.rope_neox(ops.rmsnorm(q, layer.attn_q_norm, c.norm_eps), rope)
-        k = ops.rope_neox(ops.rmsnorm(k, layer.attn_k_norm, c.norm_eps), rope)
+        q = self.apply_rope(ops.rmsnorm(q, layer.attn_q_norm, c.norm_eps), rope)
+        k = self.apply_rope(ops.rmsnorm(k, layer.attn_k_norm, c.norm_eps), rope)
         a = batch.attention(il, q, k, v, c.attn_scale, window=window)
         return ops.linear(a, layer.attn_output)
 

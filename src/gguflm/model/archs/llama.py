@@ -23,6 +23,8 @@ from . import register
 class Llama(Model):
     """The Llama family; optional biases and Llama 3's ``rope_freqs`` are honoured."""
 
+    rope_style = "norm"
+
     # -- tensors ---------------------------------------------------------------------------------
     def load_tensors(self, w: Weights) -> None:
         c = self.config
@@ -66,8 +68,7 @@ class Llama(Model):
             x = x + a
             h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
             x = x + ops.glu_ffn(h, layer, ops.swiglu)      # SwiGLU, biases optional
-        x = ops.rmsnorm(x, self.output_norm, c.norm_eps)
-        return self.output.matmul(x)                       # (rows, n_vocab)
+        return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd); head: output
 
     def attention(self, il: int, layer, h: np.ndarray, rope: np.ndarray,
                   batch: Batch) -> np.ndarray:
@@ -75,6 +76,6 @@ class Llama(Model):
         Causal; llama ignores any sliding window."""
         c = self.config
         q, k, v = ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
-        q, k = ops.rope_norm(q, rope), ops.rope_norm(k, rope)
+        q, k = self.apply_rope(q, rope), self.apply_rope(k, rope)  # NORM style
         a = batch.attention(il, q, k, v, 1.0 / math.sqrt(c.head_dim))
         return ops.linear(a, layer.attn_output, layer.attn_output_bias)

@@ -52,6 +52,7 @@ class Phi3(Model):
 
     config_class = Phi3Config
     config: Phi3Config
+    rope_style = "neox"
     # llama.cpp disables Phi's sliding window (see the module docstring); `inspect` says so
     ignored_keys = ("attention.sliding_window",)
 
@@ -102,8 +103,7 @@ class Phi3(Model):
             x = x + a
             h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
             x = x + ops.glu_ffn(h, layer, ops.swiglu)      # SwiGLU from the fused ffn_up
-        x = ops.rmsnorm(x, self.output_norm, c.norm_eps)
-        return self.output.matmul(x)                       # (rows, n_vocab)
+        return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd); head: output
 
     def attention(self, il: int, layer: Any, h: np.ndarray, rope: np.ndarray,
                   batch: Batch) -> np.ndarray:
@@ -111,6 +111,6 @@ class Phi3(Model):
         (causal: Phi's window is disabled)."""
         c = self.config
         q, k, v = ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
-        q, k = ops.rope_neox(q, rope), ops.rope_neox(k, rope)
+        q, k = self.apply_rope(q, rope), self.apply_rope(k, rope)
         a = batch.attention(il, q, k, v, 1.0 / math.sqrt(c.head_dim))
         return ops.linear(a, layer.attn_output)

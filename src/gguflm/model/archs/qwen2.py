@@ -27,6 +27,7 @@ from . import register
 class Qwen2(Model):
     """Qwen2 and Qwen2.5 dense models: Q/K/V biases, NEOX RoPE."""
 
+    rope_style = "neox"
     # llama.cpp's qwen2/qwen3 graphs attend causally over the whole context; `inspect` says so
     ignored_keys = ("attention.sliding_window",)
     # llama.cpp's qwen2 loads an optional ``output.bias``; qwen3 does not
@@ -71,7 +72,9 @@ class Qwen2(Model):
             x = x + a
             h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
             x = x + ops.glu_ffn(h, layer, ops.swiglu)      # SwiGLU
-        x = ops.rmsnorm(x, self.output_norm, c.norm_eps)
+        return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
+
+    def head(self, x: np.ndarray) -> np.ndarray:
         return ops.linear(x, self.output, self.output_bias)  # (rows, n_vocab)
 
     def project(self, layer: Any, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -85,6 +88,6 @@ class Qwen2(Model):
         (causal only)."""
         c = self.config
         q, k, v = self.project(layer, h)
-        q, k = ops.rope_neox(q, rope), ops.rope_neox(k, rope)
+        q, k = self.apply_rope(q, rope), self.apply_rope(k, rope)
         a = batch.attention(il, q, k, v, 1.0 / math.sqrt(c.head_dim))
         return ops.linear(a, layer.attn_output)
