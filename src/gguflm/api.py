@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from .engine.errors import InvalidRequestError
 from .engine.params import sampler_params
 from .engine.scheduler import DEFAULT_MAX_QUEUE, DEFAULT_SLOTS, QueueFullError, default_n_ctx
 from .engine.sequence import Request
@@ -40,18 +41,11 @@ from .tokenizer.chat import (
     encode_prompt,
 )
 
-__all__ = ["LLM", "InvalidRequestError", "QueueFullError", "Shapes"]
+__all__ = ["LLM", "ChatReply", "InvalidRequestError", "QueueFullError", "Shapes"]
 
 
-class InvalidRequestError(ValueError):
-    """A request the model cannot serve as asked: a bad argument value, a prompt longer than
-    the context, a conversation the chat template rejects. ``param`` names the argument;
-    ``code`` is OpenAI's error code where it has one (``context_length_exceeded``)."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-        self.code = code
+# InvalidRequestError lives in engine/errors.py so that engine modules (constraints, tools)
+# raise the same error the API and the server turn into an OpenAI error object
 
 
 def thread_count(threads: int | None) -> int:
@@ -231,7 +225,9 @@ class LLM:
     def generate(self, prompt: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]],
                  *, max_tokens: int | None = 16, stop: str | Sequence[str] | None = None,
                  seed: int | None = None, echo: bool = False,
-                 cancel: Callable[[], bool] | None = None, **sampling: Any) -> dict[str, Any]:
+                 cancel: Callable[[], bool] | None = None, response_format: Any = None,
+                 json_schema: Any = None, grammar: Any = None, regex: Any = None,
+                 **sampling: Any) -> dict[str, Any]:
         """Complete ``prompt`` and return an OpenAI ``text_completion``.
 
         ``prompt`` is text or token ids, or a list of them: then each is a choice (index in
@@ -243,9 +239,15 @@ class LLM:
         ``frequency_penalty`` and ``seed``; what is not given takes llama.cpp's default.
         ``echo`` puts the prompt before the completion. ``cancel``, if given, is polled
         between tokens: True ends the generation there (``finish_reason`` "cancelled").
+        Structured output (at most one): ``response_format`` (OpenAI's ``{"type":
+        "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name", "schema"}}``),
+        ``json_schema`` (a schema), ``grammar`` (GBNF or Lark text), ``regex``: every token
+        is masked to keep the output valid (see ``engine/grammar.py``).
         """
+        spec = dict(response_format=response_format, json_schema=json_schema, grammar=grammar,
+                    regex=regex)
         prompts = _prompt_list(prompt)
-        reqs = [self.completion_request(p, max_tokens, stop, seed, echo, sampling)
+        reqs = [self.completion_request(p, max_tokens, stop, seed, echo, sampling, **spec)
                 for p in prompts]
         runs = [self._run(req, cancel) for req, _ in reqs]
         texts = ["".join(it) for _, it in runs]
@@ -261,13 +263,16 @@ class LLM:
     def stream(self, prompt: str | Sequence[int], *, max_tokens: int | None = 16,
                stop: str | Sequence[str] | None = None, seed: int | None = None,
                echo: bool = False, include_usage: bool = False,
-               cancel: Callable[[], bool] | None = None,
+               cancel: Callable[[], bool] | None = None, response_format: Any = None,
+               json_schema: Any = None, grammar: Any = None, regex: Any = None,
                **sampling: Any) -> Iterator[dict[str, Any]]:
         """Like ``generate``, as OpenAI ``text_completion`` chunks: one per piece of text,
         then one with the ``finish_reason`` (and with ``include_usage``, a last chunk with
         ``usage`` and no choices). The arguments are checked, and the generation started,
         before this returns. ``cancel``, if given, is polled between tokens."""
-        req, ptext = self.completion_request(prompt, max_tokens, stop, seed, echo, sampling)
+        req, ptext = self.completion_request(
+            prompt, max_tokens, stop, seed, echo, sampling, response_format=response_format,
+            json_schema=json_schema, grammar=grammar, regex=regex)
         seq, texts = self._run(req, cancel)
         return self._completion_chunks(seq, texts, ptext if echo else None, include_usage)
 
@@ -294,7 +299,10 @@ class LLM:
             yield shape.usage_chunk(seq.usage())
 
     def completion_request(self, prompt: Any, max_tokens: Any, stop: Any, seed: Any,
-                            echo: bool, sampling: dict[str, Any]) -> tuple[Request, str | None]:
+                           echo: bool, sampling: dict[str, Any], **constraint: Any
+                           ) -> tuple[Request, str | None]:
+        """The engine request for a completion and the prompt's text (for echo);
+        ``constraint``: response_format, json_schema, grammar, regex (see ``generate``)."""
         if isinstance(prompt, str):
             _check_text(prompt, "prompt")
             self._check_fits(prompt, "prompt")
@@ -306,7 +314,8 @@ class LLM:
         else:
             raise InvalidRequestError("prompt must be a string or a list of token ids",
                                       param="prompt")
-        req = self._request(ids, max_tokens, stop, seed, sampling)
+        req = self._request(ids, max_tokens, stop, seed, sampling,
+                            self.constraint(**constraint))
         if text is None and echo:
             text = self.tokenizer.decode(ids)
         return req, text
@@ -316,29 +325,74 @@ class LLM:
     def chat(self, messages: Sequence[Mapping[str, Any]], *, stream: bool = False,
              max_tokens: int | None = None, stop: str | Sequence[str] | None = None,
              seed: int | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
+             tool_choice: Any = None, parallel_tool_calls: bool | None = None,
              include_usage: bool = False, cancel: Callable[[], bool] | None = None,
-             **sampling: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+             response_format: Any = None, json_schema: Any = None, grammar: Any = None,
+             regex: Any = None, **sampling: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Answer a conversation (OpenAI ``messages``: dicts with ``role`` and ``content``).
 
         Returns a ``chat.completion``, or with ``stream`` an iterator of
         ``chat.completion.chunk`` (role first, then content pieces, then the finish reason).
-        The prompt is the model's chat template rendered with ``add_generation_prompt``;
-        ``tools`` is passed to the template. Other arguments as in ``generate``
-        (``max_tokens`` default: until the model ends its turn or the context is full).
+        The prompt is the model's chat template rendered with ``add_generation_prompt``.
+        ``tools`` (OpenAI function tools) go to the template, and the reply's calls come
+        back as ``message.tool_calls`` (streamed as ``delta.tool_calls``) with
+        ``finish_reason`` "tool_calls"; ``tool_choice`` "required" or a named function
+        constrains the reply to a call whose arguments match the function's schema ("auto",
+        the default: the model may call; "none": it may not). Structured output and other
+        arguments as in ``generate`` (``max_tokens`` default: until the model ends its turn
+        or the context is full).
         """
-        req = self.chat_request(messages, max_tokens, stop, seed, sampling, tools=tools)
+        req, plan = self.chat_request(
+            messages, max_tokens, stop, seed, sampling, tools=tools, tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls, response_format=response_format,
+            json_schema=json_schema, grammar=grammar, regex=regex)
         seq, texts = self._run(req, cancel)
+        reply = ChatReply(plan)
         if stream:
-            return self._chat_chunks(seq, texts, include_usage)
+            return self._chat_chunks(seq, texts, reply, include_usage)
+        reply.feed("".join(texts))
+        reply.finish()
         return Shapes("chat.completion", self.model_id).chat_result(
-            "".join(texts), seq.finish_reason, seq.usage())
+            reply.message(), reply.finish_reason(seq.finish_reason), seq.usage())
 
     def chat_request(self, messages: Sequence[Mapping[str, Any]], max_tokens: Any, stop: Any,
                      seed: Any, sampling: dict[str, Any],
-                     tools: Sequence[Mapping[str, Any]] | None = None) -> Request:
-        """The engine request for a conversation (arguments checked as in ``chat``)."""
-        return self._request(self.chat_prompt_ids(messages, tools=tools), max_tokens, stop,
-                             seed, sampling)
+                     tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
+                     parallel_tool_calls: bool | None = None, **constraint: Any
+                     ) -> tuple[Request, Any]:
+        """The engine request for a conversation (arguments checked as in ``chat``) and its
+        tool plan (None without tools; see ``engine/tools.py``)."""
+        from .engine.tools import plan_tools
+
+        plan = plan_tools(messages, tools, tool_choice,
+                          self.chat_template.source, parallel_tool_calls)
+        if plan is not None:
+            messages, template_tools = plan.messages, plan.template_tools
+        else:
+            template_tools = None
+        c = self.constraint(**constraint)
+        if plan is not None and plan.grammar is not None:
+            if c is not None:
+                raise InvalidRequestError("a required tool call cannot be combined with "
+                                          "response_format or a grammar", param="tool_choice")
+            from .engine.constraints import Constraint
+
+            c = Constraint(plan.grammar, self.tokenizer)
+        ids = self.chat_prompt_ids(messages, tools=template_tools)
+        return self._request(ids, max_tokens, stop, seed, sampling, c), plan
+
+    def constraint(self, response_format: Any = None, json_schema: Any = None,
+                   grammar: Any = None, regex: Any = None) -> Any:
+        """The ``Constraint`` a request asks for (None: free text); InvalidRequestError
+        (``param`` set) for an invalid or unsupported schema or grammar."""
+        if response_format is None and json_schema is None and grammar is None and regex is None:
+            return None
+        from .engine.constraints import Constraint
+        from .engine.grammar import constraint_from_request
+
+        g = constraint_from_request(response_format, json_schema, grammar, regex,
+                                    tokenizer=self.tokenizer)
+        return None if g is None else Constraint(g, self.tokenizer)
 
     def create_chat_completion(self, messages: Sequence[Mapping[str, Any]],
                                **kwargs: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
@@ -382,16 +436,19 @@ class LLM:
                 f"the {param} is at least {at_least} tokens ({n_bytes} bytes), longer than "
                 f"the context of {self.n_ctx}", param=param, code="context_length_exceeded")
 
-    def _chat_chunks(self, seq: EngineSequence, texts: Iterator[str],
+    def _chat_chunks(self, seq: EngineSequence, texts: Iterator[str], reply: ChatReply,
                      include_usage: bool) -> Iterator[dict[str, Any]]:
         shape = Shapes("chat.completion.chunk", self.model_id)
         try:
             yield shape.chat_chunk({"role": "assistant", "content": ""}, None)
             for piece in texts:
-                yield shape.chat_chunk({"content": piece}, None)
+                for delta in reply.feed(piece):
+                    yield shape.chat_chunk(delta, None)
         finally:
             texts.close()
-        yield shape.chat_chunk({}, seq.finish_reason)
+        for delta in reply.finish():
+            yield shape.chat_chunk(delta, None)
+        yield shape.chat_chunk({}, reply.finish_reason(seq.finish_reason))
         if include_usage:
             yield shape.usage_chunk(seq.usage())
 
@@ -543,6 +600,34 @@ class LLM:
                 f"parallel={self.engine.n_slots})")
 
 
+class ChatReply:
+    """A chat reply's text as OpenAI deltas and message: plain content, or with tools
+    (``plan`` from ``engine.tools.plan_tools``) tool calls parsed out as they stream."""
+
+    def __init__(self, plan: Any = None) -> None:
+        self.parser = plan.parser() if plan is not None else None
+        self.text: list[str] = []
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        self.text.append(text)
+        if self.parser is not None:
+            return self.parser.feed(text)
+        return [{"content": text}] if text else []
+
+    def finish(self) -> list[dict[str, Any]]:
+        return self.parser.finish() if self.parser is not None else []
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        if self.parser is None or reason is None:
+            return reason
+        return self.parser.result().finish_reason(reason)
+
+    def message(self) -> dict[str, Any]:
+        if self.parser is not None:
+            return self.parser.result().message()
+        return {"role": "assistant", "content": "".join(self.text)}
+
+
 class Shapes:
     """OpenAI's response objects for one response: ``object`` (``text_completion``,
     ``chat.completion`` or ``chat.completion.chunk``), one id and creation time."""
@@ -565,10 +650,9 @@ class Shapes:
         return self.head | {"choices": [{"index": 0, "delta": delta, "logprobs": None,
                                          "finish_reason": finish}]}
 
-    def chat_result(self, text: str, finish: str | None, usage: dict[str, Any],
-                    **message: Any) -> dict[str, Any]:
-        msg = {"role": "assistant", "content": text} | message
-        return self.head | {"choices": [{"index": 0, "message": msg, "logprobs": None,
+    def chat_result(self, message: dict[str, Any], finish: str | None,
+                    usage: dict[str, Any]) -> dict[str, Any]:
+        return self.head | {"choices": [{"index": 0, "message": message, "logprobs": None,
                                          "finish_reason": finish}], "usage": usage}
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:

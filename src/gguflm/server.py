@@ -37,7 +37,7 @@ from starlette.routing import Route
 
 from . import webui as webui_page
 from .access import AccessPolicy
-from .api import LLM, InvalidRequestError, QueueFullError, Shapes
+from .api import LLM, ChatReply, InvalidRequestError, QueueFullError, Shapes
 from .engine.params import SAMPLING_FIELDS
 
 __all__ = ["APIServer", "make_server"]
@@ -60,6 +60,14 @@ _COMMON_FIELDS: dict[str, tuple[tuple[type, ...], str]] = SAMPLING_FIELDS | {
     "n": ((int,), "an integer"),
     "user": ((str,), "a string"),
 }
+# structured output (engine/grammar.py): OpenAI's response_format, llama-server's fields
+_COMMON_FIELDS |= {
+    "response_format": ((dict,), "an object"),
+    "json_schema": ((dict, str), "a JSON schema (an object, or its JSON text)"),
+    "grammar": ((str,), "a string (a GBNF or Lark grammar)"),
+    "regex": ((str,), "a string (a regular expression)"),
+}
+_CONSTRAINT_FIELDS = ("response_format", "json_schema", "grammar", "regex")
 _COMPLETION_FIELDS = _COMMON_FIELDS | {
     "prompt": ((str, list), "a string or a list of token ids"),
     "echo": ((bool,), "a boolean"),
@@ -69,6 +77,8 @@ _CHAT_FIELDS = _COMMON_FIELDS | {
     "messages": ((list,), "a list of messages"),
     "max_completion_tokens": ((int,), "an integer"),
     "tools": ((list,), "a list of tools"),
+    "tool_choice": ((str, dict), "\"none\", \"auto\", \"required\" or a named function"),
+    "parallel_tool_calls": ((bool,), "a boolean"),
 }
 _SAMPLING = tuple(SAMPLING_FIELDS)
 # latency histogram buckets (seconds) for /metrics
@@ -405,7 +415,7 @@ class APIServer:
             req, ptext = await asyncio.to_thread(
                 self._call, lambda: self.llm.completion_request(
                     prompt, opts.pop("max_tokens"), opts.pop("stop"), opts.pop("seed"), echo,
-                    opts))
+                    opts, **{k: body.get(k) for k in _CONSTRAINT_FIELDS}))
         except RequestError as e:
             return self._error(e)
         shape = Shapes("text_completion", self.llm.model_id)
@@ -444,11 +454,14 @@ class APIServer:
                 raise RequestError(400, "'messages' must be a non-empty list",
                                    param="messages")
             opts = _options(body, body.get("max_completion_tokens", body.get("max_tokens")))
-            req = await asyncio.to_thread(self._call, lambda: self.llm.chat_request(
+            req, plan = await asyncio.to_thread(self._call, lambda: self.llm.chat_request(
                 messages, opts.pop("max_tokens"), opts.pop("stop"), opts.pop("seed"), opts,
-                tools=body.get("tools")))
+                tools=body.get("tools"), tool_choice=body.get("tool_choice"),
+                parallel_tool_calls=body.get("parallel_tool_calls"),
+                **{k: body.get(k) for k in _CONSTRAINT_FIELDS}))
         except RequestError as e:
             return self._error(e)
+        reply = ChatReply(plan)
         if body.get("stream"):
             shape = Shapes("chat.completion.chunk", self.llm.model_id)
             try:
@@ -460,9 +473,12 @@ class APIServer:
                 yield shape.chat_chunk({"role": "assistant", "content": ""}, None)
                 async for piece, seq in self._generate(*running):
                     if seq is None:
-                        yield shape.chat_chunk({"content": piece}, None)
+                        for delta in reply.feed(piece):
+                            yield shape.chat_chunk(delta, None)
                     else:
-                        yield shape.chat_chunk({}, seq.finish_reason)
+                        for delta in reply.finish():
+                            yield shape.chat_chunk(delta, None)
+                        yield shape.chat_chunk({}, reply.finish_reason(seq.finish_reason))
                         if _include_usage(body):
                             yield shape.usage_chunk(seq.usage())
             return self._stream(chunks())
@@ -470,8 +486,10 @@ class APIServer:
             seq = await self._complete(request, req)
         except RequestError as e:
             return self._error(e)
+        reply.feed(seq.text)
+        reply.finish()
         return JSONResponse(Shapes("chat.completion", self.llm.model_id).chat_result(
-            seq.text, seq.finish_reason, seq.usage()))
+            reply.message(), reply.finish_reason(seq.finish_reason), seq.usage()))
 
     def _error(self, e: RequestError) -> Response:
         self.count("errors")

@@ -16,7 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 from . import CLIError, UsageError
-from .common import add_ignored_options, add_load_options, add_model_argument
+from .common import (
+    add_constraint_options,
+    add_ignored_options,
+    add_load_options,
+    add_model_argument,
+    constraint_spec,
+)
 from .serve import add_model_options, load_llm
 
 DEFAULT_N_PREDICT = 512  # tokens per reply: a small model left unbounded can loop forever
@@ -55,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"context is full (default: {DEFAULT_N_PREDICT})")
     add_model_options(p)
     add_cli_options(p)
+    add_constraint_options(p)
     p.add_argument("-v", "--verbose", action="store_true",
                    help="after each reply, show token counts (new and cached prompt tokens) "
                         "and speeds")
@@ -85,6 +92,7 @@ class Chat:
         self.system = args.system
         self.sampling: dict[str, Any] = cli_values(args)
         self.stop = cli_stops(args)
+        self.constraint = constraint_spec(args)  # every reply kept valid
         self.max_tokens = args.n_predict
         self.verbose = args.verbose
         self.color = args.color and sys.stdout.isatty()
@@ -97,7 +105,9 @@ class Chat:
         """The engine request for the conversation (InvalidRequestError if it cannot be)."""
         seed = self.sampling.get("seed")
         opts = {k: v for k, v in self.sampling.items() if k != "seed"}
-        return self.llm.chat_request(self.messages, max_tokens, self.stop or None, seed, opts)
+        req, _ = self.llm.chat_request(self.messages, max_tokens, self.stop or None, seed, opts,
+                                       **self.constraint)
+        return req
 
 
 def chat(args: argparse.Namespace) -> int:

@@ -300,3 +300,51 @@ def say_if_compiling() -> None:
     if not kernels.is_compiled():
         print("gguflm: compiling the kernels (first run only, may take a minute) ...",
               file=sys.stderr, flush=True)
+
+
+def add_constraint_options(p: argparse.ArgumentParser) -> None:
+    """Structured output: ``--json-schema``, ``--grammar``, ``--regex`` (at most one)."""
+    g = p.add_argument_group("structured output (at most one; every token kept valid)")
+    g.add_argument("--json-schema", metavar="FILE_OR_JSON",
+                   help="the output is JSON matching this schema (JSON text, or a file)")
+    g.add_argument("--grammar", metavar="FILE",
+                   help="the output is a sentence of this GBNF (or Lark) grammar file "
+                        "(llama.cpp's grammars/*.gbnf work unchanged)")
+    g.add_argument("--regex", metavar="RE", help="the output fully matches this expression")
+
+
+def constraint_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """The API's constraint keywords from ``add_constraint_options``' options (files read
+    here); a CLIError naming the problem for an unreadable file or bad schema text."""
+    from ..engine.errors import InvalidRequestError
+    from ..engine.schema import schema_from_arg
+
+    spec: dict[str, Any] = {}
+    try:
+        if args.json_schema is not None:
+            spec["json_schema"] = schema_from_arg(args.json_schema)
+    except InvalidRequestError as e:
+        raise CLIError(f"--json-schema: {e}") from None
+    if args.grammar is not None:
+        spec["grammar"] = read_text(args.grammar)
+    if args.regex is not None:
+        spec["regex"] = args.regex
+    if len(spec) > 1:
+        raise CLIError("give at most one of --json-schema, --grammar and --regex")
+    return spec
+
+
+def make_constraint(spec: dict[str, Any], tokenizer: Any) -> Any:
+    """The engine's Constraint for ``constraint_spec``'s keywords (None: none); CLIError
+    naming the problem for a schema or grammar that cannot be enforced."""
+    if not spec:
+        return None
+    from ..engine.constraints import Constraint
+    from ..engine.errors import InvalidRequestError
+    from ..engine.grammar import constraint_from_request
+
+    try:
+        return Constraint(constraint_from_request(**spec, tokenizer=tokenizer), tokenizer)
+    except InvalidRequestError as e:
+        raise CLIError(f"--{(e.param or 'grammar').split('.')[0].replace('_', '-')}: {e}") \
+            from None

@@ -16,12 +16,15 @@ import time
 from . import CLIError, UsageError
 from .common import (
     Progress,
+    add_constraint_options,
     add_ignored_options,
     add_load_options,
     add_model_argument,
     add_threads_argument,
+    constraint_spec,
     load_model,
     load_options,
+    make_constraint,
     positive_int,
     process_escapes,
     read_text,
@@ -58,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="context size in tokens (default: 4096, llama.cpp's, or the model's "
                         "training context if smaller; more if the prompt and N need it)")
     add_cli_options(p)
+    add_constraint_options(p)
     p.add_argument("--special", action="store_true",
                    help="parse special tokens (e.g. <|im_start|>) in the prompt")
     show = p.add_mutually_exclusive_group()
@@ -133,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         stops = check_stops(cli_stops(args))
     except StopError as e:
         raise UsageError(f"--stop: {e}") from None
+    spec = constraint_spec(args)
     text = args.prompt if args.prompt is not None else read_text(args.file)
     if args.escape:
         text = process_escapes(text)
@@ -158,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(model, tokenizer, n_ctx=n_ctx, n_slots=1, threads=args.threads,
                     n_batch=128 if progress.enabled else N_BATCH)
     try:
-        seq = engine.submit(Request(prompt, params, n_predict, stops))
+        seq = engine.submit(Request(prompt, params, n_predict, stops,
+                                    make_constraint(spec, tokenizer)))
         if args.display_prompt and not args.json:
             shown = tokenizer.decode(prompt, special=args.special)
             sys.stdout.write(f"{YELLOW}{shown}{RESET}" if args.color else shown)

@@ -241,13 +241,16 @@ class Engine:
                         box.append(RuntimeError("the engine is closed"))
                         done.set()
                     return
-                self._admit()
-            for fn, box, done in tasks:
-                try:
-                    box.append(fn())
-                except BaseException as e:  # noqa: BLE001 - handed to the caller
-                    box.append(e)
-                done.set()
+                if not tasks:
+                    self._admit()
+            if tasks:  # between two steps, before anything new is admitted
+                for fn, box, done in tasks:
+                    try:
+                        box.append(fn())
+                    except BaseException as e:  # noqa: BLE001 - handed to the caller
+                        box.append(e)
+                    done.set()
+                continue
             try:
                 self._step()
             except Exception as e:  # noqa: BLE001 - fail the batch, keep serving the rest
