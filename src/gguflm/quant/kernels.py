@@ -24,6 +24,7 @@ the tests compare against. Weight layouts are ggml's (see ``gguflm.quant.formats
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -31,6 +32,8 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from ..gguf.types import GGMLType
 
 # -- which SIMD flavour the IR uses (decided once; numba's cache is keyed by CPU features) --
 
@@ -105,7 +108,9 @@ def quantize_q8_0(x: np.ndarray, qa: np.ndarray, da: np.ndarray, sa: np.ndarray)
     """x (n, K) f32 -> qa (n, K) i8, da (n, K/32) f32 (fp16 values), sa (n, K/32) f32.
 
     ggml's x86 quantize_row_q8_0/q8_1: d = amax/127 stored as fp16, q = rint(x * 127/amax);
-    sa = fp16(d * sum(q)) is Q8_1's block sum (used by Q4_1/Q5_1).
+    sa = fp16(d * sum(q)) is Q8_1's block sum (used by Q4_1/Q5_1), with d the float32 scale
+    before its own fp16 rounding (ggml's AVX code; fp16(fp16(d) * sum) is one fp16 step off
+    in about a fifth of the blocks).
     """
     n, k = x.shape
     nb = k // 32
@@ -122,10 +127,8 @@ def quantize_q8_0(x: np.ndarray, qa: np.ndarray, da: np.ndarray, sa: np.ndarray)
                 qa[i, b * 32 + j] = q
                 s += q
             da[i, b] = d
-            sa[i, b] = np.float32(s)
+            sa[i, b] = d * np.float32(s)  # d still float32 here, as in ggml's x86 code
         _round_f16(da[i])
-        for b in range(nb):
-            sa[i, b] = sa[i, b] * da[i, b]
         _round_f16(sa[i])
 
 
@@ -165,6 +168,50 @@ def quantize_q8_k(x: np.ndarray, qa: np.ndarray, da: np.ndarray, bsum: np.ndarra
                     s += q
                 bsum[i, b * 8 + g] = s
             da[i, b] = np.float32(1.0) / iscale
+
+
+def pack_activation_blocks(act: GGMLType, qa: np.ndarray, da: np.ndarray,
+                           aux: np.ndarray) -> np.ndarray:
+    """The quantizers' arrays (``quantize_q8_0``'s or ``quantize_q8_k``'s, or their twins')
+    laid out as ggml's ``block_q8_0``/``block_q8_1``/``block_q8_K`` rows: ``(n, row_bytes)``
+    uint8, byte for byte what ggml's ``from_float`` writes (Q8_K's 16-value ``bsums`` are
+    recomputed from ``qa``; ``aux`` holds 32-value sums there)."""
+    from .formats import FORMATS
+
+    act = GGMLType(act)
+    fmt = FORMATS[act]
+    n, k = qa.shape
+    blk = np.zeros((n, k // fmt.block_size, fmt.type_size), np.uint8)
+
+    def put(name: str, values: np.ndarray) -> None:
+        f = fmt[name]
+        raw = np.ascontiguousarray(values.reshape(n, blk.shape[1], -1).astype(
+            "<f2" if f.kind == "f16" else "<i2" if name == "bsums" else values.dtype))
+        blk[:, :, f.offset:f.offset + f.nbytes] = raw.view(np.uint8)
+
+    if act == GGMLType.Q8_K:
+        put("d", da.astype("<f4"))
+        put("bsums", qa.reshape(n, -1, 16).astype(np.int32).sum(-1))
+    else:
+        put("d", da)
+        if act == GGMLType.Q8_1:
+            put("s", aux)
+        elif act != GGMLType.Q8_0:
+            raise ValueError(f"{act.ggml_name} is not an activation type (Q8_0, Q8_1, Q8_K)")
+    put("qs", qa.astype(np.int8))
+    return blk.reshape(n, -1)
+
+
+def activation_blocks(x: np.ndarray, act: GGMLType) -> np.ndarray:
+    """ggml's ``from_float`` of ``x (n, K)`` f32 for ``act`` = Q8_0, Q8_1 or Q8_K, computed
+    by the kernels' own quantizers: ``(n, K / QK * type_size)`` uint8 in ggml's layout."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    act = GGMLType(act)
+    if act == GGMLType.Q8_K:
+        qa, da, aux = quantize_activations(x, KIND_Q4_K)
+    else:
+        qa, da, aux = quantize_activations(x, KIND_Q8_0)
+    return pack_activation_blocks(act, qa, da, aux)
 
 
 # ======================================================================================
@@ -289,6 +336,15 @@ class _Gen:
         f = self.b.sitofp(lanes, _vt(_F32, 16))
         return self.b.fadd(self.b.fmul(f, scale, flags=("fast",)), acc, flags=("fast",))
 
+    def hsum8(self, v: ir.Value) -> ir.Value:
+        """Sum of a <8 x float> (pairwise: lanes i and i+4, then i+2, then i+1)."""
+        for width in (4, 2, 1):
+            hi = self.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, 8),
+                                                         [i + width for i in range(width)]
+                                                         + [0] * (8 - width)))
+            v = self.b.fadd(v, hi)
+        return self.b.extract_element(v, ir.Constant(_I32, 0))
+
     def hsum(self, v: ir.Value) -> ir.Value:
         for width in (8, 4, 2, 1):
             hi = self.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, 16),
@@ -387,7 +443,7 @@ def _unpack_k(g: _Gen, kind: int, row, off):  # noqa: ANN001, ANN202
     sm8 = _k_scales(g, row, off)
     smf = bld.uitofp(bld.zext(sm8, _vt(_I32, 16)), _vt(_F32, 16))
     sc16 = bld.zext(sm8, _vt(_I16, 16))
-    mins = bld.fmul(_lanes(g, smf, list(range(8, 16))), _lanes(g, g.splatf(dmin), list(range(8))))
+    mins = _lanes(g, smf, list(range(8, 16)))  # the 8 integer mins, as <8 x float>
     qs0 = 16 if kind == KIND_Q4_K else 48
     qh = g.vload(row, bld.add(off, g.c64(16)), 32) if kind == KIND_Q5_K else None
     for s in range(8):
@@ -396,7 +452,7 @@ def _unpack_k(g: _Gen, kind: int, row, off):  # noqa: ANN001, ANN202
             hb = bld.and_(bld.lshr(qh, g.splat8(s, 32)), g.splat8(1, 32))
             w = bld.or_(w, bld.shl(hb, g.splat8(4, 32)))
         groups.append((w, _scale16(g, sc16, s, s), 32 * s))
-    return groups, d, ("kmin", mins)
+    return groups, d, ("kmin", dmin, mins)
 
 
 def _emit_type_loop(g: _Gen, kind: int, rows, acts, nb, accp, accsp) -> None:  # noqa: ANN001
@@ -428,21 +484,19 @@ def _emit_type_loop(g: _Gen, kind: int, rows, acts, nb, accp, accsp) -> None:  #
                     for k, w16 in enumerate(wide):
                         p = g.madd16(w16, a16[i][k])
                         isum = p if isum is None else bld.add(isum, p)
+                    # as ggml: (d_act * d) * the block's integer sum, and for Q4_K/Q5_K
+                    # - (d_act * dmin) * sum_s min_s * (sum of the activations of group s)
                     acc = bld.load(accp[j][i])
-                    if extra is None:
-                        acc = g.fma(acc, isum, g.splatf(bld.fmul(d, dabs[i])))
-                    else:  # (d * sum - dmin * sum_s min_s * sum(q_act in group s)) * d_act
+                    acc = g.fma(acc, isum, g.splatf(bld.fmul(dabs[i], d)))
+                    bld.store(acc, accp[j][i])
+                    if extra is not None:
                         p8 = bld.bitcast(g.at(aux_p, bld.mul(b, g.c64(8))),
                                          _vt(_F32, 8).as_pointer())
-                        m8 = bld.fmul(extra[1], bld.load(p8, align=4), flags=("fast",))
-                        m16 = bld.shuffle_vector(m8, ir.Constant(_vt(_F32, 8), [0.0] * 8),
-                                                 ir.Constant(_vt(_I32, 16), list(range(16))))
-                        f = bld.sitofp(isum, _vt(_F32, 16))
-                        blk = bld.fsub(bld.fmul(f, g.splatf(d), flags=("fast",)), m16,
-                                       flags=("fast",))
-                        acc = bld.fadd(bld.fmul(blk, g.splatf(dabs[i]), flags=("fast",)), acc,
-                                       flags=("fast",))
-                    bld.store(acc, accp[j][i])
+                        # integers below 2**24 in float: the products and sums are exact
+                        msum = g.hsum8(bld.fmul(extra[2], bld.load(p8, align=4)))
+                        accs = bld.load(accsp[j][i])
+                        accs = bld.fsub(accs, bld.fmul(bld.fmul(dabs[i], extra[1]), msum))
+                        bld.store(accs, accsp[j][i])
                 continue
             groups, extra = unp
             w8, sw, _ = groups[0]
@@ -791,20 +845,16 @@ def geglu(gate, up, out):  # noqa: ANN001, ANN201
 # ======================================================================================
 
 
-def _f16v(raw: np.ndarray) -> np.ndarray:
-    """Little-endian fp16 fields (..., 2) u8 -> float32 (...)."""
-    return np.ascontiguousarray(raw).view(np.float16)[..., 0].astype(np.float32)
-
-
 def twin_quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Numpy twin of ``quantize_q8_0``: (qa int8 (n,K), da (n,K/32), sa (n,K/32))."""
     xb = x.reshape(x.shape[0], -1, 32).astype(np.float32)
     amax = np.abs(xb).max(-1)
-    d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+    d32 = (amax / np.float32(127)).astype(np.float32)
+    d = d32.astype(np.float16).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     q = np.rint(xb * inv[..., None]).astype(np.int32)
-    s = (q.sum(-1).astype(np.float32) * d).astype(np.float16).astype(np.float32)
+    s = (q.sum(-1).astype(np.float32) * d32).astype(np.float16).astype(np.float32)
     return q.reshape(x.shape).astype(np.int8), d, s
 
 
@@ -822,57 +872,61 @@ def twin_quantize_q8_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return q.reshape(x.shape).astype(np.int8), d, bsum
 
 
-def twin_unpack(kind: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Weight rows (R, row_bytes) -> (q ints (R, K), scale per 16 or 32 values, offset per
-    group) so that weight = scale * q + offset, groups as the kernel uses them."""
-    qk, ts = BLOCK[kind]
+@dataclass
+class TwinBlocks:
+    """A weight's blocks in the integer form ggml's vec_dot works with: value j of group g of
+    block b is ``d[b] * sc[b, g] * q[b, g, j]`` (``- m[b] * mins[b, g]`` for Q4_K/Q5_K,
+    ``+ m[b]`` for Q4_1/Q5_1). Arrays are per weight row: ``(R, n_blocks, ...)``."""
+
+    q: np.ndarray  # (R, nb, QK) int32
+    sc: np.ndarray  # (R, nb, G) int32 integer scale per group of QK/G values (1: none)
+    d: np.ndarray  # (R, nb) float32
+    m: np.ndarray | None = None  # (R, nb) float32: Q4_1/Q5_1's m, Q4_K/Q5_K's dmin
+    mins: np.ndarray | None = None  # (R, nb, 8) int32: Q4_K/Q5_K's integer mins
+
+
+def twin_unpack(kind: int, w: np.ndarray) -> TwinBlocks:
+    """Weight rows ``(R, row_bytes)`` of ggml type ``kind`` -> their ``TwinBlocks``, read
+    through the block layouts of ``formats.FORMATS`` with the dequantizers' own helpers."""
+    from . import kquants, simple
+    from .bits import bit_planes
+    from .formats import FORMATS, f16_to_f32
+
+    t = GGMLType(kind)
+    fmt = FORMATS[t]
     r = w.shape[0]
-    blk = w.reshape(r, -1, ts)
-    if kind in LEGACY_KINDS:
-        d = _f16v(blk[..., 0:2])
-        m = np.zeros_like(d)
-        if kind == KIND_Q8_0:
-            return blk[..., 2:].view(np.int8).astype(np.int32).reshape(r, -1), d, m
-        start = {KIND_Q4_0: 2, KIND_Q4_1: 4, KIND_Q5_0: 6, KIND_Q5_1: 8}[kind]
-        qs = blk[..., start:start + 16]
-        q = np.concatenate([qs & 15, qs >> 4], -1).astype(np.int32)
-        if kind in (KIND_Q5_0, KIND_Q5_1):
-            qh = np.ascontiguousarray(blk[..., start - 4:start]).view(np.uint32)
-            q |= (((qh >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.int32)
-        if kind in (KIND_Q4_0, KIND_Q5_0):
-            q -= 8 if kind == KIND_Q4_0 else 16
+    blk = np.ascontiguousarray(w).reshape(-1, fmt.type_size)
+    nb = blk.shape[0] // r
+    d = f16_to_f32(fmt.field(blk, "d")).reshape(r, nb)
+    m = mins = None
+    sc = np.ones((r, nb, 1), np.int32)
+    if t == GGMLType.Q8_0:
+        q = fmt.field(blk, "qs").astype(np.int32)
+    elif t in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1):
+        q = simple._nibbles(blk, fmt).astype(np.int32)
+        if t in (GGMLType.Q5_0, GGMLType.Q5_1):
+            q |= simple._fifth_bits(blk, fmt)
+        if t == GGMLType.Q4_0:
+            q -= 8
+        elif t == GGMLType.Q5_0:
+            q -= 16
         else:
-            m = _f16v(blk[..., 2:4])
-        return q.reshape(r, -1), d, m
-    if kind == KIND_Q6_K:
-        ql, qh = blk[..., 0:128].astype(np.int32), blk[..., 128:192].astype(np.int32)
-        sc = blk[..., 192:208].view(np.int8).astype(np.float32)
-        d = _f16v(blk[..., 208:210])
-        q = np.empty((r, blk.shape[1], 256), np.int32)
-        for n in range(2):
-            l_, h_ = ql[..., 64 * n:64 * n + 64], qh[..., 32 * n:32 * n + 32]
-            for grp in range(4):
-                low = (l_[..., 32 * (grp & 1):32 * (grp & 1) + 32] >> (4 * (grp >= 2))) & 15
-                q[..., 128 * n + 32 * grp:128 * n + 32 * grp + 32] = \
-                    (low | (((h_ >> (2 * grp)) & 3) << 4)) - 32
-        scale = d[..., None] * sc  # per 16 values
-        return q.reshape(r, -1), scale.reshape(r, -1), np.zeros((r, blk.shape[1] * 16))
-    d, dmin = _f16v(blk[..., 0:2]), _f16v(blk[..., 2:4])
-    s = blk[..., 4:16].astype(np.int32)
-    sc = np.empty((r, blk.shape[1], 8), np.int32)
-    mn = np.empty_like(sc)
-    sc[..., :4], mn[..., :4] = s[..., 0:4] & 63, s[..., 4:8] & 63
-    sc[..., 4:] = (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)
-    mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
-    qs0 = 16 if kind == KIND_Q4_K else 48
-    qs = blk[..., qs0:qs0 + 128].astype(np.int32).reshape(r, -1, 4, 32)
-    q = np.stack([qs & 15, qs >> 4], 3).reshape(r, -1, 8, 32)
-    if kind == KIND_Q5_K:
-        qh = blk[..., 16:48].astype(np.int32)
-        q = q | (((qh[:, :, None, :] >> np.arange(8)[:, None]) & 1) << 4)
-    scale = d[..., None] * sc
-    offset = -(dmin[..., None] * mn)
-    return q.reshape(r, -1), scale.reshape(r, -1), offset.reshape(r, -1)
+            m = f16_to_f32(fmt.field(blk, "m")).reshape(r, nb)
+    elif t == GGMLType.Q6_K:
+        q = bit_planes(blk, fmt["ql"].offset, 128, 64, 4).astype(np.int32)
+        q |= bit_planes(blk, fmt["qh"].offset, 64, 32, 2).astype(np.int32) << 4
+        q -= 32
+        sc = fmt.field(blk, "scales").astype(np.int32).reshape(r, nb, 16)
+    elif t in (GGMLType.Q4_K, GGMLType.Q5_K):
+        q = bit_planes(blk, fmt["qs"].offset, 128, 32, 4).astype(np.int32)
+        if t == GGMLType.Q5_K:
+            q |= bit_planes(blk, fmt["qh"].offset, 32, 32, 1).astype(np.int32) << 4
+        s, mn = kquants._k4_scales_mins(fmt.field(blk, "scales"))
+        sc, mins = s.astype(np.int32).reshape(r, nb, 8), mn.astype(np.int32).reshape(r, nb, 8)
+        m = f16_to_f32(fmt.field(blk, "dmin")).reshape(r, nb)
+    else:
+        raise ValueError(f"no integer kernel for {t.ggml_name}")
+    return TwinBlocks(q.reshape(r, nb, -1), sc, d, m, mins)
 
 
 def twin_f16_matmul(w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -881,29 +935,39 @@ def twin_f16_matmul(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return (x.astype(np.float64) @ wf.T).astype(np.float32)
 
 
-def twin_qmatmul(kind: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Numpy twin of ``qmatmul``: integer block dots of the unpacked weights with the 8-bit
-    activations, scaled per block; float64 sums. ``W (R, row_bytes) @ x (n, K) -> (n, R)``."""
-    q, scale, offset = twin_unpack(kind, w)
-    n, k = x.shape
+def twin_block_terms(kind: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Numpy twin of ggml's vec_dot, block by block: ``(n, R, n_blocks, 2)`` float64 terms
+    whose sum is ``W (R, row_bytes) @ x (n, K)``. Term 0 is ``fp32(d_act * d) * isum`` with
+    ``isum`` the block's exact integer dot (group dots times their integer scales); term 1
+    is Q4_1/Q5_1's ``fp32(m * s_act)`` or Q4_K/Q5_K's ``-fp32(d_act * dmin) * sum(mins *
+    activation 32-sums)`` (0 otherwise). The float32 roundings are ggml's; only the final
+    summation order is free (the kernels sum in float32 lanes, ggml in its own lanes)."""
+    tb = twin_unpack(kind, w)
+    n = x.shape[0]
+    r, nb, qk = tb.q.shape
+    groups = tb.sc.shape[-1]
     if kind in K_KINDS:
-        qa, da, _ = twin_quantize_q8_k(x)
-        qk = 256
+        qa, da, bsum = twin_quantize_q8_k(x)
     else:
         qa, da, sa = twin_quantize_q8_0(x)
-        qk = 32
-    g = k // scale.shape[1]  # values per scale group (16 or 32)
-    qa64, q64 = qa.astype(np.int64), q.astype(np.int64)
-    dots = np.einsum("rgj,ngj->nrg", q64.reshape(-1, k // g, g), qa64.reshape(n, k // g, g))
-    dact = np.repeat(da.astype(np.float64), qk // g, axis=1)  # activation scale per group
-    out = (dots * scale[None].astype(np.float64) * dact[:, None, :]).sum(-1)
-    if kind in (KIND_Q4_1, KIND_Q5_1):
-        out += (offset[None].astype(np.float64) * sa[:, None, :].astype(np.float64)).sum(-1)
-    elif kind in (KIND_Q4_K, KIND_Q5_K):
-        asum = qa64.reshape(n, -1, 32).sum(-1) * np.repeat(da.astype(np.float64), 8, axis=1)
-        out += (offset[None].astype(np.float64) * asum[:, None, :]).sum(-1)
-    return out.astype(np.float32)
+    qa = qa.reshape(n, nb, groups, qk // groups).astype(np.int64)
+    q = tb.q.reshape(r, nb, groups, qk // groups).astype(np.int64)
+    isum = (np.einsum("rbgj,nbgj->nrbg", q, qa) * tb.sc[None]).sum(-1)
+    terms = np.zeros((n, r, nb, 2))
+    terms[..., 0] = (da[:, None, :] * tb.d[None]).astype(np.float32) * isum
+    if tb.mins is not None:
+        msum = np.einsum("rbs,nbs->nrb", tb.mins.astype(np.int64),
+                         bsum.reshape(n, nb, 8).astype(np.int64))
+        terms[..., 1] = -(da[:, None, :] * tb.m[None]).astype(np.float32) * msum
+    elif tb.m is not None:
+        terms[..., 1] = (tb.m[None] * sa[:, None, :]).astype(np.float32)
+    return terms
 
+
+def twin_qmatmul(kind: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Numpy twin of ``qmatmul``: ``twin_block_terms`` summed in float64 ->
+    ``W (R, row_bytes) @ x (n, K) -> (n, R)`` float32."""
+    return twin_block_terms(kind, w, x).sum((-1, -2)).astype(np.float32)
 
 
 def twin_geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
