@@ -18,7 +18,7 @@ import pytest
 
 import gguflm.gguf as gguf
 from gguflm.gguf.types import GGMLType
-from gguflm.quant import kernels
+from gguflm.quant import kernels, kerneltypes
 from gguflm.quant.formats import FORMATS, f16_to_f32
 from gguflm.quant.matrix import QMatrix
 
@@ -65,8 +65,8 @@ def test_activation_blocks_are_ggmls_bytes(act, name: str) -> None:  # noqa: ANN
     ref = act.tensors[f"act.{name}.bytes"].data.view(np.uint8)
     t = GGMLType[name]
     np.testing.assert_array_equal(kernels.activation_blocks(x, t), ref)
-    twin = kernels.twin_quantize_q8_k if t == GGMLType.Q8_K else kernels.twin_quantize_q8_0
-    np.testing.assert_array_equal(kernels.pack_activation_blocks(t, *twin(x)), ref)
+    twin = kerneltypes.twin_quantize_q8_k if t == GGMLType.Q8_K else kerneltypes.twin_quantize_q8_0
+    np.testing.assert_array_equal(kerneltypes.pack_activation_blocks(t, *twin(x)), ref)
 
 
 @pytest.mark.parametrize("name", KERNEL_TYPES)
@@ -76,7 +76,7 @@ def test_kernel_dot_products_are_ggmls(act, zoo, name: str) -> None:  # noqa: AN
     m = _weights(zoo, name, ref.shape[1])
     assert act.metadata[f"dot.{name}.act"] == ("Q8_K" if name.endswith("_K") else
                                                "Q8_1" if name in ("Q4_1", "Q5_1") else "Q8_0")
-    terms = kernels.twin_block_terms(int(m.type), m.raw, x)
+    terms = kerneltypes.twin_block_terms(int(m.type), m.raw, x)
     scale = np.abs(terms).sum((-1, -2))  # what a summation order can move the result by
     twin = terms.sum((-1, -2))
     for ours in (m.matmul(x), kernels.qmatmul(int(m.type), m.raw, x,
