@@ -16,7 +16,7 @@ import pytest
 
 import gguflm.gguf as gguf
 from gguflm.gguf.types import GGMLType
-from gguflm.quant import dequantize, kernels
+from gguflm.quant import dequantize, kernels, kerneltypes
 from gguflm.quant.matrix import QMatrix
 
 KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
@@ -51,7 +51,7 @@ def test_kernel_matches_twin_and_float(zoo, name: str) -> None:  # noqa: ANN001
     x = _x(3, t.shape[0])
     out = np.full((3, 19), np.nan, np.float32)
     kernels.qmatmul(int(t.type), w, x, out)
-    twin = kernels.twin_qmatmul(int(t.type), w, x)
+    twin = kerneltypes.twin_qmatmul(int(t.type), w, x)
     assert _rel(out, twin) < 2e-6
     ref = x.astype(np.float64) @ wf.T
     assert _rel(twin, ref) < ACT_TOL.get(name, 0.015)
@@ -76,8 +76,8 @@ def test_f16_kernel_matches_twin(k: int) -> None:
 
 
 @pytest.mark.parametrize("quant,twin,qk", [
-    (kernels.quantize_q8_0, kernels.twin_quantize_q8_0, 32),
-    (kernels.quantize_q8_k, kernels.twin_quantize_q8_k, 256),
+    (kernels.quantize_q8_0, kerneltypes.twin_quantize_q8_0, 32),
+    (kernels.quantize_q8_k, kerneltypes.twin_quantize_q8_k, 256),
 ])
 def test_activation_quantizers_match_twins(quant, twin, qk: int) -> None:  # noqa: ANN001
     x = _x(3, 512, seed=5)
@@ -97,7 +97,7 @@ def test_activation_quantizers_match_twins(quant, twin, qk: int) -> None:  # noq
 
 def test_q8_0_scales_are_fp16_values() -> None:
     x = _x(2, 256, seed=3)
-    _, da, _ = kernels.quantize_activations(x, kernels.KIND_Q8_0)
+    _, da, _ = kernels.quantize_activations(x, int(GGMLType.Q8_0))
     np.testing.assert_array_equal(da, da.astype(np.float16).astype(np.float32))
 
 
@@ -168,7 +168,7 @@ def test_portable_simd_variants(zoo, simd: str, tmp_path) -> None:  # noqa: ANN0
         pytest.skip("not an x86 CPU with AVX2")
     code = (
         "import sys, numpy as np, gguflm.gguf as g\n"
-        "from gguflm.quant import kernels as K\n"
+        "from gguflm.quant import kernels as K, kerneltypes as KT\n"
         f"assert K.SIMD == {simd!r}\n"
         f"f = g.open({str(zoo.path)!r})\n"
         "x = np.random.default_rng(0).standard_normal((2, 1536)).astype(np.float32)\n"
@@ -176,7 +176,7 @@ def test_portable_simd_variants(zoo, simd: str, tmp_path) -> None:  # noqa: ANN0
         "    t = f.tensors[name + '.q']\n"
         "    out = np.empty((2, t.data.shape[0]), np.float32)\n"
         "    K.qmatmul(int(t.type), t.data, x, out, parallel=False)\n"
-        "    tw = K.twin_qmatmul(int(t.type), t.data, x)\n"
+        "    tw = KT.twin_qmatmul(int(t.type), t.data, x)\n"
         "    err = np.abs(out - tw).max() / np.abs(tw).max()\n"
         "    assert err < 2e-6, (name, err)\n"
     )
@@ -212,3 +212,78 @@ def test_bench_command_errors(reference, capsys) -> None:  # noqa: ANN001
     with pytest.raises(SystemExit) as e:  # a usage error: the command's usage, exit 2
         main(["bench", str(model), "-p", "0", "-n", "0"])
     assert e.value.code == 2 and "nothing to measure" in capsys.readouterr().err
+
+
+# -- one declaration per kernel type (kerneltypes.KERNEL_TYPES) ------------------------------
+
+
+@pytest.mark.parametrize("name", KERNEL_TYPES)
+def test_declaration_decodes_as_the_dequantizer(zoo, name: str) -> None:  # noqa: ANN001
+    """What a type's declaration says its values are is what ggml's to_float makes of the
+    same bytes (the zoo's ``.f32``): the layout, planes, bias, scales and offsets agree."""
+    t = zoo.tensors[f"{name}.q"]
+    ref = zoo.tensors[f"{name}.f32"].data.astype(np.float64)
+    k = kerneltypes.kernel_type(t.type)
+    got = kerneltypes.twin_dequantize(t.type, t.data)
+    assert np.abs(got - ref).max() <= 1e-6 * np.abs(ref).max()
+    blocks = np.ascontiguousarray(t.data).reshape(-1, k.type_size)
+    out = np.empty((len(blocks), k.block_size), np.float32)
+    k.dequantizer(blocks, out)
+    np.testing.assert_array_equal(out.reshape(ref.shape), ref)
+
+
+def test_dispatch_and_kernels_read_one_table() -> None:
+    from gguflm.quant import matrix
+
+    for t in GGMLType:
+        declared = t in kerneltypes.KERNEL_TYPES
+        assert (matrix._fast_path(t) is matrix._quantized_kernel) == declared, t
+    assert set(kernels._Q8_0_KINDS + kernels._Q8_K_KINDS) == {
+        int(t) for t in kerneltypes.KERNEL_TYPES}
+
+
+def test_unknown_type_fails_loudly() -> None:
+    """A type without a block loop is refused by name, by the Python wrapper and inside the
+    jitted code, and the block loop itself gives NaN rather than a silent zero."""
+    w = np.zeros((3, 84), np.uint8)  # Q2_K: dequantize-then-multiply only
+    x = np.ones((1, 256), np.float32)
+    out = np.zeros((1, 3), np.float32)
+    with pytest.raises(ValueError, match="no integer kernel for ggml type Q2_K"):
+        kernels.qmatmul(int(GGMLType.Q2_K), w, x, out)
+    with pytest.raises(ValueError, match="no integer kernel"):
+        kernels.qmatmul_serial(int(GGMLType.Q2_K), w, x, kernels.F16_TABLE, out)
+    with pytest.raises(ValueError, match="no integer kernel for ggml type 99"):
+        kerneltypes.kernel_type(99)
+    qa, da, aux = kernels.quantize_activations(x, int(GGMLType.Q4_K))
+    kernels.qmatmul_rows(int(GGMLType.Q2_K), w, qa, da, aux, kernels.F16_TABLE, out, 0, 3)
+    assert np.isnan(out).all()
+    with pytest.raises(ValueError, match="do not fit"):  # a row length of the wrong type
+        kernels.qmatmul(int(GGMLType.Q4_K), np.zeros((3, 18), np.uint8), x, out)
+
+
+def test_stale_kernel_cache_is_rebuilt(tmp_path) -> None:  # noqa: ANN001
+    """numba's disk cache follows kernels.py only; a build from other declarations (here:
+    the table without Q8_0) is detected by its key and rebuilt, not run."""
+    probe = ("import numpy as np\n"
+             "from gguflm.quant import kernels as K\n"
+             "K._check_build()\n"
+             "x = np.ones((1, 32), np.float32)\n"
+             "try:\n"
+             "    K.quantize_activations(x, 8)\n"
+             "    print('Q8_0 quantized')\n"
+             "except ValueError as e:\n"
+             "    print('refused:', e)\n")
+    shrink = ("from gguflm.gguf.types import GGMLType\n"
+              "from gguflm.quant import kerneltypes\n"
+              "del kerneltypes.KERNEL_TYPES[GGMLType.Q8_0]\n")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+
+    def run(code: str) -> str:
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout
+
+    assert run(probe) == "Q8_0 quantized\n"  # builds and caches with the full table
+    assert run(shrink + probe).startswith("refused: no integer kernel")
+    assert run(probe) == "Q8_0 quantized\n"

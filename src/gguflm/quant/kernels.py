@@ -17,8 +17,11 @@ auto-vectorizer turns these block loops into scalar code, at a third of the spee
 uses the x86 ``pmaddwd`` intrinsic where the CPU has AVX2/AVX-512 and portable vector IR
 elsewhere (``SIMD``). llvmlite is numba's own code generator, not an extra dependency.
 
-Every kernel has a shape contract in one comment and a slow numpy twin (``twin_*``) that
-the tests compare against. Weight layouts are ggml's (see ``gguflm.quant.formats``).
+Which types have a block loop, and how each type's values, scales and offset term come out
+of its block, is declared once in ``kerneltypes.KERNEL_TYPES``; the block loops are built
+from those declarations (``_unpack``), and ``matrix.QMatrix`` dispatches from the same
+table. Every kernel has a shape contract in one comment and a slow numpy twin (``twin_*``,
+here or in ``kerneltypes``) that the tests compare against.
 """
 
 from __future__ import annotations
@@ -31,6 +34,16 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from ..gguf.types import GGMLType
+from .kerneltypes import (
+    KERNEL_TYPES,
+    KernelType,
+    Plane,
+    kernel_type,
+    pack_activation_blocks,
+    table_key,
+)
 
 # -- which SIMD flavour the IR uses (decided once; numba's cache is keyed by CPU features) --
 
@@ -67,15 +80,12 @@ if "OMP_WAIT_POLICY" not in os.environ:
 # float16 bit pattern -> float32, for block scales read straight from the weight bytes
 F16_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 
-# ggml type ids handled here (GGMLType values; kept as ints so this module stays standalone)
-KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q5_1, KIND_Q8_0 = 2, 3, 6, 7, 8
-KIND_Q4_K, KIND_Q5_K, KIND_Q6_K = 12, 13, 14
-LEGACY_KINDS = (KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q5_1, KIND_Q8_0)
-K_KINDS = (KIND_Q4_K, KIND_Q5_K, KIND_Q6_K)
-# (elements, bytes) per block
-BLOCK = {KIND_Q4_0: (32, 18), KIND_Q4_1: (32, 20), KIND_Q5_0: (32, 22), KIND_Q5_1: (32, 24),
-         KIND_Q8_0: (32, 34), KIND_Q4_K: (256, 144), KIND_Q5_K: (256, 176),
-         KIND_Q6_K: (256, 210)}
+# What the jitted code needs from the declarations, as constant tuples of type ids (numba
+# freezes them into the compiled code; _TABLE_KEY tells when a cached build is stale).
+_Q8_0_KINDS = tuple(int(t) for t, k in KERNEL_TYPES.items() if k.act != GGMLType.Q8_K)
+_Q8_K_KINDS = tuple(int(t) for t, k in KERNEL_TYPES.items() if k.act == GGMLType.Q8_K)
+_NO_BATCH8 = tuple(int(t) for t, k in KERNEL_TYPES.items() if not k.batch8) or (-1,)
+_TABLE_KEY = table_key()
 
 # ======================================================================================
 # 1. Activation quantization (ggml quantize_row_q8_0 / q8_1 (x86) and q8_K)
@@ -105,7 +115,9 @@ def quantize_q8_0(x: np.ndarray, qa: np.ndarray, da: np.ndarray, sa: np.ndarray)
     """x (n, K) f32 -> qa (n, K) i8, da (n, K/32) f32 (fp16 values), sa (n, K/32) f32.
 
     ggml's x86 quantize_row_q8_0/q8_1: d = amax/127 stored as fp16, q = rint(x * 127/amax);
-    sa = fp16(d * sum(q)) is Q8_1's block sum (used by Q4_1/Q5_1).
+    sa = fp16(d * sum(q)) is Q8_1's block sum (used by Q4_1/Q5_1), with d the float32 scale
+    before its own fp16 rounding (ggml's AVX code; fp16(fp16(d) * sum) is one fp16 step off
+    in about a fifth of the blocks).
     """
     n, k = x.shape
     nb = k // 32
@@ -122,10 +134,8 @@ def quantize_q8_0(x: np.ndarray, qa: np.ndarray, da: np.ndarray, sa: np.ndarray)
                 qa[i, b * 32 + j] = q
                 s += q
             da[i, b] = d
-            sa[i, b] = np.float32(s)
+            sa[i, b] = d * np.float32(s)  # d still float32 here, as in ggml's x86 code
         _round_f16(da[i])
-        for b in range(nb):
-            sa[i, b] = sa[i, b] * da[i, b]
         _round_f16(sa[i])
 
 
@@ -165,6 +175,18 @@ def quantize_q8_k(x: np.ndarray, qa: np.ndarray, da: np.ndarray, bsum: np.ndarra
                     s += q
                 bsum[i, b * 8 + g] = s
             da[i, b] = np.float32(1.0) / iscale
+
+
+def activation_blocks(x: np.ndarray, act: GGMLType) -> np.ndarray:
+    """ggml's ``from_float`` of ``x (n, K)`` f32 for ``act`` = Q8_0, Q8_1 or Q8_K, computed
+    by the kernels' own quantizers: ``(n, K / QK * type_size)`` uint8 in ggml's layout."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    act = GGMLType(act)
+    if act == GGMLType.Q8_K:
+        qa, da, aux = quantize_activations(x, _Q8_K_KINDS[0])
+    else:
+        qa, da, aux = quantize_activations(x, _Q8_0_KINDS[0])
+    return pack_activation_blocks(act, qa, da, aux)
 
 
 # ======================================================================================
@@ -289,6 +311,15 @@ class _Gen:
         f = self.b.sitofp(lanes, _vt(_F32, 16))
         return self.b.fadd(self.b.fmul(f, scale, flags=("fast",)), acc, flags=("fast",))
 
+    def hsum8(self, v: ir.Value) -> ir.Value:
+        """Sum of a <8 x float> (pairwise: lanes i and i+4, then i+2, then i+1)."""
+        for width in (4, 2, 1):
+            hi = self.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, 8),
+                                                         [i + width for i in range(width)]
+                                                         + [0] * (8 - width)))
+            v = self.b.fadd(v, hi)
+        return self.b.extract_element(v, ir.Constant(_I32, 0))
+
     def hsum(self, v: ir.Value) -> ir.Value:
         for width in (8, 4, 2, 1):
             hi = self.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, 16),
@@ -298,41 +329,71 @@ class _Gen:
         return self.b.extract_element(v, ir.Constant(_I32, 0))
 
 
-# Weight side of a block: its 32-value groups as (<32 x i8> integers, weight scale (float or
-# <16 x float>), first value's offset in the block), plus a term outside the integer dot:
-# ("m", m) for Q4_1/Q5_1 (m * the Q8_1 block sum), ("kmin", dmin, mins) for Q4_K/Q5_K.
+# The weight side of a block, built from its KernelType declaration: the values of each
+# 32-value span as <32 x i8> (plane by plane, as kerneltypes.Plane describes them), the
+# integer group scales, the block's float scale and its offset term.
 
 
-def _unpack_legacy(g: _Gen, kind: int, row, off):  # noqa: ANN001, ANN202
+def _emit_plane(g: _Gen, k: KernelType, p: Plane, row, off, span: int) -> ir.Value:  # noqa: ANN001
+    """<32 x i8>: plane ``p`` of values ``32 * span`` .. ``+ 31`` of the block at ``row +
+    off``, already shifted into place. Three shapes cover every declared plane: whole bytes,
+    one 32-byte run (Q4_K/Q5_K/Q6_K: a load, a shift, a mask), and the two cases of the
+    32-value types (16 bytes of nibbles; a 32-bit field of one bit per value)."""
     bld = g.b
-    d = g.f16(row, off)
-    extra = None
-    if kind == KIND_Q8_0:
-        w = g.vload(row, bld.add(off, g.c64(2)), 32)
-    elif kind == KIND_Q4_0:
-        w = bld.sub(g.nibbles(row, bld.add(off, g.c64(2))), g.splat8(8, 32))
-    elif kind == KIND_Q4_1:
-        w = g.nibbles(row, bld.add(off, g.c64(4)))
+    e0 = 32 * span
+    foff = k.format[p.field].offset
+    if p.width == 8:
+        return g.vload(row, bld.add(off, g.c64(foff + e0)), 32)
+    if p.group == 1 and p.width == 1:
+        word = bld.bitcast(g.at(row, bld.add(off, g.c64(foff + e0 // 8))), _I32.as_pointer())
+        return g.bits32(bld.load(word, align=1), p.shift)
+    per_set = p.group * 8 // p.width  # values per run of ``group`` bytes
+    s, within = divmod(e0, per_set)
+    plane, byte0 = divmod(within, p.group)
+    at = bld.add(off, g.c64(foff + s * p.group + byte0))
+    if p.group == 16 and p.width == 4 and plane == 0 and byte0 == 0:
+        v = g.nibbles(row, at)
+    elif p.group >= 32 and byte0 + 32 <= p.group:
+        v = g.vload(row, at, 32)
+        if plane:
+            v = bld.lshr(v, g.splat8(plane * p.width, 32))
+        if (plane + 1) * p.width < 8:
+            v = bld.and_(v, g.splat8((1 << p.width) - 1, 32))
     else:
-        qh_off = 2 if kind == KIND_Q5_0 else 4
-        qh = bld.load(bld.bitcast(g.at(row, bld.add(off, g.c64(qh_off))), _I32.as_pointer()),
-                      align=1)
-        w = bld.or_(g.nibbles(row, bld.add(off, g.c64(qh_off + 4))), g.bits32(qh, 4))
-        if kind == KIND_Q5_0:
-            w = bld.sub(w, g.splat8(16, 32))
-    if kind in (KIND_Q4_1, KIND_Q5_1):
-        extra = ("m", g.f16(row, bld.add(off, g.c64(2))))
-    return [(w, d, 0)], extra
+        raise NotImplementedError(f"{k.type.ggml_name}: no IR for plane {p}")
+    if p.shift:
+        v = bld.shl(v, g.splat8(p.shift, 32))
+    return v
 
 
-def _k_scales(g: _Gen, row, off):  # noqa: ANN001, ANN202
-    """Q4_K/Q5_K's 8 six-bit scales and 8 mins (ggml get_scale_min_k4) as <16 x i8>
-    (scales in lanes 0-7, mins in 8-15), unpacked with word-wide masks as ggml's x86 code
-    does rather than 16 byte-by-byte extractions."""
+def _emittable(k: KernelType) -> bool:
+    """Whether ``_emit_plane`` has a shape for every plane of ``k`` (checked at import)."""
+    for p in k.planes:
+        if p.width == 8 or (p.group == 1 and p.width == 1):
+            continue
+        per_set = p.group * 8 // p.width
+        for e0 in range(0, k.block_size, 32):
+            plane, byte0 = divmod(e0 % per_set, p.group)
+            if not ((p.group == 16 and p.width == 4 and plane == 0 and byte0 == 0)
+                    or (p.group >= 32 and byte0 + 32 <= p.group)):
+                return False
+    return True
+
+
+# the builder and the table must agree: every declared type gets a block loop, or none loads
+_UNBUILDABLE = [k.type.ggml_name for k in KERNEL_TYPES.values() if not _emittable(k)]
+if _UNBUILDABLE:
+    raise ImportError(f"kernels: no IR for the declared planes of {', '.join(_UNBUILDABLE)}")
+
+
+def _k_scales(g: _Gen, row, at):  # noqa: ANN001, ANN202
+    """Q4_K/Q5_K's 8 six-bit scales and 8 mins (ggml get_scale_min_k4) from the 12 bytes at
+    ``row + at`` as <16 x i8> (scales in lanes 0-7, mins in 8-15), unpacked with word-wide
+    masks as ggml's x86 code does rather than 16 byte-by-byte extractions."""
     bld = g.b
 
     def word(k: int) -> ir.Value:
-        p = bld.bitcast(g.at(row, bld.add(off, g.c64(4 + 4 * k))), _I32.as_pointer())
+        p = bld.bitcast(g.at(row, bld.add(at, g.c64(4 * k))), _I32.as_pointer())
         return bld.load(p, align=1)
 
     def c(v: int) -> ir.Constant:
@@ -352,109 +413,93 @@ def _k_scales(g: _Gen, row, off):  # noqa: ANN001, ANN202
 
 
 def _lanes(g: _Gen, v: ir.Value, idx: list[int]) -> ir.Value:
-    """<16 x float> made of lanes ``idx`` of ``v`` (a broadcast, or two halves)."""
+    """A vector made of lanes ``idx`` of ``v``."""
     return g.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, len(idx)), idx))
 
 
 def _scale16(g: _Gen, sc16: ir.Value, s0: int, s1: int) -> ir.Value:
-    """<32 x i16>: integer scale ``sc16[s0]`` for values 0-15 of a group, ``sc16[s1]`` for
+    """<32 x i16>: integer scale ``sc16[s0]`` for values 0-15 of a span, ``sc16[s1]`` for
     values 16-31 (``sc16`` a <16 x i16> of a block's scales)."""
     return g.b.shuffle_vector(sc16, sc16, ir.Constant(_vt(_I32, 32), [s0] * 16 + [s1] * 16))
 
 
-def _unpack_k(g: _Gen, kind: int, row, off):  # noqa: ANN001, ANN202
-    """A K-quant block as (groups, d, extra): groups of 32 values as (<32 x i8> integers,
-    <32 x i16> integer sub-block scales, first value's offset), so that the block's dot is
-    d * sum over groups of (q * scale) . a, summed in integers as ggml does."""
+def _unpack(g: _Gen, k: KernelType, row, off):  # noqa: ANN001, ANN202
+    """One weight block as (spans, d, offset term): each 32-value span as <32 x i16>
+    integers already times their integer group scales (|q * s| < 2**12), so that the block's
+    dot with the activations is one pmaddwd per span; ``d`` the block's float scale; the
+    offset term ("m", m) or ("dmin", dmin, <8 x float> integer mins) or None."""
     bld = g.b
-    groups = []
-    if kind == KIND_Q6_K:
-        d = g.f16(row, bld.add(off, g.c64(208)))
-        sc8 = g.vload(row, bld.add(off, g.c64(192)), 16)  # int8 scales, one per 16 values
-        sc16 = bld.sext(sc8, _vt(_I16, 16))
-        for n in range(2):
-            ql0, qh0 = 64 * n, 128 + 32 * n
-            qh = g.vload(row, bld.add(off, g.c64(qh0)), 32)
-            for grp in range(4):  # values 128n + 32grp + l, l < 32
-                low = g.nibbles32(row, bld.add(off, g.c64(ql0 + 32 * (grp & 1))), grp >= 2)
-                hb = bld.and_(bld.lshr(qh, g.splat8(2 * grp, 32)), g.splat8(3, 32))
-                w = bld.sub(bld.or_(low, bld.shl(hb, g.splat8(4, 32))), g.splat8(32, 32))
-                s0 = 8 * n + 2 * grp  # values 0-15 of the group: scale s0, 16-31: s0 + 1
-                groups.append((w, _scale16(g, sc16, s0, s0 + 1), 128 * n + 32 * grp))
-        return groups, d, None
-    d = g.f16(row, off)
-    dmin = g.f16(row, bld.add(off, g.c64(2)))
-    sm8 = _k_scales(g, row, off)
-    smf = bld.uitofp(bld.zext(sm8, _vt(_I32, 16)), _vt(_F32, 16))
-    sc16 = bld.zext(sm8, _vt(_I16, 16))
-    mins = bld.fmul(_lanes(g, smf, list(range(8, 16))), _lanes(g, g.splatf(dmin), list(range(8))))
-    qs0 = 16 if kind == KIND_Q4_K else 48
-    qh = g.vload(row, bld.add(off, g.c64(16)), 32) if kind == KIND_Q5_K else None
-    for s in range(8):
-        w = g.nibbles32(row, bld.add(off, g.c64(qs0 + 32 * (s // 2))), s % 2 == 1)
-        if qh is not None:
-            hb = bld.and_(bld.lshr(qh, g.splat8(s, 32)), g.splat8(1, 32))
-            w = bld.or_(w, bld.shl(hb, g.splat8(4, 32)))
-        groups.append((w, _scale16(g, sc16, s, s), 32 * s))
-    return groups, d, ("kmin", mins)
+    fmt = k.format
+
+    def field_at(name: str) -> ir.Value:
+        return bld.add(off, g.c64(fmt[name].offset))
+
+    d = g.f16(row, field_at("d"))
+    sc16 = mins = None
+    if k.scales == "k4":
+        sm8 = _k_scales(g, row, field_at("scales"))
+        sc16 = bld.zext(sm8, _vt(_I16, 16))
+        smf = bld.uitofp(bld.zext(sm8, _vt(_I32, 16)), _vt(_F32, 16))
+        mins = _lanes(g, smf, list(range(8, 16)))  # the 8 integer mins, as <8 x float>
+    elif k.scales == "i8":
+        sc16 = bld.sext(g.vload(row, field_at("scales"), 16), _vt(_I16, 16))
+    group = k.block_size // (16 if k.scales == "i8" else 8)  # values per integer scale
+    spans = []
+    for span in range(k.block_size // 32):
+        w = None
+        for p in k.planes:
+            v = _emit_plane(g, k, p, row, off, span)
+            w = v if w is None else bld.or_(w, v)
+        if k.bias:
+            w = bld.sub(w, g.splat8(k.bias, 32))
+        w16 = bld.sext(w, _vt(_I16, 32))
+        if sc16 is not None:
+            w16 = bld.mul(w16, _scale16(g, sc16, 32 * span // group, (32 * span + 16) // group))
+        spans.append(w16)
+    term = None
+    if k.offset == "m":
+        term = ("m", g.f16(row, field_at("m")))
+    elif k.offset == "dmin":
+        term = ("dmin", g.f16(row, field_at("dmin")), mins)
+    return spans, d, term
 
 
-def _emit_type_loop(g: _Gen, kind: int, rows, acts, nb, accp, accsp) -> None:  # noqa: ANN001
+def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp) -> None:  # noqa: ANN001
     """The block loop of one weight type: ``accp[j][i]`` (<16 x float>) and ``accsp[j][i]``
     (float) accumulate weight row j times activation row i. Each weight block is unpacked
-    once per row; each activation group is loaded once and used by every row."""
-    qk, ts = BLOCK[kind]
+    once per row; each activation span is loaded once and used by every row. The float
+    arithmetic is ggml's: ``(d_act * d) * isum``, ``+ m * s_act`` (Q8_1's block sum),
+    ``- (d_act * dmin) * sum(min_s * activation 32-sum_s)``."""
+    qk, ts = k.block_size, k.type_size
     bld = g.b
     with cgutils.for_range(bld, nb) as loop:
         b = loop.index
         abase = bld.mul(b, g.c64(qk))
-        if kind in K_KINDS:
-            unpacked = [_unpack_k(g, kind, row, bld.mul(b, g.c64(ts))) for row in rows]
-            offs = [o for _, _, o in unpacked[0][0]]
-        else:
-            unpacked = [_unpack_legacy(g, kind, row, bld.mul(b, g.c64(ts))) for row in rows]
-            offs = [0]
+        unpacked = [_unpack(g, k, row, bld.mul(b, g.c64(ts))) for row in rows]
         dabs = [g.load_f32(da_p, b) for _, da_p, _ in acts]
-        a16 = [[bld.sext(g.vload(qa_p, bld.add(abase, g.c64(o)), 32), _vt(_I16, 32))
-                for o in offs] for qa_p, _, _ in acts]
-        for j, unp in enumerate(unpacked):
-            if kind in K_KINDS:
-                # weights times their integer sub-block scales, once per row (|q*s| < 2**12):
-                # then each activation row costs one pmaddwd and one add per group
-                groups, d, extra = unp
-                wide = [bld.mul(bld.sext(w, _vt(_I16, 32)), sc) for w, sc, _ in groups]
-                for i, (_, _, aux_p) in enumerate(acts):
-                    isum = None
-                    for k, w16 in enumerate(wide):
-                        p = g.madd16(w16, a16[i][k])
-                        isum = p if isum is None else bld.add(isum, p)
-                    acc = bld.load(accp[j][i])
-                    if extra is None:
-                        acc = g.fma(acc, isum, g.splatf(bld.fmul(d, dabs[i])))
-                    else:  # (d * sum - dmin * sum_s min_s * sum(q_act in group s)) * d_act
-                        p8 = bld.bitcast(g.at(aux_p, bld.mul(b, g.c64(8))),
-                                         _vt(_F32, 8).as_pointer())
-                        m8 = bld.fmul(extra[1], bld.load(p8, align=4), flags=("fast",))
-                        m16 = bld.shuffle_vector(m8, ir.Constant(_vt(_F32, 8), [0.0] * 8),
-                                                 ir.Constant(_vt(_I32, 16), list(range(16))))
-                        f = bld.sitofp(isum, _vt(_F32, 16))
-                        blk = bld.fsub(bld.fmul(f, g.splatf(d), flags=("fast",)), m16,
-                                       flags=("fast",))
-                        acc = bld.fadd(bld.fmul(blk, g.splatf(dabs[i]), flags=("fast",)), acc,
-                                       flags=("fast",))
-                    bld.store(acc, accp[j][i])
-                continue
-            groups, extra = unp
-            w8, sw, _ = groups[0]
-            w16 = bld.sext(w8, _vt(_I16, 32))
+        a16 = [[bld.sext(g.vload(qa_p, bld.add(abase, g.c64(32 * s)), 32), _vt(_I16, 32))
+                for s in range(qk // 32)] for qa_p, _, _ in acts]
+        for j, (spans, d, term) in enumerate(unpacked):
             for i, (_, _, aux_p) in enumerate(acts):
+                isum = None
+                for s, w16 in enumerate(spans):
+                    p = g.madd16(w16, a16[i][s])
+                    isum = p if isum is None else bld.add(isum, p)
                 acc = bld.load(accp[j][i])
-                acc = g.fma(acc, g.madd16(w16, a16[i][0]), g.splatf(bld.fmul(sw, dabs[i])))
+                acc = g.fma(acc, isum, g.splatf(bld.fmul(d, dabs[i])))
                 bld.store(acc, accp[j][i])
-                if extra is not None:  # + m * sum(x), Q8_1's stored block sum
-                    accs = bld.load(accsp[j][i])
-                    accs = bld.fadd(accs, bld.fmul(extra[1], g.load_f32(aux_p, b)))
-                    bld.store(accs, accsp[j][i])
+                if term is None:
+                    continue
+                accs = bld.load(accsp[j][i])
+                if term[0] == "m":  # + m * sum(x), Q8_1's stored block sum
+                    accs = bld.fadd(accs, bld.fmul(term[1], g.load_f32(aux_p, b)))
+                else:
+                    p8 = bld.bitcast(g.at(aux_p, bld.mul(b, g.c64(8))),
+                                     _vt(_F32, 8).as_pointer())
+                    # integers below 2**24 in float: the products and sums are exact
+                    msum = g.hsum8(bld.fmul(term[2], bld.load(p8, align=4)))
+                    accs = bld.fsub(accs, bld.fmul(bld.fmul(dabs[i], term[1]), msum))
+                bld.store(accs, accsp[j][i])
 
 
 def _make_rowdot(nr: int, na: int):  # noqa: ANN202 - returns a numba intrinsic
@@ -492,14 +537,22 @@ def _make_rowdot(nr: int, na: int):  # noqa: ANN202 - returns a numba intrinsic
             accsp = [[cgutils.alloca_once_value(bld, ir.Constant(_F32, 0.0)) for _ in range(na)]
                      for _ in range(nr)]
             done = bld.append_basic_block("rowdot.done")
-            sw = bld.switch(bld.sext(kind_, _I64) if kind_.type != _I64 else kind_, done)
-            for kind in BLOCK:
-                blk = bld.append_basic_block(f"rowdot.kind{kind}")
-                sw.add_case(ir.Constant(_I64, kind), blk)
+            # a type id without a block loop gives NaN, never a silent 0 (the jitted entry
+            # points refuse such ids before they get here)
+            unknown = bld.append_basic_block("rowdot.unknown")
+            sw = bld.switch(bld.sext(kind_, _I64) if kind_.type != _I64 else kind_, unknown)
+            for t, k in KERNEL_TYPES.items():
+                blk = bld.append_basic_block(f"rowdot.{t.ggml_name}")
+                sw.add_case(ir.Constant(_I64, int(t)), blk)
                 bld.position_at_end(blk)
-                nb = bld.udiv(nbytes, g.c64(BLOCK[kind][1]))
-                _emit_type_loop(g, kind, rows, acts, nb, accp, accsp)
+                nb = bld.udiv(nbytes, g.c64(k.type_size))
+                _emit_type_loop(g, k, rows, acts, nb, accp, accsp)
                 bld.branch(done)
+            bld.position_at_end(unknown)
+            for row_accs in accsp:
+                for p in row_accs:
+                    bld.store(ir.Constant(_F32, float("nan")), p)
+            bld.branch(done)
             bld.position_at_end(done)
             out_stride = cgutils.unpack_tuple(bld, outs.strides)
             for j in range(nr):
@@ -518,8 +571,8 @@ def _make_rowdot(nr: int, na: int):  # noqa: ANN202 - returns a numba intrinsic
 
 
 # (weight rows, activation rows) per call: 4x1 for token-by-token decoding; for batches 1x8
-# (an unpacked block serves 8 activation rows: 1.3x for Q6_K), except Q4_1: 2x4 (LLVM
-# spills registers in its 1x8 loop: 0.6x)
+# (an unpacked block serves 8 activation rows: 1.3x for Q6_K), except the types declared
+# batch8=False (Q4_1): 2x4 (LLVM spills registers in its 1x8 loop: 0.6x)
 _rd_4x1 = _make_rowdot(4, 1)
 _rd_1x1 = _make_rowdot(1, 1)
 _rd_1x8 = _make_rowdot(1, 8)
@@ -541,7 +594,7 @@ def qmatmul_rows(kind, w, qa, da, aux, tbl, out, r0, r1):  # noqa: ANN001, ANN20
         for c0 in range(r0, r1, ROW_CHUNK):
             c1 = min(r1, c0 + ROW_CHUNK)
             i = 0
-            if kind != KIND_Q4_1:
+            if kind not in _NO_BATCH8:
                 while i + 8 <= n:
                     for r in range(c0, c1):
                         _rd_1x8(kind, w, r, 1, qa, da, aux, tbl, i, out)
@@ -581,12 +634,14 @@ def quantize_activations(x, kind):  # noqa: ANN001, ANN201
     n, k = x.shape
     qa = np.empty((n, k), np.int8)
     aux = np.empty((n, k // 32), np.float32)
-    if kind == KIND_Q4_K or kind == KIND_Q5_K or kind == KIND_Q6_K:
+    if kind in _Q8_K_KINDS:
         da = np.empty((n, k // 256), np.float32)
         quantize_q8_k(x, qa, da, aux)
-    else:
+    elif kind in _Q8_0_KINDS:
         da = np.empty((n, k // 32), np.float32)
         quantize_q8_0(x, qa, da, aux)
+    else:
+        raise ValueError("no integer kernel for this ggml type id")
     return qa, da, aux
 
 
@@ -609,12 +664,45 @@ def qmatmul_par(kind, w, x, tbl, out):  # noqa: ANN001, ANN201
         qmatmul_rows(kind, w, qa, da, aux, tbl, out, c * step, min(rows, (c + 1) * step))
 
 
+@njit(cache=True)
+def _built_table_key() -> int:
+    return _TABLE_KEY  # frozen into the cached machine code with everything else
+
+
+_CACHED = (quantize_activations, qmatmul_rows, qmatmul_serial, qmatmul_par, _built_table_key)
+_fresh = False
+
+
+def _check_build() -> None:
+    """Rebuild the kernels when numba's disk cache holds a build from other declarations.
+
+    numba invalidates its cache when kernels.py changes, not when kerneltypes.py or
+    formats.py do; the cached key says which declarations the machine code came from."""
+    global _fresh
+    if _fresh:
+        return
+    if _built_table_key() != _TABLE_KEY:
+        for fn in _CACHED:  # callees first: their callers pick up the new overloads
+            fn._cache.flush()
+            if fn.overloads:
+                fn.recompile()
+    _fresh = True
+
+
 def qmatmul(kind: int, w: np.ndarray, x: np.ndarray, out: np.ndarray,
             parallel: bool = True) -> np.ndarray:
     """``W (R, row_bytes) u8`` of ggml type ``kind`` times ``x (n, K) f32`` -> ``out (n, R)``.
 
     Quantizes ``x`` to 8 bits the way ggml does for this type, then runs the kernel.
+    ValueError for a type without an integer kernel or shapes that do not fit together.
     """
+    k = kernel_type(kind)
+    n, d_in = x.shape
+    if (d_in % k.block_size or w.ndim != 2 or w.shape[1] != d_in // k.block_size * k.type_size
+            or out.shape != (n, w.shape[0])):
+        raise ValueError(f"{k.type.ggml_name} product: W {w.shape} bytes, x {x.shape}, "
+                         f"out {out.shape} do not fit together")
+    _check_build()
     if parallel:
         # chunks handed out one at a time: when a worker waits for a core (a shared
         # machine), the other threads take its share instead of waiting for it at the end
@@ -641,8 +729,8 @@ def warm_up() -> float:
     import time
 
     t0 = time.perf_counter()
-    for kind in (KIND_Q8_0, KIND_Q4_K):
-        qk, ts = BLOCK[kind]
+    for kind in (_Q8_0_KINDS[0], _Q8_K_KINDS[0]):  # one type of each activation kind
+        qk, ts = GGMLType(kind).block_size, GGMLType(kind).type_size
         w = np.zeros((4, ts), np.uint8)
         w.flags.writeable = False  # tensor views of the mmapped file are read-only
         out = np.empty((1, 4), np.float32)
@@ -787,123 +875,15 @@ def geglu(gate, up, out):  # noqa: ANN001, ANN201
 
 
 # ======================================================================================
-# 4. Numpy twins (slow, readable; the tests hold the kernels to them)
+# 4. Numpy twins (slow, readable; the tests hold the kernels to them). The quantized
+#    products' twins live with their declarations: kerneltypes.twin_*.
 # ======================================================================================
-
-
-def _f16v(raw: np.ndarray) -> np.ndarray:
-    """Little-endian fp16 fields (..., 2) u8 -> float32 (...)."""
-    return np.ascontiguousarray(raw).view(np.float16)[..., 0].astype(np.float32)
-
-
-def twin_quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Numpy twin of ``quantize_q8_0``: (qa int8 (n,K), da (n,K/32), sa (n,K/32))."""
-    xb = x.reshape(x.shape[0], -1, 32).astype(np.float32)
-    amax = np.abs(xb).max(-1)
-    d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    q = np.rint(xb * inv[..., None]).astype(np.int32)
-    s = (q.sum(-1).astype(np.float32) * d).astype(np.float16).astype(np.float32)
-    return q.reshape(x.shape).astype(np.int8), d, s
-
-
-def twin_quantize_q8_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Numpy twin of ``quantize_q8_k``: (qa int8 (n,K), da (n,K/256), bsum (n,K/32))."""
-    xb = x.reshape(x.shape[0], -1, 256).astype(np.float32)
-    idx = np.abs(xb).argmax(-1)
-    vmax = np.take_along_axis(xb, idx[..., None], -1)[..., 0]
-    with np.errstate(divide="ignore"):
-        iscale = np.where(vmax != 0, np.float32(-127) / vmax, np.float32(0)).astype(np.float32)
-    q = np.minimum(127, np.rint(xb * iscale[..., None])).astype(np.int32)
-    with np.errstate(divide="ignore"):
-        d = np.where(iscale != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
-    bsum = q.reshape(x.shape[0], -1, 32).sum(-1).astype(np.float32)
-    return q.reshape(x.shape).astype(np.int8), d, bsum
-
-
-def twin_unpack(kind: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Weight rows (R, row_bytes) -> (q ints (R, K), scale per 16 or 32 values, offset per
-    group) so that weight = scale * q + offset, groups as the kernel uses them."""
-    qk, ts = BLOCK[kind]
-    r = w.shape[0]
-    blk = w.reshape(r, -1, ts)
-    if kind in LEGACY_KINDS:
-        d = _f16v(blk[..., 0:2])
-        m = np.zeros_like(d)
-        if kind == KIND_Q8_0:
-            return blk[..., 2:].view(np.int8).astype(np.int32).reshape(r, -1), d, m
-        start = {KIND_Q4_0: 2, KIND_Q4_1: 4, KIND_Q5_0: 6, KIND_Q5_1: 8}[kind]
-        qs = blk[..., start:start + 16]
-        q = np.concatenate([qs & 15, qs >> 4], -1).astype(np.int32)
-        if kind in (KIND_Q5_0, KIND_Q5_1):
-            qh = np.ascontiguousarray(blk[..., start - 4:start]).view(np.uint32)
-            q |= (((qh >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.int32)
-        if kind in (KIND_Q4_0, KIND_Q5_0):
-            q -= 8 if kind == KIND_Q4_0 else 16
-        else:
-            m = _f16v(blk[..., 2:4])
-        return q.reshape(r, -1), d, m
-    if kind == KIND_Q6_K:
-        ql, qh = blk[..., 0:128].astype(np.int32), blk[..., 128:192].astype(np.int32)
-        sc = blk[..., 192:208].view(np.int8).astype(np.float32)
-        d = _f16v(blk[..., 208:210])
-        q = np.empty((r, blk.shape[1], 256), np.int32)
-        for n in range(2):
-            l_, h_ = ql[..., 64 * n:64 * n + 64], qh[..., 32 * n:32 * n + 32]
-            for grp in range(4):
-                low = (l_[..., 32 * (grp & 1):32 * (grp & 1) + 32] >> (4 * (grp >= 2))) & 15
-                q[..., 128 * n + 32 * grp:128 * n + 32 * grp + 32] = \
-                    (low | (((h_ >> (2 * grp)) & 3) << 4)) - 32
-        scale = d[..., None] * sc  # per 16 values
-        return q.reshape(r, -1), scale.reshape(r, -1), np.zeros((r, blk.shape[1] * 16))
-    d, dmin = _f16v(blk[..., 0:2]), _f16v(blk[..., 2:4])
-    s = blk[..., 4:16].astype(np.int32)
-    sc = np.empty((r, blk.shape[1], 8), np.int32)
-    mn = np.empty_like(sc)
-    sc[..., :4], mn[..., :4] = s[..., 0:4] & 63, s[..., 4:8] & 63
-    sc[..., 4:] = (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)
-    mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
-    qs0 = 16 if kind == KIND_Q4_K else 48
-    qs = blk[..., qs0:qs0 + 128].astype(np.int32).reshape(r, -1, 4, 32)
-    q = np.stack([qs & 15, qs >> 4], 3).reshape(r, -1, 8, 32)
-    if kind == KIND_Q5_K:
-        qh = blk[..., 16:48].astype(np.int32)
-        q = q | (((qh[:, :, None, :] >> np.arange(8)[:, None]) & 1) << 4)
-    scale = d[..., None] * sc
-    offset = -(dmin[..., None] * mn)
-    return q.reshape(r, -1), scale.reshape(r, -1), offset.reshape(r, -1)
 
 
 def twin_f16_matmul(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Numpy twin of ``f16_matmul_rows``: ``W (R, K) fp16 bits @ x (n, K) -> (n, R)``."""
     wf = np.ascontiguousarray(w).view(np.float16).astype(np.float64)
     return (x.astype(np.float64) @ wf.T).astype(np.float32)
-
-
-def twin_qmatmul(kind: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Numpy twin of ``qmatmul``: integer block dots of the unpacked weights with the 8-bit
-    activations, scaled per block; float64 sums. ``W (R, row_bytes) @ x (n, K) -> (n, R)``."""
-    q, scale, offset = twin_unpack(kind, w)
-    n, k = x.shape
-    if kind in K_KINDS:
-        qa, da, _ = twin_quantize_q8_k(x)
-        qk = 256
-    else:
-        qa, da, sa = twin_quantize_q8_0(x)
-        qk = 32
-    g = k // scale.shape[1]  # values per scale group (16 or 32)
-    qa64, q64 = qa.astype(np.int64), q.astype(np.int64)
-    dots = np.einsum("rgj,ngj->nrg", q64.reshape(-1, k // g, g), qa64.reshape(n, k // g, g))
-    dact = np.repeat(da.astype(np.float64), qk // g, axis=1)  # activation scale per group
-    out = (dots * scale[None].astype(np.float64) * dact[:, None, :]).sum(-1)
-    if kind in (KIND_Q4_1, KIND_Q5_1):
-        out += (offset[None].astype(np.float64) * sa[:, None, :].astype(np.float64)).sum(-1)
-    elif kind in (KIND_Q4_K, KIND_Q5_K):
-        asum = qa64.reshape(n, -1, 32).sum(-1) * np.repeat(da.astype(np.float64), 8, axis=1)
-        out += (offset[None].astype(np.float64) * asum[:, None, :]).sum(-1)
-    return out.astype(np.float32)
-
 
 
 def twin_geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

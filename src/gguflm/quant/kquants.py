@@ -59,7 +59,7 @@ def dequant_q3_k(blocks: np.ndarray, out: np.ndarray) -> None:
     out.reshape(n, 16, 16)[:] *= dl[:, :, None]
 
 
-def _k4_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def k4_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """ggml's get_scale_min_k4 for j = 0..7: 6-bit scales and mins from 12 bytes."""
     sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)], 1)
     m = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], 1)
@@ -68,7 +68,7 @@ def _k4_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _k4_scale_out(f, blocks: np.ndarray, out: np.ndarray) -> None:
     """out (n, 256) holding q: apply ``(d*sc) * q - (dmin*m)`` per 32-value sub-block."""
-    sc, m = _k4_scales_mins(f.field(blocks, "scales"))
+    sc, m = k4_scales_mins(f.field(blocks, "scales"))
     d1 = f.scale(blocks, "d") * sc  # float32 * uint8 -> float32, as in ggml
     m1 = f.scale(blocks, "dmin") * m
     o = out.reshape(len(blocks), 8, 32)

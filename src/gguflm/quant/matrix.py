@@ -15,6 +15,8 @@ import numpy as np
 
 from gguflm.gguf.types import GGMLType
 
+from .kerneltypes import KERNEL_TYPES
+
 # Rows per dequantized fallback tile: at most this many float32 bytes live at once.
 _TILE_BYTES = 8 << 20
 
@@ -167,13 +169,9 @@ def _round_bf16(x: np.ndarray) -> np.ndarray:
 # F16/BF16 weights multiply activations rounded to their own type, as ggml's vec_dot does
 _ACTIVATION_ROUNDING = {GGMLType.F16: _round_f16, GGMLType.BF16: _round_bf16}
 
-_KERNEL_TYPES = {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
-                 GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}
-
-
 def _fast_path(t: GGMLType):  # noqa: ANN202 - returns a private dispatcher or None
     """The kernel dispatcher for type ``t``, or None when only the fallback exists."""
-    if t in _KERNEL_TYPES:
+    if t in KERNEL_TYPES:  # the declarations the kernels are built from
         return _quantized_kernel
     if t == GGMLType.F16:
         return _f16_kernel
