@@ -277,8 +277,14 @@ class Engine:
                 return
             self._waiting.popleft()
             prompt = seq.prompt_ids
-            # the slot sharing the longest prefix; then the least recently used
+            # the slot sharing the longest prefix, when that prefix is worth keeping (at least
+            # half the prompt or 16 tokens, like llama-server's slot similarity); otherwise an
+            # empty slot, else the least recently used, so that a shared BOS alone does not
+            # evict another conversation's cache
             slot = max(free, key=lambda s: (common_prefix(s.tokens, prompt), -s.last_used))
+            if common_prefix(slot.tokens, prompt) < min(16, len(prompt) // 2 + 1):
+                empty = [s for s in free if not s.tokens]
+                slot = empty[0] if empty else min(free, key=lambda s: s.last_used)
             keep = min(common_prefix(slot.tokens, prompt), len(prompt) - 1)
             if embedding and seq.request.pooling != "last":
                 keep = 0  # every token's hidden state is needed: the cache has none

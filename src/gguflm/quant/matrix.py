@@ -109,13 +109,19 @@ class QMatrix:
         return dequantize_raw(self.type, raw_rows, (k, d_in))  # float32 (k, d_in)
 
     def _matmul_tiles(self, x: np.ndarray, out: np.ndarray) -> None:
-        """Fallback: dequantize ``tile`` rows at a time and let BLAS do ``x @ tile.T``."""
+        """Fallback: dequantize ``tile`` rows at a time and multiply them in the fixed-order
+        float kernel (``floatdot``: not BLAS, whose order changes with the batch)."""
+        from gguflm.quant.floatdot import f32_matmul
+
         d_out, d_in = self.shape
         tile = max(16, _TILE_BYTES // (4 * d_in))
+        parallel = x.shape[0] * d_out * d_in >= PARALLEL_MIN_MACS
+        part = np.empty((x.shape[0], tile), np.float32)
         for r0 in range(0, d_out, tile):
             r1 = min(d_out, r0 + tile)
-            w = self.dequantize_rows(self.raw[r0:r1])
-            np.matmul(x, w.T, out=out[:, r0:r1])
+            w = np.ascontiguousarray(self.dequantize_rows(self.raw[r0:r1]), np.float32)
+            f32_matmul(x, w, part[:, :r1 - r0], parallel)
+            out[:, r0:r1] = part[:, :r1 - r0]
 
 
 # Below this many multiply-adds a product runs on one thread: waking the pool costs more.
@@ -123,7 +129,10 @@ PARALLEL_MIN_MACS = 1 << 21
 
 
 def _f32_product(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
-    np.matmul(x, m.raw.T, out=out)
+    from gguflm.quant.floatdot import f32_matmul  # fixed order per element, not BLAS
+
+    f32_matmul(x, np.ascontiguousarray(m.raw), out,
+               parallel=x.shape[0] * m.shape[0] * m.shape[1] >= PARALLEL_MIN_MACS)
     return True
 
 
@@ -136,8 +145,8 @@ def _quantized_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
 
 
 def _f16_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
-    if x.shape[0] > 4:  # a batch: converted tiles into BLAS win
-        return False
+    # every batch size here, never BLAS: each element is summed in the same order
+    # whatever the batch (the serving engine's determinism rule)
     from gguflm.quant import kernels
 
     w = m.raw.view(np.uint16)
