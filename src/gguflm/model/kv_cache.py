@@ -131,16 +131,6 @@ class KVCache:
     def clear(self) -> None:
         self.n = 0
 
-    def keys(self, layer: int) -> np.ndarray:
-        """This sequence's cached keys of ``layer``, (n_head_kv, n, head_dim) (a copy)."""
-        k = self.arena.k[layer, self.slot]                     # (H_kv, tiles, d, TILE)
-        k = k.transpose(0, 1, 3, 2).reshape(k.shape[0], -1, k.shape[2])
-        return k[:, :self.n].copy()
-
-    def values(self, layer: int) -> np.ndarray:
-        """This sequence's cached values of ``layer``, (n_head_kv, n, head_dim_v) (a view)."""
-        return self.arena.v[layer, self.slot, :, :self.n]
-
     def __repr__(self) -> str:
         return (f"KVCache(slot {self.slot}, n={self.n}, n_ctx={self.n_ctx}, "
                 f"{self.nbytes / 2**20:.1f} MiB)")
