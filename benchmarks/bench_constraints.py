@@ -117,6 +117,9 @@ def bench_model(name: str, rounds: int) -> dict:
 
 
 def main() -> None:
+    from gguflm.quant.matrix import entry_point_defaults
+
+    entry_point_defaults()  # this script owns the process, as the CLI does
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 import gguflm.gguf as gguf  # noqa: E402
 from gguflm.quant import kernels  # noqa: E402
-from gguflm.quant.matrix import QMatrix, set_threads  # noqa: E402
+from gguflm.quant.matrix import QMatrix, entry_point_defaults, set_threads  # noqa: E402
 
 KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16"]
 REFERENCE = Path(os.environ.get("GGUFLM_REFERENCE", REPO.parent / "shared" / "reference"))
@@ -65,6 +65,7 @@ def measure(m: QMatrix, n: int, reps: int, threads: int,
 
 
 def main() -> int:
+    entry_point_defaults()  # this script owns the process, as the CLI does
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--reps", type=int, default=7)

@@ -27,6 +27,9 @@ def main() -> int:
     args = ap.parse_args()
 
     from gguflm import hub, load_model
+    from gguflm.quant.matrix import entry_point_defaults
+
+    entry_point_defaults()  # this script owns the process, as the CLI does
 
     path = hub.resolve_model(args.model)
     t0 = time.perf_counter()

@@ -90,7 +90,7 @@ class LLM:
         from . import load_model
         from .engine.scheduler import Engine
         from .hub import DEFAULT_MODEL, KNOWN_MODELS, resolve_model
-        from .quant.matrix import limit_blas_threads
+        from .quant.matrix import entry_point_defaults
         from .tokenizer import Tokenizer
 
         # llama-cpp-python's names for the same things
@@ -105,7 +105,7 @@ class LLM:
         self.model_path = resolve_model(name)
         # the id clients see: a known name as given, else the file's name
         self.model_id = name if name in KNOWN_MODELS else self.model_path.name
-        limit_blas_threads()  # an entry point's choice, not an import's side effect
+        entry_point_defaults()  # an entry point's choice, not an import's side effect
         self.threads = thread_count(threads)
         self.verbose = bool(verbose)
         self.seed = self._default_seed(seed)

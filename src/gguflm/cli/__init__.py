@@ -20,7 +20,7 @@ import sys
 # OpenBLAS build honours it). Our products run in the numba kernels; BLAS only gets the small
 # attention products, and its idle threads spin after each one, taking the kernels' cores
 # (2 cores: Gemma 3 perplexity -c 128 17 s -> 11 s, SmolLM2 prompt 115 -> 325 tokens/s).
-# quant.matrix lowers it at run time too, for library users.
+# LLM() lowers it at run time too, for library users (quant.matrix.entry_point_defaults).
 if "OPENBLAS_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from ..quant.matrix import entry_point_defaults
+
+    entry_point_defaults()  # the command owns the process: OpenMP and BLAS thread habits
     try:
         finish_model_argument(args)
         if getattr(args, "ignored_options", None):

@@ -70,13 +70,6 @@ def _simd_kind() -> str:
 
 SIMD = _simd_kind()
 
-# Idle OpenMP workers sleep instead of spinning: between our parallel products the model runs
-# serial numpy code, and spinning workers would take its core (measured: 2-3x slower tokens
-# when the cores are shared). Only a default; the environment wins.
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ["OMP_WAIT_POLICY"] = "passive"
-    os.environ["GGUFLM_OMP_DEFAULTED"] = "1"  # so benchmarks can leave llama.cpp's alone
-
 # float16 bit pattern -> float32, for block scales read straight from the weight bytes
 F16_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 

@@ -231,4 +231,18 @@ def limit_blas_threads(n: int = 1) -> bool:
     return False
 
 
-limit_blas_threads()
+def entry_point_defaults() -> None:
+    """The process-wide settings gguflm's entry points (the CLI, ``LLM()``) choose.
+
+    Importing gguflm changes nothing; this is called by the code that owns the process.
+    - Idle OpenMP workers sleep instead of spinning (``OMP_WAIT_POLICY=passive``): between
+      our parallel products the model runs serial code, and spinning workers would take its
+      core (measured: 2-3x slower tokens when the cores are shared). Read by the OpenMP
+      runtime when numba first starts it, so it must be set before the first product.
+    - numpy's OpenBLAS on one thread (``limit_blas_threads``).
+    An explicit choice in the environment wins over both.
+    """
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "passive"
+        os.environ["GGUFLM_OMP_DEFAULTED"] = "1"  # so benchmarks can leave llama.cpp's alone
+    limit_blas_threads()
