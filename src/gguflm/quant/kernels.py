@@ -6,16 +6,17 @@ How a product ``W (d_out, d_in) @ x (d_in,)`` runs here, as in ggml's CPU backen
    types, with the Q8_1 block sums for Q4_1/Q5_1; ``quantize_q8_K`` for the K-quants),
    rounding exactly as ggml's x86 code does, so our logits track llama.cpp's.
 2. Each weight block is unpacked to small integers and multiplied with the activation
-   integers in 16-bit lanes, pairs summed into 32-bit lanes (x86 ``pmaddwd``): an exact
-   integer dot product per block, 16 lanes wide, then converted and scaled by
-   ``d_weight * d_activation`` into a float accumulator. One horizontal sum per row.
+   integers as ggml's x86 code does (``pmaddubsw`` then ``pmaddwd``): an exact integer dot
+   product per block in 8 lanes (lane j sums values 4j..4j+3), converted and fused into an
+   8-lane float accumulator times ``d_weight * d_activation``; at the end ggml's horizontal
+   sum. Every tile shape runs the same per-element sequence, so results are batch-invariant.
 3. Rows run in parallel chunks (``prange``); every activation row of a small batch is
    applied to a chunk of weight rows while those rows are hot in cache (a quantized GEMM).
 
 The per-block SIMD work is written as LLVM vector IR (numba ``@intrinsic``): numba's
 auto-vectorizer turns these block loops into scalar code, at a third of the speed. The IR
-uses the x86 ``pmaddwd`` intrinsic where the CPU has AVX2/AVX-512 and portable vector IR
-elsewhere (``SIMD``). llvmlite is numba's own code generator, not an extra dependency.
+uses the x86 AVX2 intrinsics where the CPU has AVX2 (or AVX-512) and portable vector IR
+giving the same integers elsewhere (``SIMD``). llvmlite is numba's own code generator, not an extra dependency.
 
 Which types have a block loop, and how each type's values, scales and offset term come out
 of its block, is declared once in ``kerneltypes.KERNEL_TYPES``; the block loops are built
@@ -279,30 +280,69 @@ class _Gen:
                               self.splat8(0, 32))
         return b.select(hit, self.splat8(1 << shift_to, 32), self.splat8(0, 32))
 
-    # the integer dot: <32 x i16> . <32 x i16> -> <16 x i32> (adjacent pairs summed)
-    def madd16(self, w16: ir.Value, a16: ir.Value) -> ir.Value:
-        b = self.b
-        if SIMD == "avx512":
-            fn = cgutils.get_or_insert_function(
-                b.module, ir.FunctionType(_vt(_I32, 16), [_vt(_I16, 32)] * 2),
-                "llvm.x86.avx512.pmaddw.d.512")
-            return b.call(fn, [w16, a16])
-        if SIMD == "avx2":
-            fn = cgutils.get_or_insert_function(
-                b.module, ir.FunctionType(_vt(_I32, 8), [_vt(_I16, 16)] * 2),
-                "llvm.x86.avx2.pmadd.wd")
-            lo = b.call(fn, [b.shuffle_vector(w16, w16, _LO16), b.shuffle_vector(a16, a16, _LO16)])
-            hi = b.call(fn, [b.shuffle_vector(w16, w16, _HI16), b.shuffle_vector(a16, a16, _HI16)])
-            return b.shuffle_vector(lo, hi, _LO16)
-        we = b.sext(b.shuffle_vector(w16, w16, _EVEN), _vt(_I32, 16))
-        wo = b.sext(b.shuffle_vector(w16, w16, _ODD), _vt(_I32, 16))
-        ae = b.sext(b.shuffle_vector(a16, a16, _EVEN), _vt(_I32, 16))
-        ao = b.sext(b.shuffle_vector(a16, a16, _ODD), _vt(_I32, 16))
-        return b.add(b.mul(we, ae), b.mul(wo, ao))
+    # the integer dot of one 32-value span: <8 x i32>, lane j = sum over values 4j..4j+3 of
+    # weight * activation (* the values' integer group scale), exactly ggml's x86 lanes
+    def _x86(self, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+        fn = cgutils.get_or_insert_function(
+            self.b.module, ir.FunctionType(ret, [a.type for a in args]), name)
+        return self.b.call(fn, args)
 
-    def fma(self, acc: ir.Value, lanes: ir.Value, scale: ir.Value) -> ir.Value:
-        f = self.b.sitofp(lanes, _vt(_F32, 16))
-        return self.b.fadd(self.b.fmul(f, scale, flags=("fast",)), acc, flags=("fast",))
+    def span_dot(self, w8: ir.Value, wu: ir.Value, a8: ir.Value, sc, signed: bool) -> ir.Value:  # noqa: ANN001
+        """``w8`` the span's 32 weight values (<32 x i8>), ``wu`` their magnitudes when
+        ``signed`` (else ``w8``), ``a8`` 32 activation values, ``sc`` None or ``(sc16, s0,
+        s1)``: integer scale ``sc16[s0]`` for values 0-15, ``sc16[s1]`` for 16-31.
+        On x86 as ggml does it: ``pmaddubsw`` (|w| with the activation's sign moved to w's,
+        pair sums that cannot saturate: |w| <= 128, |a| <= 127), then ``pmaddwd`` by 1 or
+        by the scales; elsewhere the same integers in portable vector IR."""
+        b = self.b
+        if SIMD != "generic":
+            a = self._x86("llvm.x86.avx2.psign.b", _vt(_I8, 32), [a8, w8]) if signed else a8
+            s16 = self._x86("llvm.x86.avx2.pmadd.ub.sw", _vt(_I16, 16), [wu, a])
+            if sc is None:
+                m = ir.Constant(_vt(_I16, 16), [1] * 16)
+            else:
+                sc16, s0, s1 = sc
+                m = b.shuffle_vector(sc16, sc16, ir.Constant(_vt(_I32, 16), [s0] * 8 + [s1] * 8))
+            return self._x86("llvm.x86.avx2.pmadd.wd", _vt(_I32, 8), [s16, m])
+        p = b.mul(b.sext(w8, _vt(_I32, 32)), b.sext(a8, _vt(_I32, 32)))
+        if sc is not None:
+            sc16, s0, s1 = sc
+            s32 = b.sext(b.shuffle_vector(sc16, sc16, ir.Constant(_vt(_I32, 32),
+                                                                 [s0] * 16 + [s1] * 16)),
+                         _vt(_I32, 32))
+            p = b.mul(p, s32)
+        for width in (16, 8):  # adjacent pairs, twice: lane j sums values 4j..4j+3
+            ev = ir.Constant(_vt(_I32, width), list(range(0, 2 * width, 2)))
+            od = ir.Constant(_vt(_I32, width), list(range(1, 2 * width, 2)))
+            p = b.add(b.shuffle_vector(p, p, ev), b.shuffle_vector(p, p, od))
+        return p
+
+    def magnitude(self, w8: ir.Value) -> ir.Value:
+        """|w| of <32 x i8> (pabsb; -128 gives 128 read as unsigned)."""
+        b = self.b
+        neg = b.icmp_signed("<", w8, self.splat8(0, 32))
+        return b.select(neg, b.sub(self.splat8(0, 32), w8), w8)
+
+    def fma8(self, acc: ir.Value, lanes: ir.Value, scale: ir.Value) -> ir.Value:
+        """``acc + float(lanes) * scale`` fused, 8 lanes (ggml's ``_mm256_fmadd_ps``)."""
+        f = self.b.sitofp(lanes, _vt(_F32, 8))
+        fn = cgutils.get_or_insert_function(
+            self.b.module, ir.FunctionType(_vt(_F32, 8), [_vt(_F32, 8)] * 3), "llvm.fma.v8f32")
+        return self.b.call(fn, [f, self.splatf8(scale), acc])
+
+    def hsum(self, v: ir.Value) -> ir.Value:
+        """Sum of a <16 x float> (lanes i and i+8, then i+4, i+2, i+1)."""
+        for width in (8, 4, 2, 1):
+            hi = self.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, 16),
+                                                         [i + width for i in range(width)]
+                                                         + [0] * (16 - width)))
+            v = self.b.fadd(v, hi, flags=("fast",))
+        return self.b.extract_element(v, ir.Constant(_I32, 0))
+
+    def splatf8(self, x: ir.Value) -> ir.Value:
+        v = self.b.insert_element(ir.Constant(_vt(_F32, 8), ir.Undefined), x,
+                                  ir.Constant(_I32, 0))
+        return self.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, 8), [0] * 8))
 
     def hsum8(self, v: ir.Value) -> ir.Value:
         """Sum of a <8 x float> (pairwise: lanes i and i+4, then i+2, then i+1)."""
@@ -311,14 +351,6 @@ class _Gen:
                                                          [i + width for i in range(width)]
                                                          + [0] * (8 - width)))
             v = self.b.fadd(v, hi)
-        return self.b.extract_element(v, ir.Constant(_I32, 0))
-
-    def hsum(self, v: ir.Value) -> ir.Value:
-        for width in (8, 4, 2, 1):
-            hi = self.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, 16),
-                                                         [i + width for i in range(width)]
-                                                         + [0] * (16 - width)))
-            v = self.b.fadd(v, hi, flags=("fast",))
         return self.b.extract_element(v, ir.Constant(_I32, 0))
 
 
@@ -410,19 +442,14 @@ def _lanes(g: _Gen, v: ir.Value, idx: list[int]) -> ir.Value:
     return g.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, len(idx)), idx))
 
 
-def _scale16(g: _Gen, sc16: ir.Value, s0: int, s1: int) -> ir.Value:
-    """<32 x i16>: integer scale ``sc16[s0]`` for values 0-15 of a span, ``sc16[s1]`` for
-    values 16-31 (``sc16`` a <16 x i16> of a block's scales)."""
-    return g.b.shuffle_vector(sc16, sc16, ir.Constant(_vt(_I32, 32), [s0] * 16 + [s1] * 16))
-
-
 def _unpack(g: _Gen, k: KernelType, row, off):  # noqa: ANN001, ANN202
-    """One weight block as (spans, d, offset term): each 32-value span as <32 x i16>
-    integers already times their integer group scales (|q * s| < 2**12), so that the block's
-    dot with the activations is one pmaddwd per span; ``d`` the block's float scale; the
-    offset term ("m", m) or ("dmin", dmin, <8 x float> integer mins) or None."""
+    """One weight block as (spans, d, offset term): each 32-value span as ``(w8, wu, sc)``
+    for ``_Gen.span_dot`` (values <32 x i8> after the bias, their magnitudes when signed,
+    the span's integer scales or None); ``d`` the block's float scale; the offset term
+    ("m", m) or ("dmin", dmin, <8 x float> integer mins) or None."""
     bld = g.b
     fmt = k.format
+    signed = _signed(k)
 
     def field_at(name: str) -> ir.Value:
         return bld.add(off, g.c64(fmt[name].offset))
@@ -445,10 +472,8 @@ def _unpack(g: _Gen, k: KernelType, row, off):  # noqa: ANN001, ANN202
             w = v if w is None else bld.or_(w, v)
         if k.bias:
             w = bld.sub(w, g.splat8(k.bias, 32))
-        w16 = bld.sext(w, _vt(_I16, 32))
-        if sc16 is not None:
-            w16 = bld.mul(w16, _scale16(g, sc16, 32 * span // group, (32 * span + 16) // group))
-        spans.append(w16)
+        sc = None if sc16 is None else (sc16, 32 * span // group, (32 * span + 16) // group)
+        spans.append((w, g.magnitude(w) if signed and SIMD != "generic" else w, sc))
     term = None
     if k.offset == "m":
         term = ("m", g.f16(row, field_at("m")))
@@ -457,29 +482,35 @@ def _unpack(g: _Gen, k: KernelType, row, off):  # noqa: ANN001, ANN202
     return spans, d, term
 
 
+def _signed(k: KernelType) -> bool:
+    """Whether the type's values can be negative (a bias, or whole signed bytes)."""
+    return bool(k.bias) or any(p.width == 8 for p in k.planes)
+
+
 def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp) -> None:  # noqa: ANN001
-    """The block loop of one weight type: ``accp[j][i]`` (<16 x float>) and ``accsp[j][i]``
+    """The block loop of one weight type: ``accp[j][i]`` (<8 x float>) and ``accsp[j][i]``
     (float) accumulate weight row j times activation row i. Each weight block is unpacked
     once per row; each activation span is loaded once and used by every row. The float
     arithmetic is ggml's: ``(d_act * d) * isum``, ``+ m * s_act`` (Q8_1's block sum),
     ``- (d_act * dmin) * sum(min_s * activation 32-sum_s)``."""
     qk, ts = k.block_size, k.type_size
     bld = g.b
+    signed = _signed(k)
     with cgutils.for_range(bld, nb) as loop:
         b = loop.index
         abase = bld.mul(b, g.c64(qk))
         unpacked = [_unpack(g, k, row, bld.mul(b, g.c64(ts))) for row in rows]
         dabs = [g.load_f32(da_p, b) for _, da_p, _ in acts]
-        a16 = [[bld.sext(g.vload(qa_p, bld.add(abase, g.c64(32 * s)), 32), _vt(_I16, 32))
-                for s in range(qk // 32)] for qa_p, _, _ in acts]
+        a8 = [[g.vload(qa_p, bld.add(abase, g.c64(32 * s)), 32) for s in range(qk // 32)]
+              for qa_p, _, _ in acts]
         for j, (spans, d, term) in enumerate(unpacked):
             for i, (_, _, aux_p) in enumerate(acts):
                 isum = None
-                for s, w16 in enumerate(spans):
-                    p = g.madd16(w16, a16[i][s])
+                for s, (w8, wu, sc) in enumerate(spans):
+                    p = g.span_dot(w8, wu, a8[i][s], sc, signed)
                     isum = p if isum is None else bld.add(isum, p)
                 acc = bld.load(accp[j][i])
-                acc = g.fma(acc, isum, g.splatf(bld.fmul(d, dabs[i])))
+                acc = g.fma8(acc, isum, bld.fmul(d, dabs[i]))
                 bld.store(acc, accp[j][i])
                 if term is None:
                     continue
@@ -525,7 +556,7 @@ def _make_rowdot(nr: int, na: int):  # noqa: ANN202 - returns a numba intrinsic
                 ii = bld.add(i0_, g.c64(i))
                 acts.append((row_ptr(qas, ii, _I8), row_ptr(das, ii, _F32),
                              row_ptr(auxs, ii, _F32)))
-            zero = ir.Constant(_vt(_F32, 16), [0.0] * 16)
+            zero = ir.Constant(_vt(_F32, 8), [0.0] * 8)
             accp = [[cgutils.alloca_once_value(bld, zero) for _ in range(na)] for _ in range(nr)]
             accsp = [[cgutils.alloca_once_value(bld, ir.Constant(_F32, 0.0)) for _ in range(na)]
                      for _ in range(nr)]
@@ -551,7 +582,7 @@ def _make_rowdot(nr: int, na: int):  # noqa: ANN202 - returns a numba intrinsic
             for j in range(nr):
                 rr = ridx[j]
                 for i in range(na):
-                    res = bld.fadd(g.hsum(bld.load(accp[j][i])), bld.load(accsp[j][i]))
+                    res = bld.fadd(g.hsum8(bld.load(accp[j][i])), bld.load(accsp[j][i]))
                     ii = bld.add(i0_, g.c64(i))
                     off = bld.add(bld.mul(ii, out_stride[0]), bld.mul(rr, out_stride[1]))
                     p = bld.gep(bld.bitcast(outs.data, _I8.as_pointer()), [off])
@@ -564,8 +595,8 @@ def _make_rowdot(nr: int, na: int):  # noqa: ANN202 - returns a numba intrinsic
 
 
 # (weight rows, activation rows) per call: 4x1 for token-by-token decoding; for batches 1x8
-# (an unpacked block serves 8 activation rows: 1.3x for Q6_K), except the types declared
-# batch8=False (Q4_1): 2x4 (LLVM spills registers in its 1x8 loop: 0.6x)
+# (an unpacked block serves 8 activation rows; Q4_1 1.25x over 2x4 since the float side
+# is 8 lanes wide), except types declared batch8=False: 2x4
 _rd_4x1 = _make_rowdot(4, 1)
 _rd_1x1 = _make_rowdot(1, 1)
 _rd_1x8 = _make_rowdot(1, 8)
@@ -605,18 +636,23 @@ def qmatmul_rows(kind, w, qa, da, aux, tbl, out, r0, r1):  # noqa: ANN001, ANN20
                     _rd_1x1(kind, w, r, 1, qa, da, aux, tbl, i, out)
                 i += 1
         return
-    # token by token: the weights stream from memory once per activation row. Four rows per
-    # pass, taken from four quarters of the range, so that each quarter is one long
-    # sequential stream for the prefetcher (adjacent rows would make short broken streams).
+    # token by token: the weights stream from memory once. Four rows per pass, taken from
+    # four quarters of the range, so that each quarter is one long sequential stream for
+    # the prefetcher (adjacent rows would make short broken streams); the 1-3 activation
+    # rows take turns on those four rows while they are in L1.
     quarter = (r1 - r0) // 4
-    for i in range(n):
-        for k in range(quarter):
+    for k in range(quarter):
+        for i in range(n):
             _rd_4x1(kind, w, r0 + k, quarter, qa, da, aux, tbl, i, out)
-        for r in range(r0 + 4 * quarter, r1):
+    for r in range(r0 + 4 * quarter, r1):
+        for i in range(n):
             _rd_1x1(kind, w, r, 1, qa, da, aux, tbl, i, out)
 
 
 STREAM_CHUNK = 2048  # weight rows per parallel work item when decoding (long streams)
+# work items per thread for a batch: each hand-out costs microseconds, so not one per tile,
+# but a few, so that a thread kept off its core by another process leaves some to the rest
+CHUNKS_PER_THREAD = 4
 
 
 @njit(cache=True, nogil=True)
@@ -647,11 +683,16 @@ def qmatmul_serial(kind, w, x, tbl, out):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def qmatmul_par(kind, w, x, tbl, out):  # noqa: ANN001, ANN201
+def qmatmul_par(kind, w, x, tbl, out, threads):  # noqa: ANN001, ANN201
     """W (R, row_bytes) u8 @ x (n, K) f32 -> out (n, R) f32, rows in parallel chunks."""
     qa, da, aux = quantize_activations(x, kind)
     rows = w.shape[0]
-    step = ROW_CHUNK if qa.shape[0] >= 4 else STREAM_CHUNK
+    if qa.shape[0] >= 4:  # a few work items per thread, each a run of ROW_CHUNK tiles
+        tiles = (rows + ROW_CHUNK - 1) // ROW_CHUNK
+        per = max(1, tiles // (CHUNKS_PER_THREAD * threads))
+        step = per * ROW_CHUNK
+    else:
+        step = STREAM_CHUNK
     nchunk = (rows + step - 1) // step
     for c in prange(nchunk):  # callers hand chunks out one at a time: parallel_chunksize(1)
         qmatmul_rows(kind, w, qa, da, aux, tbl, out, c * step, min(rows, (c + 1) * step))
@@ -700,7 +741,7 @@ def qmatmul(kind: int, w: np.ndarray, x: np.ndarray, out: np.ndarray,
         # chunks handed out one at a time: when a worker waits for a core (a shared
         # machine), the other threads take its share instead of waiting for it at the end
         with numba.parallel_chunksize(1):
-            qmatmul_par(kind, w, x, F16_TABLE, out)
+            qmatmul_par(kind, w, x, F16_TABLE, out, numba.get_num_threads())
     else:
         qmatmul_serial(kind, w, x, F16_TABLE, out)
     return out

@@ -55,7 +55,7 @@ class KernelType:
     bias: int = 0
     scales: str = ""  # "": none; "k4": 8 six-bit scales and mins in 12 bytes; "i8": per 16
     offset: str = ""  # "": none; "m": + m * (Q8_1 block sum); "dmin": - dmin * mins
-    batch8: bool = True  # 1 weight row x 8 activations tiles (False: Q4_1, LLVM spills)
+    batch8: bool = True  # 1 weight row x 8 activations tiles (False: 2x4, if LLVM spills)
 
     @property
     def format(self) -> BlockFormat:
@@ -87,7 +87,7 @@ def _fifth_bit(field: str) -> Plane:  # bit j of a 32-bit field is bit 4 of valu
 # Transcribed from ggml's block structs and dequantize_row_* (ggml-quants.c).
 KERNEL_TYPES: dict[GGMLType, KernelType] = {k.type: k for k in [
     KernelType(T.Q4_0, T.Q8_0, (_nibbles("qs"),), bias=8),
-    KernelType(T.Q4_1, T.Q8_1, (_nibbles("qs"),), offset="m", batch8=False),
+    KernelType(T.Q4_1, T.Q8_1, (_nibbles("qs"),), offset="m"),
     KernelType(T.Q5_0, T.Q8_0, (_nibbles("qs"), _fifth_bit("qh")), bias=16),
     KernelType(T.Q5_1, T.Q8_1, (_nibbles("qs"), _fifth_bit("qh")), offset="m"),
     KernelType(T.Q8_0, T.Q8_0, (Plane("qs", 32, 8),)),
