@@ -16,7 +16,8 @@ How a product ``W (d_out, d_in) @ x (d_in,)`` runs here, as in ggml's CPU backen
 The per-block SIMD work is written as LLVM vector IR (numba ``@intrinsic``): numba's
 auto-vectorizer turns these block loops into scalar code, at a third of the speed. The IR
 uses the x86 AVX2 intrinsics where the CPU has AVX2 (or AVX-512) and portable vector IR
-giving the same integers elsewhere (``SIMD``). llvmlite is numba's own code generator, not an extra dependency.
+giving the same integers elsewhere (``SIMD``). llvmlite is numba's own code generator,
+not an extra dependency.
 
 Which types have a block loop, and how each type's values, scales and offset term come out
 of its block, is declared once in ``kerneltypes.KERNEL_TYPES``; the block loops are built
