@@ -10,7 +10,7 @@ down once, here. All multi-byte fields are little-endian, as ggml lays them out 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 
 import numpy as np
 
@@ -50,7 +50,7 @@ class BlockFormat:
     block_size: int
     fields: tuple[Field, ...]
 
-    @property
+    @cached_property  # on every product's path: computed once
     def type_size(self) -> int:
         return sum(f.nbytes for f in self.fields)
 

@@ -695,7 +695,7 @@ def qmatmul_par(kind, w, x, tbl, out, threads):  # noqa: ANN001, ANN201
     else:
         step = STREAM_CHUNK
     nchunk = (rows + step - 1) // step
-    for c in prange(nchunk):  # callers hand chunks out one at a time: parallel_chunksize(1)
+    for c in prange(nchunk):  # handed out one at a time (matrix.set_threads: chunksize 1)
         qmatmul_rows(kind, w, qa, da, aux, tbl, out, c * step, min(rows, (c + 1) * step))
 
 
@@ -731,21 +731,25 @@ def qmatmul(kind: int, w: np.ndarray, x: np.ndarray, out: np.ndarray,
     Quantizes ``x`` to 8 bits the way ggml does for this type, then runs the kernel.
     ValueError for a type without an integer kernel or shapes that do not fit together.
     """
-    k = kernel_type(kind)
+    sizes = _SIZES.get(kind)
+    if sizes is None:
+        kernel_type(kind)  # raises, naming the type
+    qk, ts = sizes
     n, d_in = x.shape
-    if (d_in % k.block_size or w.ndim != 2 or w.shape[1] != d_in // k.block_size * k.type_size
+    if (d_in % qk or w.ndim != 2 or w.shape[1] != d_in // qk * ts
             or out.shape != (n, w.shape[0])):
-        raise ValueError(f"{k.type.ggml_name} product: W {w.shape} bytes, x {x.shape}, "
-                         f"out {out.shape} do not fit together")
+        raise ValueError(f"{kernel_type(kind).type.ggml_name} product: W {w.shape} bytes, "
+                         f"x {x.shape}, out {out.shape} do not fit together")
     _check_build()
     if parallel:
-        # chunks handed out one at a time: when a worker waits for a core (a shared
-        # machine), the other threads take its share instead of waiting for it at the end
-        with numba.parallel_chunksize(1):
-            qmatmul_par(kind, w, x, F16_TABLE, out, numba.get_num_threads())
+        qmatmul_par(kind, w, x, F16_TABLE, out, numba.get_num_threads())
     else:
         qmatmul_serial(kind, w, x, F16_TABLE, out)
     return out
+
+
+# (block size, bytes per block) by type id: the check above runs on every product
+_SIZES = {int(t): (k.block_size, k.type_size) for t, k in KERNEL_TYPES.items()}
 
 
 def is_compiled() -> bool:
