@@ -251,7 +251,8 @@ def test_unknown_type_fails_loudly() -> None:
     with pytest.raises(ValueError, match="no integer kernel for ggml type Q2_K"):
         kernels.qmatmul(int(GGMLType.Q2_K), w, x, out)
     with pytest.raises(ValueError, match="no integer kernel"):
-        kernels.qmatmul_serial(int(GGMLType.Q2_K), w, x, kernels.F16_TABLE, out)
+        kernels.qmatmul_serial(np.full(3, int(GGMLType.Q2_K)), (w, w, w), x,
+                               kernels.F16_TABLE, (out, out, out), 1)
     with pytest.raises(ValueError, match="no integer kernel for ggml type 99"):
         kerneltypes.kernel_type(99)
     qa, da, aux = kernels.quantize_activations(x, int(GGMLType.Q4_K))

@@ -24,6 +24,19 @@ def linear(x: np.ndarray, w: Any, b: np.ndarray | None = None) -> np.ndarray:
     return y
 
 
+def linear_many(x: np.ndarray, ws: tuple[Any, ...], bs: tuple[np.ndarray | None, ...]
+                ) -> list[np.ndarray]:
+    """``[linear(x, w, b) for w, b in zip(ws, bs)]`` as one product call where the weights
+    allow it (``QMatrix`` objects: ``quant.matrix.matmul_many``)."""
+    from gguflm.quant.matrix import matmul_many
+
+    ys = matmul_many(ws, x)
+    for y, b in zip(ys, bs, strict=True):
+        if b is not None:
+            y += b
+    return ys
+
+
 # -- normalisation -------------------------------------------------------------------------
 
 
@@ -139,9 +152,10 @@ def qkv(x: np.ndarray, layer: Any, n_head: int, n_head_kv: int, head_dim: int,
         y = linear(x, fused, getattr(layer, "attn_qkv_bias", None))
         q, k, v = y[:, :n_q], y[:, n_q:n_q + n_k], y[:, n_q + n_k:]
     else:
-        q = linear(x, layer.attn_q, getattr(layer, "attn_q_bias", None))
-        k = linear(x, layer.attn_k, getattr(layer, "attn_k_bias", None))
-        v = linear(x, layer.attn_v, getattr(layer, "attn_v_bias", None))
+        q, k, v = linear_many(x, (layer.attn_q, layer.attn_k, layer.attn_v),
+                              (getattr(layer, "attn_q_bias", None),
+                               getattr(layer, "attn_k_bias", None),
+                               getattr(layer, "attn_v_bias", None)))
     return (q.reshape(n, n_head, head_dim), k.reshape(n, n_head_kv, head_dim),
             v.reshape(n, n_head_kv, head_dim_v))
 
@@ -151,11 +165,12 @@ def glu_ffn(x: np.ndarray, layer: Any, glu: Callable[[np.ndarray, np.ndarray], n
     """down(glu(gate(x), up(x))): llama.cpp's build_ffn with a parallel gate. x (T, n_embd)
     -> (T, n_embd); ``glu`` is ``swiglu`` or ``geglu``. Without an ``ffn_gate`` tensor,
     ``ffn_up`` is fused, its rows [gate | up] (Phi-3). Biases are optional throughout."""
-    up = linear(x, layer.ffn_up, getattr(layer, "ffn_up_bias", None))  # (T, n_ff) or 2 n_ff
     gate = getattr(layer, "ffn_gate", None)
     if gate is None:
+        up = linear(x, layer.ffn_up, getattr(layer, "ffn_up_bias", None))  # (T, 2 n_ff)
         n_ff = up.shape[-1] // 2
         g, up = up[:, :n_ff], up[:, n_ff:]
-    else:
-        g = linear(x, gate, getattr(layer, "ffn_gate_bias", None))   # (T, n_ff)
+    else:                                                                  # (T, n_ff) each
+        g, up = linear_many(x, (gate, layer.ffn_up), (getattr(layer, "ffn_gate_bias", None),
+                                                      getattr(layer, "ffn_up_bias", None)))
     return linear(glu(g, up), layer.ffn_down, getattr(layer, "ffn_down_bias", None))

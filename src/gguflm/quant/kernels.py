@@ -675,28 +675,92 @@ def quantize_activations(x, kind):  # noqa: ANN001, ANN201
     return qa, da, aux
 
 
+MAX_FUSED = 3  # products of one input run as one call: Q, K and V; gate and up
+
+
 @njit(cache=True, nogil=True)
-def qmatmul_serial(kind, w, x, tbl, out):  # noqa: ANN001, ANN201
-    """W (R, row_bytes) u8 @ x (n, K) f32 -> out (n, R) f32 on this thread (x quantized
-    here: one call per product keeps the per-token Python overhead small)."""
-    qa, da, aux = quantize_activations(x, kind)
-    qmatmul_rows(kind, w, qa, da, aux, tbl, out, 0, w.shape[0])
+def _no_activations(k):  # noqa: ANN001, ANN201
+    """Empty activation arrays of ``quantize_activations``' types (an unused set)."""
+    return (np.empty((0, k), np.int8), np.empty((0, 1), np.float32),
+            np.empty((0, 1), np.float32))
+
+
+@njit(cache=True, nogil=True)
+def _work_items(ws, count, n, threads):  # noqa: ANN001, ANN201
+    """(items, 3) i64 rows ``(matrix, r0, r1)``: the row ranges the products are cut into.
+    threads 0: one item per matrix (one thread). A batch (n >= 4): runs of ROW_CHUNK tiles,
+    a few items per thread; decoding: shorter runs of rows, at most STREAM_CHUNK."""
+    total = 0
+    tiles = 0
+    for m in range(count):
+        total += ws[m].shape[0]
+        tiles += (ws[m].shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
+    if threads == 0:
+        step = total
+    elif n >= 4:
+        step = max(1, tiles // (CHUNKS_PER_THREAD * threads)) * ROW_CHUNK
+    else:
+        parts = CHUNKS_PER_THREAD * threads
+        step = min(STREAM_CHUNK, max(64, (total + parts - 1) // parts))
+    nitems = 0
+    for m in range(count):
+        nitems += (ws[m].shape[0] + step - 1) // step
+    items = np.empty((nitems, 3), np.int64)
+    c = 0
+    for m in range(count):
+        rows = ws[m].shape[0]
+        for r0 in range(0, rows, step):
+            items[c, 0] = m
+            items[c, 1] = r0
+            items[c, 2] = min(rows, r0 + step)
+            c += 1
+    return items
+
+
+@njit(cache=True, nogil=True)
+def _activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
+    """``x`` quantized once per activation type the ``count`` weight types need: the
+    Q8_0/Q8_1 set and the Q8_K set (an empty set where none needs it)."""
+    k32 = kk = -1
+    for m in range(count):
+        if kinds[m] in _Q8_K_KINDS:
+            kk = kinds[m]
+        elif kinds[m] in _Q8_0_KINDS:
+            k32 = kinds[m]
+        else:
+            raise ValueError("no integer kernel for this ggml type id")
+    a32 = quantize_activations(x, k32) if k32 >= 0 else _no_activations(x.shape[1])
+    ak = quantize_activations(x, kk) if kk >= 0 else _no_activations(x.shape[1])
+    return a32, ak
+
+
+@njit(cache=True, nogil=True)
+def _run_item(kinds, ws, a32, ak, tbl, outs, items, c):  # noqa: ANN001, ANN201
+    m = items[c, 0]
+    kind = kinds[m]
+    qa, da, aux = ak if kind in _Q8_K_KINDS else a32
+    qmatmul_rows(kind, ws[m], qa, da, aux, tbl, outs[m], items[c, 1], items[c, 2])
+
+
+@njit(cache=True, nogil=True)
+def qmatmul_serial(kinds, ws, x, tbl, outs, count):  # noqa: ANN001, ANN201
+    """``count`` products ``ws[m] (R_m, row_bytes_m) u8 @ x (n, K) f32 -> outs[m] (n, R_m)
+    f32`` (weight types ``kinds[m]``) on this thread; ``ws``/``outs`` are MAX_FUSED-tuples
+    (unused entries repeat a used one). ``x`` is quantized here, once per activation type:
+    one call per layer step keeps the per-token Python overhead small."""
+    a32, ak = _activation_sets(kinds, count, x)
+    items = _work_items(ws, count, x.shape[0], 0)
+    for c in range(items.shape[0]):
+        _run_item(kinds, ws, a32, ak, tbl, outs, items, c)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def qmatmul_par(kind, w, x, tbl, out, threads):  # noqa: ANN001, ANN201
-    """W (R, row_bytes) u8 @ x (n, K) f32 -> out (n, R) f32, rows in parallel chunks."""
-    qa, da, aux = quantize_activations(x, kind)
-    rows = w.shape[0]
-    if qa.shape[0] >= 4:  # a few work items per thread, each a run of ROW_CHUNK tiles
-        tiles = (rows + ROW_CHUNK - 1) // ROW_CHUNK
-        per = max(1, tiles // (CHUNKS_PER_THREAD * threads))
-        step = per * ROW_CHUNK
-    else:
-        step = STREAM_CHUNK
-    nchunk = (rows + step - 1) // step
-    for c in prange(nchunk):  # handed out one at a time (matrix.set_threads: chunksize 1)
-        qmatmul_rows(kind, w, qa, da, aux, tbl, out, c * step, min(rows, (c + 1) * step))
+def qmatmul_par(kinds, ws, x, tbl, outs, count, threads):  # noqa: ANN001, ANN201
+    """``qmatmul_serial``'s products with their row ranges run in parallel."""
+    a32, ak = _activation_sets(kinds, count, x)
+    items = _work_items(ws, count, x.shape[0], threads)
+    for c in prange(items.shape[0]):  # handed out one at a time (matrix.set_threads)
+        _run_item(kinds, ws, a32, ak, tbl, outs, items, c)
 
 
 @njit(cache=True)
@@ -704,7 +768,8 @@ def _built_table_key() -> int:
     return _TABLE_KEY  # frozen into the cached machine code with everything else
 
 
-_CACHED = (quantize_activations, qmatmul_rows, qmatmul_serial, qmatmul_par, _built_table_key)
+_CACHED = (quantize_activations, qmatmul_rows, _no_activations, _work_items, _activation_sets,
+           _run_item, qmatmul_serial, qmatmul_par, _built_table_key)
 _fresh = False
 
 
@@ -731,21 +796,47 @@ def qmatmul(kind: int, w: np.ndarray, x: np.ndarray, out: np.ndarray,
     Quantizes ``x`` to 8 bits the way ggml does for this type, then runs the kernel.
     ValueError for a type without an integer kernel or shapes that do not fit together.
     """
-    sizes = _SIZES.get(kind)
-    if sizes is None:
-        kernel_type(kind)  # raises, naming the type
-    qk, ts = sizes
-    n, d_in = x.shape
-    if (d_in % qk or w.ndim != 2 or w.shape[1] != d_in // qk * ts
-            or out.shape != (n, w.shape[0])):
-        raise ValueError(f"{kernel_type(kind).type.ggml_name} product: W {w.shape} bytes, "
-                         f"x {x.shape}, out {out.shape} do not fit together")
-    _check_build()
-    if parallel:
-        qmatmul_par(kind, w, x, F16_TABLE, out, numba.get_num_threads())
-    else:
-        qmatmul_serial(kind, w, x, F16_TABLE, out)
+    qmatmul_many((kind,), (w,), x, (out,), parallel)
     return out
+
+
+def qmatmul_many(kinds: tuple[int, ...], ws: tuple[np.ndarray, ...], x: np.ndarray,
+                 outs: tuple[np.ndarray, ...], parallel: bool = True) -> None:
+    """Up to MAX_FUSED products of the same ``x (n, K) f32`` in one call: ``ws[m] (R_m,
+    row_bytes) u8`` of ggml type ``kinds[m]`` -> ``outs[m] (n, R_m)``. ``x`` is quantized
+    once per activation type and the row ranges of all the products share the threads
+    (one parallel region instead of one per product). Each output element is computed
+    exactly as by ``qmatmul``. ValueError as ``qmatmul``."""
+    n, d_in = x.shape
+    count = len(ws)
+    if not 1 <= count <= MAX_FUSED or len(kinds) != count or len(outs) != count:
+        raise ValueError(f"qmatmul_many takes 1 to {MAX_FUSED} products, got {count}")
+    for kind, w, out in zip(kinds, ws, outs):
+        sizes = _SIZES.get(kind)
+        if sizes is None:
+            kernel_type(kind)  # raises, naming the type
+        qk, ts = sizes
+        if (d_in % qk or w.ndim != 2 or w.shape[1] != d_in // qk * ts
+                or out.shape != (n, w.shape[0])):
+            raise ValueError(f"{kernel_type(kind).type.ggml_name} product: W {w.shape} bytes,"
+                             f" x {x.shape}, out {out.shape} do not fit together")
+    if len({w.flags.writeable for w in ws}) > 1:  # one tuple type: all read-only then
+        ws = tuple(_read_only(w) for w in ws)
+    _check_build()
+    pad = MAX_FUSED - count
+    kind_arr = np.array(tuple(kinds) + (kinds[0],) * pad, np.int64)
+    ws = tuple(ws) + (ws[0],) * pad
+    outs = tuple(outs) + (outs[0],) * pad
+    if parallel:
+        qmatmul_par(kind_arr, ws, x, F16_TABLE, outs, count, numba.get_num_threads())
+    else:
+        qmatmul_serial(kind_arr, ws, x, F16_TABLE, outs, count)
+
+
+def _read_only(w: np.ndarray) -> np.ndarray:
+    v = w.view()
+    v.flags.writeable = False
+    return v
 
 
 # (block size, bytes per block) by type id: the check above runs on every product

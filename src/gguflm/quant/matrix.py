@@ -9,6 +9,7 @@ a correct fallback that dequantizes a bounded tile of rows at a time and hands i
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ class QMatrix:
     a typed ``(d_out, d_in)`` array for F32/F16 (BF16 as ``uint16``).
     """
 
-    __slots__ = ("type", "shape", "raw", "name", "_round", "_fast")
+    __slots__ = ("type", "shape", "raw", "name", "_round", "_fast", "_kind")
 
     def __init__(self, type: GGMLType, raw: np.ndarray, shape: tuple[int, int], name: str = ""):
         d_out, d_in = (int(s) for s in shape)
@@ -47,6 +48,7 @@ class QMatrix:
         # the product's dispatch, decided once per weight rather than on every call
         self._round = _ACTIVATION_ROUNDING.get(type)
         self._fast = _fast_path(type)
+        self._kind = int(type)
 
     @classmethod
     def from_tensor(cls, t: Any) -> QMatrix:
@@ -128,6 +130,24 @@ class QMatrix:
 PARALLEL_MIN_MACS = 1 << 21
 
 
+def matmul_many(mats: Sequence[QMatrix], x: np.ndarray) -> list[np.ndarray]:
+    """``[m.matmul(x) for m in mats]``, the same numbers, in one kernel call when every
+    matrix has an integer kernel (Q, K and V; gate and up): ``x`` is quantized once and all
+    their rows share one parallel region instead of one region per product."""
+    from gguflm.quant import kernels
+
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n = x.shape[0] if x.ndim == 2 else 0
+    if (not n or len(mats) > kernels.MAX_FUSED
+            or any(m._fast is not _quantized_kernel or m.shape[1] != x.shape[1] for m in mats)):
+        return [m.matmul(x) for m in mats]
+    outs = tuple(np.empty((n, m.shape[0]), np.float32) for m in mats)
+    macs = n * x.shape[1] * sum(m.shape[0] for m in mats)
+    kernels.qmatmul_many(tuple(m._kind for m in mats), tuple(m.raw for m in mats), x, outs,
+                         parallel=macs >= PARALLEL_MIN_MACS)
+    return list(outs)
+
+
 def _f32_product(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
     from gguflm.quant.floatdot import f32_matmul  # fixed order per element, not BLAS
 
@@ -140,7 +160,7 @@ def _quantized_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
     from gguflm.quant import kernels
 
     parallel = x.shape[0] * m.shape[0] * m.shape[1] >= PARALLEL_MIN_MACS
-    kernels.qmatmul(int(m.type), m.raw, x, out, parallel=parallel)
+    kernels.qmatmul(m._kind, m.raw, x, out, parallel=parallel)
     return True
 
 
