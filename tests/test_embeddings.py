@@ -66,9 +66,11 @@ def test_pooling_and_normalization(smol: LLM) -> None:
     text = "The quick brown fox jumps over the lazy dog."
     ids = smol.tokenize(text)
     model = smol.model
-    part = Part(model.new_cache(len(ids)), np.array(ids), NONE, ALL)
+    # every token's final hidden state, attention as llama.cpp's flash path (embeddings'
+    # default, as llama-embedding's)
+    part = Part(model.new_cache(len(ids)), np.array(ids), NONE, ALL, flash=True)
     model.forward_batch([part])
-    hidden = part.hidden_states  # every token's final hidden state
+    hidden = part.hidden_states
     mean = (hidden.sum(axis=0, dtype=np.float64) / len(ids)).astype(np.float32)
     assert np.array_equal(smol.embed(text, pooling="mean", normalize=False), mean)
     assert np.array_equal(smol.embed(text, pooling="cls", normalize=False), hidden[0])

@@ -267,6 +267,51 @@ def test_attention_matches_per_head_loop() -> None:
         np.testing.assert_allclose(got, twin, atol=1e-6)
 
 
+def test_flash_attention_rows_match_twin_and_softmax() -> None:
+    """Rows marked ``flash`` attend as llama.cpp's CPU flash attention (online softmax, the
+    value sum kept in float16 with an F16 cache): the kernel equals its numpy twin, stays
+    within float16 rounding of the exact softmax, and leaves the other rows of the same call
+    bit-identical to a call without flash rows."""
+    from gguflm.model.attention import attend, attend_twin
+    from gguflm.model.kv_cache import KVArena
+
+    rng = np.random.default_rng(2)
+    n_tok, n_head, n_kv, d, past = 4, 4, 2, 64, 70  # d = 64: two 32-wide dot steps
+    n_pos = past + n_tok
+    for f16 in (True, False):
+        arena = KVArena(1, 2, n_pos, n_kv, d, d, f16=f16)
+        k = rng.standard_normal((2, n_pos, n_kv, d)).astype(np.float32)
+        v = rng.standard_normal((2, n_pos, n_kv, d)).astype(np.float32)
+        if f16:
+            k, v = (a.astype(np.float16).astype(np.float32) for a in (k, v))
+        for s in (0, 1):
+            arena.store(0, np.full(n_pos, s), np.arange(n_pos), k[s], v[s])
+        q = rng.standard_normal((2 * n_tok, n_head, d)).astype(np.float32) * 0.3
+        if f16:
+            q = q.astype(np.float16).astype(np.float32)
+        slot = np.repeat([0, 1], n_tok)
+        pos = np.concatenate([np.arange(past, n_pos), np.arange(past - 9, n_pos - 9)])
+        flash = np.arange(len(q)) % 2 == 0
+        for window, cap in ((0, 0.0), (5, 0.0), (0, 2.0)):
+            got = np.empty((len(q), n_head, d), np.float32)
+            attend(q, arena.k[0], arena.v[0], slot, pos, window, np.float32(0.125),
+                   np.float32(cap), f16, got, flash)
+            plain = np.empty_like(got)
+            attend(q, arena.k[0], arena.v[0], slot, pos, window, np.float32(0.125),
+                   np.float32(cap), f16, plain)
+            np.testing.assert_array_equal(got[~flash], plain[~flash])
+            assert not np.array_equal(got[flash], plain[flash])  # a different arithmetic
+            twin = attend_twin(q, [k[s].transpose(1, 0, 2) for s in slot],
+                               [v[s].transpose(1, 0, 2) for s in slot], pos, window, 0.125,
+                               cap, f16, flash)
+            # the twin's fused steps are float64 sums rounded once more: now and then one
+            # float16 step apart
+            close = np.isclose(got, twin, rtol=1e-6, atol=1e-6)
+            assert close.mean() > 0.99
+            np.testing.assert_allclose(got, twin, rtol=2e-3 if f16 else 1e-6, atol=1e-6)
+            np.testing.assert_allclose(got, plain, atol=5e-3 if f16 else 1e-5)
+
+
 def test_rmsnorm_and_activations() -> None:
     x = np.array([[1.0, -2.0, 3.0, 0.5]], np.float32)
     w = np.array([1.0, 2.0, 0.5, 1.0], np.float32)

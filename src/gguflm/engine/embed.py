@@ -81,10 +81,16 @@ def normalize(v: np.ndarray, mode: int = DEFAULT_NORMALIZE) -> np.ndarray:
 @dataclass
 class EmbedRequest(Request):
     """Embed ``prompt_ids``: ``pooling`` (mean, cls, last, none) and ``normalize``
-    (llama.cpp's embd_normalize: 2 Euclidean, -1 none, ...). Nothing is generated."""
+    (llama.cpp's embd_normalize: 2 Euclidean, -1 none, ...). Nothing is generated.
+
+    ``flash_attn``: attention computed as llama.cpp's CPU flash attention does (online
+    softmax, the value sum kept in float16), which ``llama-embedding`` and ``llama-server``
+    use by default (``-fa auto``); their vectors are what embeddings are compared with.
+    Generation keeps the soft_max-then-product path (llama-cpp-python's default)."""
 
     pooling: str = DEFAULT_POOLING
     normalize: int = DEFAULT_NORMALIZE
+    flash_attn: bool = True
 
     def __post_init__(self) -> None:
         if self.pooling not in POOLINGS:

@@ -335,7 +335,8 @@ class Engine:
             last = start + n == len(seq.prompt_ids)
             ids = np.array(seq.prompt_ids[start:start + n])
             if isinstance(seq, EmbedSequence):  # hidden states, not logits
-                parts.append(Part(s.cache, ids, NONE, seq.hidden_wanted(last)))
+                parts.append(Part(s.cache, ids, NONE, seq.hidden_wanted(last),
+                                  flash=seq.request.flash_attn))
                 owners.append((s, False))
             else:
                 parts.append(Part(s.cache, ids, LAST if last else NONE))

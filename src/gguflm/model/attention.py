@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 _I32, _F32 = ir.IntType(32), ir.FloatType()
@@ -38,6 +39,17 @@ def _from_bits(typingctx, u):  # noqa: ANN001, ANN202, ARG001
         return builder.bitcast(args[0], _F32)
 
     return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):  # noqa: ANN001, ANN202, ARG001
+    """float32 a * b + c with one rounding (x86 ``vfmadd``, as ggml's vector code)."""
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3),
+                                            "llvm.fma.f32")
+        return builder.call(fn, list(args))
+
+    return types.float32(types.float32, types.float32, types.float32), codegen
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -98,16 +110,99 @@ def _attend_row(q, kt, v, slot, pos, window, scale, cap, f16, out, th):  # noqa:
             out[t, h, c] += p * v[s, g, j, c]
 
 
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _ggml_dot(kt, s, g, j, qv, acc):  # noqa: ANN001, ANN202
+    """Key j of (slot s, KV head g) . qv as ggml_vec_dot_f16/f32 sums on x86 (AVX2): 32
+    float accumulators (4 vectors of 8 lanes), element e into accumulator e % 32, fused;
+    the vectors added 0+2, 1+3, then 0+1; then lanes l + (l+4), pairs, pair; a tail beyond
+    the last multiple of 32 added in float64."""
+    tile_len = kt.shape[4]
+    tile, jj = j // tile_len, j % tile_len
+    d = qv.shape[0]
+    n32 = d - d % 32
+    for a in range(32):
+        acc[a] = 0.0
+    for i in range(0, n32, 32):
+        for a in range(32):
+            acc[a] = _fma(kt[s, g, tile, i + a, jj], qv[i + a], acc[a])
+    for a in range(8):
+        acc[a] = (acc[a] + acc[16 + a]) + (acc[8 + a] + acc[24 + a])
+    t0 = acc[0] + acc[4]
+    t1 = acc[1] + acc[5]
+    t2 = acc[2] + acc[6]
+    t3 = acc[3] + acc[7]
+    r = (t0 + t1) + (t2 + t3)
+    if n32 == d:
+        return r
+    total = np.float64(r)
+    for e in range(n32, d):
+        total += np.float64(kt[s, g, tile, e, jj] * qv[e])
+    return np.float32(total)
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, th):  # noqa: ANN001, ANN202
+    """Query row t, head h as llama.cpp's CPU flash attention computes it for a prompt of
+    fewer than 64 rows (ggml_compute_forward_flash_attn_ext_f16_one_chunk): scores by
+    ``_ggml_dot``; an online softmax over the keys in position order, the running sum of
+    values kept in float16 (rounded after every fused step) with an F16 cache; divided by
+    the softmax sum at the end."""
+    n_head = q.shape[1]
+    group = n_head // kt.shape[1]
+    d_v = v.shape[3]
+    t = th // n_head
+    h = th - t * n_head
+    g = h // group
+    s = slot[t]
+    hi = pos[t]
+    lo = max(0, hi - window + 1) if window > 0 else 0
+    if cap > 0:
+        scale = scale / cap
+    acc = np.empty(32, np.float32)
+    qv = q[t, h]
+    vkq = out[t, h]
+    for c in range(d_v):
+        vkq[c] = 0.0
+    total = np.float32(0.0)
+    m = np.float32(-np.inf)
+    for j in range(lo, hi + 1):
+        x = _ggml_dot(kt, s, g, j, qv, acc) * scale
+        if cap > 0:
+            x = cap * np.float32(np.tanh(x))
+        ms = np.float32(1.0)
+        vs = np.float32(1.0)
+        if x > m:
+            ms = np.float32(np.exp(m - x))
+            m = x
+            for c in range(d_v):
+                vkq[c] = round_f16(vkq[c] * ms) if f16 else vkq[c] * ms
+        else:
+            vs = np.float32(np.exp(x - m))
+        for c in range(d_v):
+            y = _fma(v[s, g, j, c], vs, vkq[c])
+            vkq[c] = round_f16(y) if f16 else y
+        total = _fma(total, ms, vs)
+    inv = np.float32(0.0) if total == 0 else np.float32(1.0) / total
+    for c in range(d_v):
+        vkq[c] = vkq[c] * inv
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
-def _attend_serial(q, kt, v, slot, pos, window, scale, cap, f16, out):  # noqa: ANN001, ANN202
+def _attend_serial(q, kt, v, slot, pos, window, scale, cap, f16, flash, out):  # noqa: ANN001, ANN202
     for th in range(q.shape[0] * q.shape[1]):
-        _attend_row(q, kt, v, slot, pos, window, scale, cap, f16, out, th)
+        if flash[th // q.shape[1]]:
+            _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, th)
+        else:
+            _attend_row(q, kt, v, slot, pos, window, scale, cap, f16, out, th)
 
 
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy")
-def _attend_par(q, kt, v, slot, pos, window, scale, cap, f16, out):  # noqa: ANN001, ANN202
+def _attend_par(q, kt, v, slot, pos, window, scale, cap, f16, flash, out):  # noqa: ANN001, ANN202
     for th in prange(q.shape[0] * q.shape[1]):
-        _attend_row(q, kt, v, slot, pos, window, scale, cap, f16, out, th)
+        if flash[th // q.shape[1]]:
+            _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, th)
+        else:
+            _attend_row(q, kt, v, slot, pos, window, scale, cap, f16, out, th)
 
 
 # Below this many multiply-adds attention runs on one thread: waking the pool costs more
@@ -116,7 +211,8 @@ PARALLEL_MIN_MACS = 1 << 21
 
 
 def attend(q: np.ndarray, kt: np.ndarray, v: np.ndarray, slot: np.ndarray, pos: np.ndarray,
-           window: int, scale: np.float32, cap: np.float32, f16: bool, out: np.ndarray) -> None:
+           window: int, scale: np.float32, cap: np.float32, f16: bool, out: np.ndarray,
+           flash: np.ndarray | None = None) -> None:
     """q (T, H, d) f32, keys kt (S, H_kv, tiles, d, TILE), values v (S, H_kv, n_ctx, d_v),
     slot (T,) i64, pos (T,) i64 -> out (T, H, d_v) f32.
 
@@ -126,15 +222,67 @@ def attend(q: np.ndarray, kt: np.ndarray, v: np.ndarray, slot: np.ndarray, pos: 
     probabilities are rounded to float16 before they weigh the values (ggml's product
     against an F16 cache). Keys and values must already hold this batch's rows. Serial or
     parallel, each (row, head) is computed by the same code in the same order.
+
+    ``flash`` (T,) bool, optional: rows computed as llama.cpp's CPU flash attention does
+    (``_attend_row_flash``: online softmax, the value sum kept in float16 with ``f16``)
+    instead of its soft_max-then-product path.
     """
+    if flash is None:
+        flash = np.zeros(len(q), np.bool_)
     work = q.shape[0] * q.shape[1] * (int(pos.max()) + 1) * (q.shape[2] + v.shape[3])
     fn = _attend_par if work >= PARALLEL_MIN_MACS else _attend_serial
-    fn(q, kt, v, slot, pos, int(window), np.float32(scale), np.float32(cap), bool(f16), out)
+    fn(q, kt, v, slot, pos, int(window), np.float32(scale), np.float32(cap), bool(f16), flash,
+       out)
+
+
+def _twin_ggml_dot(k: np.ndarray, q: np.ndarray) -> np.float32:
+    """``_ggml_dot``'s order in numpy: 32 fused accumulators (float64 products rounded once
+    to float32 are exact fused steps here: |k q| products of float16-sized values), the
+    x86 reduction, a float64 tail."""
+    n32 = len(q) - len(q) % 32
+    acc = np.zeros(32, np.float32)
+    for i in range(0, n32, 32):
+        acc = (k[i:i + 32].astype(np.float64) * q[i:i + 32] + acc).astype(np.float32)
+    a = (acc[:8] + acc[16:24]) + (acc[8:16] + acc[24:32])
+    t = a[:4] + a[4:]
+    r = (t[0] + t[1]) + (t[2] + t[3])
+    if n32 == len(q):
+        return r
+    tail = np.float64(r) + sum(np.float64(k[e] * q[e]) for e in range(n32, len(q)))
+    return np.float32(tail)
+
+
+def _twin_flash_row(q: np.ndarray, kk: np.ndarray, vh: np.ndarray, scale: float, cap: float,
+                    f16: bool) -> np.ndarray:
+    """``_attend_row_flash`` for one (row, head): kk (S, d) and vh (S, d_v) its visible keys
+    and values in position order."""
+    def rnd(x: np.ndarray) -> np.ndarray:
+        return x.astype(np.float16).astype(np.float32) if f16 else x.astype(np.float32)
+
+    f32 = np.float32
+    sc = f32(scale) / f32(cap) if cap > 0 else f32(scale)
+    vkq = np.zeros(vh.shape[1], np.float32)
+    total, m = f32(0.0), f32(-np.inf)
+    for j in range(len(kk)):
+        x = f32(_twin_ggml_dot(kk[j], q) * sc)
+        if cap > 0:
+            x = f32(cap) * f32(np.tanh(x))
+        ms = vs = f32(1.0)
+        if x > m:
+            ms = f32(np.exp(f32(m - x)))
+            m = x
+            vkq = rnd(vkq * ms)
+        else:
+            vs = f32(np.exp(f32(x - m)))
+        vkq = rnd(vh[j].astype(np.float64) * np.float64(vs) + vkq)  # one rounding: fused
+        total = f32(np.float64(total) * np.float64(ms) + np.float64(vs))
+    inv = f32(0.0) if total == 0 else f32(1.0) / total
+    return vkq * inv
 
 
 def attend_twin(q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
-                pos: np.ndarray, window: int, scale: float, cap: float, f16: bool
-                ) -> np.ndarray:
+                pos: np.ndarray, window: int, scale: float, cap: float, f16: bool,
+                flash: np.ndarray | None = None) -> np.ndarray:
     """numpy twin of ``attend``: q (T, H, d); keys[t] (H_kv, S_t, d) and values[t]
     (H_kv, S_t, d_v) are row t's sequence's cached positions 0..S_t-1 -> (T, H, d_v)."""
     n_tok, n_head, _ = q.shape
@@ -146,6 +294,9 @@ def attend_twin(q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
         lo = max(0, hi - window + 1) if window > 0 else 0
         for h in range(n_head):
             kk, vh = k[h // group, lo:hi + 1], vv[h // group, lo:hi + 1]
+            if flash is not None and flash[t]:
+                out[t, h] = _twin_flash_row(q[t, h], kk, vh, scale, cap, f16)
+                continue
             sc = np.zeros(len(kk), np.float32)
             for e in range(q.shape[2]):
                 sc += q[t, h, e] * kk[:, e]

@@ -26,13 +26,15 @@ class Part:
 
     ``logits`` says which rows' logits it wants; ``hidden`` which rows' final hidden states
     (the output norm's result, before the output projection: what embeddings pool), which
-    the forward pass leaves in ``hidden_states`` (rows, n_embd)."""
+    the forward pass leaves in ``hidden_states`` (rows, n_embd). ``flash``: its rows
+    attend as llama.cpp's flash attention computes (``attention.attend``)."""
 
     cache: KVCache
     ids: np.ndarray
     logits: str = LAST
     hidden: str = NONE
     hidden_states: np.ndarray | None = field(default=None, repr=False)
+    flash: bool = False
 
 
 def _rows(want: str, row: int, n: int) -> np.ndarray:
@@ -59,7 +61,7 @@ class Batch:
             raise ValueError("a sequence may appear only once in a batch")
         self.arena = arena
         self.parts = list(parts)
-        ids, pos, slot, out, logit_rows = [], [], [], [], []
+        ids, pos, slot, out, logit_rows, flash = [], [], [], [], [], []
         self.hidden_rows: list[tuple[Part, np.ndarray]] = []  # (part, its rows of ``out``)
         row = n_out = 0
         for p in parts:
@@ -70,6 +72,7 @@ class Batch:
             ids.append(p.ids)
             pos.append(np.arange(p.cache.n, p.cache.n + n))
             slot.append(np.full(n, p.cache.slot))
+            flash.append(np.full(n, p.flash))
             # the rows this part needs past the last layer: logits' and hidden states' union
             wants = {p.logits, p.hidden}
             rows = _rows(ALL if ALL in wants else LAST if LAST in wants else NONE, row, n)
@@ -83,6 +86,7 @@ class Batch:
         self.ids = np.concatenate(ids).astype(np.int64, copy=False)
         self.pos = np.concatenate(pos).astype(np.int64)
         self.slot = np.concatenate(slot).astype(np.int64)
+        self.flash = np.concatenate(flash).astype(np.bool_)
         self.out = np.concatenate(out).astype(np.int64)
         lr = np.concatenate(logit_rows).astype(np.int64)
         self.logit_rows = None if len(lr) == n_out else lr
@@ -111,7 +115,7 @@ class Batch:
             q = q.astype(np.float16).astype(np.float32)
         out = np.empty((len(q), q.shape[1], arena.v.shape[-1]), np.float32)
         attend(q, arena.k[il], arena.v[il], self.slot, self.pos, int(window),
-               np.float32(scale), np.float32(cap), arena.f16, out)
+               np.float32(scale), np.float32(cap), arena.f16, out, self.flash)
         return out.reshape(len(q), -1)
 
     def advance(self) -> None:
