@@ -41,11 +41,15 @@ def linear_many(x: np.ndarray, ws: tuple[Any, ...], bs: tuple[np.ndarray | None,
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """x (..., n) scaled to unit root-mean-square, times w (n,) -> (..., n)."""
-    ms = np.square(x).sum(axis=-1, keepdims=True)
-    ms *= np.float32(1.0 / x.shape[-1])
-    ms += np.float32(eps)
-    return x * (np.float32(1.0) / np.sqrt(ms)) * w  # ggml's order: (x * scale) * w
+    """x (..., n) scaled to unit root-mean-square, times w (n,) -> (..., n), as ggml's
+    rms_norm computes each row (``rowkernels.rmsnorm_rows``)."""
+    from .rowkernels import rmsnorm_rows  # numba: compiled or loaded on first use
+
+    n = x.shape[-1]
+    rows = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, n)
+    out = np.empty(rows.shape, np.float32)
+    rmsnorm_rows(rows, np.ascontiguousarray(w, dtype=np.float32), np.float32(eps), out)
+    return out.reshape(x.shape)
 
 
 # -- rotary position embeddings -------------------------------------------------------------
