@@ -317,6 +317,15 @@ def test_rmsnorm_and_activations() -> None:
     w = np.array([1.0, 2.0, 0.5, 1.0], np.float32)
     want = x / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5) * w
     np.testing.assert_allclose(ops.rmsnorm(x, w, 1e-5), want, rtol=1e-6)
+    from gguflm.model.rowkernels import rmsnorm_twin
+
+    big = np.random.default_rng(3).standard_normal((3, 5, 576)).astype(np.float32) * 40
+    wb = np.random.default_rng(4).standard_normal(576).astype(np.float32)
+    got = ops.rmsnorm(big, wb, 1e-6)  # (T, H, d) rows, as per-head norms pass them
+    assert got.shape == big.shape
+    np.testing.assert_array_equal(got.reshape(-1, 576),
+                                  rmsnorm_twin(big.reshape(-1, 576), wb, 1e-6))
+    np.testing.assert_array_equal(ops.rmsnorm(big[1, 2], wb, 1e-6), got[1, 2])  # batch-free
     z = np.array([-100.0, -1.0, 0.0, 2.0], np.float32)
     np.testing.assert_allclose(ops.silu(z), z / (1 + np.exp(-z.astype(np.float64))), atol=1e-6)
     assert ops.gelu_tanh(np.float32(0.0)) == 0.0
