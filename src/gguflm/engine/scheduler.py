@@ -119,6 +119,7 @@ class Engine:
         self.stats = Stats()
         self.started = time.time()
         self._row_seconds = 0.0  # measured cost of one batch row (moving average)
+        self._prefill_only = False  # the last step ran newcomers' prompts alone
         self._waiting: deque[Sequence] = deque()
         self._tasks: deque[tuple[Callable[[], Any], list[Any], threading.Event]] = deque()
         self._cv = threading.Condition()
@@ -315,17 +316,26 @@ class Engine:
         parts: list[Part] = []
         owners: list[tuple[Slot, bool]] = []  # (slot, wants logits) per part
         decoding = [s for s in active if s.seq.state == DECODE]
+        prefilling = sorted((s for s in active if s.seq.state == PREFILL),
+                            key=lambda s: s.seq.timings.started)
+        # A newcomer whose whole prompt fits in one chunk gets a step of its own, between two
+        # decoding steps: its first token comes after that short step instead of after a
+        # full batch step (the running streams wait one short step; never twice in a row)
+        chunk = self.prefill_chunk  # prompt rows a step may add while others decode
+        if self._row_seconds > 0:
+            chunk = min(chunk, max(16, int(STEP_TARGET / self._row_seconds)))
+        quick = [s for s in prefilling
+                 if len(s.seq.prompt_ids) - s.seq.n_prompt_done <= chunk]
+        prefill_only = bool(decoding and quick and not self._prefill_only)
+        self._prefill_only = prefill_only
+        if prefill_only:
+            decoding, prefilling = [], quick
         for s in decoding:
             parts.append(Part(s.cache, np.array([s.seq.tokens[-1]]), LAST))
             owners.append((s, True))
         budget = self.n_batch - len(parts)
-        if decoding:  # keep the running streams flowing: a bounded chunk of prompt
-            chunk = self.prefill_chunk
-            if self._row_seconds > 0:
-                chunk = min(chunk, max(16, int(STEP_TARGET / self._row_seconds)))
+        if decoding or prefill_only:  # keep the running streams flowing: a bounded chunk
             budget = min(budget, chunk)
-        prefilling = sorted((s for s in active if s.seq.state == PREFILL),
-                            key=lambda s: s.seq.timings.started)
         for s in prefilling:
             if budget <= 0:
                 break
