@@ -829,6 +829,18 @@ def qmatmul_many(kinds: tuple[int, ...], ws: tuple[np.ndarray, ...], x: np.ndarr
         qmatmul_serial(kind_arr, ws, x, F16_TABLE, outs, count)
 
 
+def qmatmul_planned(kinds: np.ndarray, ws: tuple[np.ndarray, ...], x: np.ndarray,
+                    outs: tuple[np.ndarray, ...], count: int, parallel: bool) -> None:
+    """``qmatmul_many`` without its checks, for a caller that made and checked the
+    arguments once (``matrix.matmul_many``): ``kinds`` (MAX_FUSED,) i64 and ``ws``/``outs``
+    MAX_FUSED-tuples padded with used entries, ``x (n, K) f32`` C-contiguous."""
+    _check_build()
+    if parallel:
+        qmatmul_par(kinds, ws, x, F16_TABLE, outs, count, numba.get_num_threads())
+    else:
+        qmatmul_serial(kinds, ws, x, F16_TABLE, outs, count)
+
+
 def _read_only(w: np.ndarray) -> np.ndarray:
     v = w.view()
     v.flags.writeable = False

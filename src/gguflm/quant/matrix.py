@@ -29,7 +29,7 @@ class QMatrix:
     a typed ``(d_out, d_in)`` array for F32/F16 (BF16 as ``uint16``).
     """
 
-    __slots__ = ("type", "shape", "raw", "name", "_round", "_fast", "_kind")
+    __slots__ = ("type", "shape", "raw", "name", "_round", "_fast", "_kind", "_plans")
 
     def __init__(self, type: GGMLType, raw: np.ndarray, shape: tuple[int, int], name: str = ""):
         d_out, d_in = (int(s) for s in shape)
@@ -49,6 +49,7 @@ class QMatrix:
         self._round = _ACTIVATION_ROUNDING.get(type)
         self._fast = _fast_path(type)
         self._kind = int(type)
+        self._plans: dict[tuple[int, ...], Any] = {}  # matmul_many's, this matrix first
 
     @classmethod
     def from_tensor(cls, t: Any) -> QMatrix:
@@ -134,18 +135,46 @@ def matmul_many(mats: Sequence[QMatrix], x: np.ndarray) -> list[np.ndarray]:
     """``[m.matmul(x) for m in mats]``, the same numbers, in one kernel call when every
     matrix has an integer kernel (Q, K and V; gate and up): ``x`` is quantized once and all
     their rows share one parallel region instead of one region per product."""
-    from gguflm.quant import kernels
-
     x = np.ascontiguousarray(x, dtype=np.float32)
     n = x.shape[0] if x.ndim == 2 else 0
-    if (not n or len(mats) > kernels.MAX_FUSED
-            or any(m._fast is not _quantized_kernel or m.shape[1] != x.shape[1] for m in mats)):
+    plan = _plan(mats) if n else None
+    if plan is None or x.shape[1] != mats[0].shape[1]:
         return [m.matmul(x) for m in mats]
-    outs = tuple(np.empty((n, m.shape[0]), np.float32) for m in mats)
-    macs = n * x.shape[1] * sum(m.shape[0] for m in mats)
-    kernels.qmatmul_many(tuple(m._kind for m in mats), tuple(m.raw for m in mats), x, outs,
-                         parallel=macs >= PARALLEL_MIN_MACS)
-    return list(outs)
+    kinds, ws, rows, count = plan
+    outs = [np.empty((n, r), np.float32) for r in rows]
+    padded = tuple(outs) + (outs[0],) * (len(ws) - count)
+    plan_run(kinds, ws, x, padded, count, n * x.shape[1] * sum(rows) >= PARALLEL_MIN_MACS)
+    return outs
+
+
+def _plan(mats: Sequence[QMatrix]) -> Any:
+    """What ``kernels.qmatmul_planned`` needs for these matrices (type ids, weights padded
+    to MAX_FUSED, rows, count), checked once and kept on the first matrix; None when they
+    cannot share a call."""
+    first = mats[0]
+    key = tuple(id(m) for m in mats[1:])  # the others: the same layer's, alive as long
+    plan = first._plans.get(key, False)
+    if plan is not False:
+        return plan
+    from gguflm.quant import kernels
+
+    plan = None
+    if (len(mats) <= kernels.MAX_FUSED and all(m._fast is _quantized_kernel for m in mats)
+            and len({m.shape[1] for m in mats}) == 1
+            and len({m.raw.flags.writeable for m in mats}) == 1):
+        pad = kernels.MAX_FUSED - len(mats)
+        kinds = np.array([m._kind for m in mats] + [mats[0]._kind] * pad, np.int64)
+        ws = tuple(m.raw for m in mats) + (mats[0].raw,) * pad
+        plan = (kinds, ws, [m.shape[0] for m in mats], len(mats))
+    first._plans[key] = plan
+    return plan
+
+
+def plan_run(kinds: np.ndarray, ws: tuple[np.ndarray, ...], x: np.ndarray,
+             outs: tuple[np.ndarray, ...], count: int, parallel: bool) -> None:
+    from gguflm.quant import kernels
+
+    kernels.qmatmul_planned(kinds, ws, x, outs, count, parallel)
 
 
 def _f32_product(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
@@ -157,10 +186,17 @@ def _f32_product(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
 
 
 def _quantized_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
-    from gguflm.quant import kernels
+    plan = _plan((m,))
+    if (plan is None or out.dtype != np.float32 or not out.flags.c_contiguous
+            or out.shape != (x.shape[0], m.shape[0])):  # the checked path says what is wrong
+        from gguflm.quant import kernels
 
-    parallel = x.shape[0] * m.shape[0] * m.shape[1] >= PARALLEL_MIN_MACS
-    kernels.qmatmul(m._kind, m.raw, x, out, parallel=parallel)
+        kernels.qmatmul(m._kind, m.raw, x, out,
+                        parallel=x.shape[0] * m.shape[0] * m.shape[1] >= PARALLEL_MIN_MACS)
+        return True
+    kinds, ws, _, _ = plan
+    plan_run(kinds, ws, x, (out,) * len(ws), 1,
+             x.shape[0] * m.shape[0] * m.shape[1] >= PARALLEL_MIN_MACS)
     return True
 
 
