@@ -15,53 +15,10 @@ goes in position order. BLAS, whose blocking changes with the batch's shape, is 
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit, prange
 
+from ..quant.floatbits import fma32, round_f16
 from .kv_cache import TILE  # key positions per tile of the arena's transposed keys
-
-_I32, _F32 = ir.IntType(32), ir.FloatType()
-
-
-@intrinsic
-def _bits(typingctx, x):  # noqa: ANN001, ANN202, ARG001
-    """float32 -> its bits as uint32."""
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
-        return builder.bitcast(args[0], _I32)
-
-    return types.uint32(types.float32), codegen
-
-
-@intrinsic
-def _from_bits(typingctx, u):  # noqa: ANN001, ANN202, ARG001
-    """uint32 bits -> the float32 they encode."""
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
-        return builder.bitcast(args[0], _F32)
-
-    return types.float32(types.uint32), codegen
-
-
-@intrinsic
-def _fma(typingctx, a, b, c):  # noqa: ANN001, ANN202, ARG001
-    """float32 a * b + c with one rounding (x86 ``vfmadd``, as ggml's vector code)."""
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3),
-                                            "llvm.fma.f32")
-        return builder.call(fn, list(args))
-
-    return types.float32(types.float32, types.float32, types.float32), codegen
-
-
-@njit(cache=True, nogil=True, inline="always")
-def round_f16(x):  # noqa: ANN001, ANN201
-    """float32 x (|x| < 65504) rounded to the nearest float16 (ties to even), as float32."""
-    if abs(x) < np.float32(6.103515625e-05):  # float16 subnormals: a fixed step of 2**-24
-        return np.float32(np.rint(x * np.float32(16777216.0)) / np.float32(16777216.0))
-    u = _bits(x)
-    u = (u + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
-    return _from_bits(u)
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
@@ -135,7 +92,7 @@ def _ggml_dot(kt, s, g, j, qv, acc):  # noqa: ANN001, ANN202
         acc[a] = 0.0
     for i in range(0, n32, 32):
         for a in range(32):
-            acc[a] = _fma(kt[s, g, tile, i + a, jj], qv[i + a], acc[a])
+            acc[a] = fma32(kt[s, g, tile, i + a, jj], qv[i + a], acc[a])
     for a in range(8):
         acc[a] = (acc[a] + acc[16 + a]) + (acc[8 + a] + acc[24 + a])
     t0 = acc[0] + acc[4]
@@ -190,9 +147,9 @@ def _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, th):  #
         else:
             vs = np.float32(np.exp(x - m))
         for c in range(d_v):
-            y = _fma(v[s, g, j, c], vs, vkq[c])
+            y = fma32(v[s, g, j, c], vs, vkq[c])
             vkq[c] = round_f16(y) if f16 else y
-        total = _fma(total, ms, vs)
+        total = fma32(total, ms, vs)
     inv = np.float32(0.0) if total == 0 else np.float32(1.0) / total
     for c in range(d_v):
         vkq[c] = vkq[c] * inv

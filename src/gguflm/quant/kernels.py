@@ -38,6 +38,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..gguf.types import GGMLType
+from .floatbits import f32_from_bits, round_f16
 from .kerneltypes import (
     KERNEL_TYPES,
     KernelType,
@@ -93,16 +94,8 @@ def _round_f16(v: np.ndarray) -> None:
 
     ggml stores Q8_0/Q8_1 scales as fp16 and multiplies with the rounded value.
     """
-    bits = v.view(np.uint32)
     for i in range(v.shape[0]):
-        a = abs(v[i])
-        if a < np.float32(6.103515625e-05):  # fp16 subnormal: fixed step 2**-24
-            v[i] = np.float32(np.rint(v[i] * np.float32(16777216.0)) / np.float32(16777216.0))
-        else:
-            u = bits[i]
-            u = (u + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))) & np.uint32(
-                0xFFFFE000)
-            bits[i] = u
+        v[i] = round_f16(v[i])
 
 
 @njit(cache=True, nogil=True)
@@ -966,15 +959,6 @@ def f16_matmul_par(w, x, out):  # noqa: ANN001, ANN201
 # -- GeGLU: gelu_tanh(gate) * up in one vectorized pass -------------------------------------
 
 
-@intrinsic
-def _f32_from_bits(typingctx, i):  # noqa: ANN001, ANN202, ARG001
-    """int32 -> the float32 with those bits (a bitcast the vectorizer keeps in lanes)."""
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
-        return builder.bitcast(args[0], _F32)
-
-    return types.float32(types.int32), codegen
-
-
 @njit(cache=True, nogil=True, inline="always")
 def _exp_f32(z):  # noqa: ANN001, ANN202
     """e**z for float32 z in [-87, 87] (callers clamp): Cephes expf's range reduction and
@@ -989,7 +973,7 @@ def _exp_f32(z):  # noqa: ANN001, ANN202
     p = p * r + np.float32(1.6666665459e-1)
     p = p * r + np.float32(5.0000001201e-1)
     y = p * (r * r) + r + np.float32(1.0)
-    return y * _f32_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))
+    return y * f32_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
