@@ -288,3 +288,33 @@ def test_stale_kernel_cache_is_rebuilt(tmp_path) -> None:  # noqa: ANN001
     assert run(probe) == "Q8_0 quantized\n"  # builds and caches with the full table
     assert run(shrink + probe).startswith("refused: no integer kernel")
     assert run(probe) == "Q8_0 quantized\n"
+
+
+@pytest.mark.parametrize("names", [("Q4_K", "Q6_K", "Q5_0"), ("Q4_1", "Q8_0"), ("Q5_K",)])
+def test_fused_products_equal_separate_ones(zoo, names: tuple[str, ...]) -> None:  # noqa: ANN001
+    """``matmul_many`` (one kernel call: x quantized once per activation type, the
+    products' rows in one parallel region) gives each product bit for bit as its own
+    ``matmul``, at every batch size's tile path, serial or parallel."""
+    from gguflm.quant import matrix
+
+    mats = []
+    for i, name in enumerate(names):
+        t = zoo.tensors[f"{name}.q"]
+        rows = 19 + 5 * i  # odd counts: partial row chunks (the zoo has 32 rows)
+        mats.append(QMatrix(t.type, t.data[:rows], (rows, t.shape[0]), name=name))
+    k = mats[0].shape[1]
+    assert all(m.shape[1] == k for m in mats)
+    saved = matrix.PARALLEL_MIN_MACS
+    try:
+        for threshold in (saved, 0):  # as chosen, then everything parallel
+            matrix.PARALLEL_MIN_MACS = threshold
+            for n in (1, 2, 3, 4, 5, 8, 13):
+                x = _x(n, k, seed=n)
+                fused = matrix.matmul_many(mats, x)
+                for m, got in zip(mats, fused, strict=True):
+                    np.testing.assert_array_equal(got, m.matmul(x))
+                    want = np.empty((n, m.shape[0]), np.float32)
+                    kernels.qmatmul(m._kind, m.raw, x, want, parallel=False)
+                    np.testing.assert_array_equal(got, want)
+    finally:
+        matrix.PARALLEL_MIN_MACS = saved
