@@ -26,7 +26,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -419,31 +419,24 @@ class APIServer:
         except RequestError as e:
             return self._error(e)
         shape = Shapes("text_completion", self.llm.model_id)
-        if body.get("stream"):
-            try:
-                running = self._submit(req)
-            except RequestError as e:
-                return self._error(e)
 
-            async def chunks() -> AsyncIterator[dict[str, Any]]:
-                if echo and ptext:
-                    yield shape.completion_chunk(ptext, None)
-                async for piece, seq in self._generate(*running):
-                    if seq is None:
-                        yield shape.completion_chunk(piece, None)
-                    else:
-                        yield shape.completion_chunk("", seq.finish_reason)
-                        if _include_usage(body):
-                            yield shape.usage_chunk(seq.usage())
-            return self._stream(chunks())
-        try:
-            seq = await self._complete(request, req)
-        except RequestError as e:
-            return self._error(e)
-        text = seq.text if not (echo and ptext) else ptext + seq.text
-        return JSONResponse(shape.completion_result(
-            [{"text": text, "index": 0, "logprobs": None, "finish_reason": seq.finish_reason}],
-            seq.usage()))
+        async def chunks(running: tuple[Any, asyncio.Event]) -> AsyncIterator[dict[str, Any]]:
+            if echo and ptext:
+                yield shape.completion_chunk(ptext, None)
+            async for piece, seq in self._generate(*running):
+                if seq is None:
+                    yield shape.completion_chunk(piece, None)
+                else:
+                    yield shape.completion_chunk("", seq.finish_reason)
+                    if _include_usage(body):
+                        yield shape.usage_chunk(seq.usage())
+
+        def result(seq: Any) -> Response:
+            text = seq.text if not (echo and ptext) else ptext + seq.text
+            return JSONResponse(shape.completion_result(
+                [{"text": text, "index": 0, "logprobs": None,
+                  "finish_reason": seq.finish_reason}], seq.usage()))
+        return await self._answer(request, req, bool(body.get("stream")), chunks, result)
 
     async def chat(self, request: Request) -> Response:
         try:
@@ -462,34 +455,45 @@ class APIServer:
         except RequestError as e:
             return self._error(e)
         reply = ChatReply(plan)
-        if body.get("stream"):
+
+        async def chunks(running: tuple[Any, asyncio.Event]) -> AsyncIterator[dict[str, Any]]:
             shape = Shapes("chat.completion.chunk", self.llm.model_id)
+            yield shape.chat_chunk({"role": "assistant", "content": ""}, None)
+            async for piece, seq in self._generate(*running):
+                if seq is None:
+                    for delta in reply.feed(piece):
+                        yield shape.chat_chunk(delta, None)
+                else:
+                    for delta in reply.finish():
+                        yield shape.chat_chunk(delta, None)
+                    yield shape.chat_chunk({}, reply.finish_reason(seq.finish_reason))
+                    if _include_usage(body):
+                        yield shape.usage_chunk(seq.usage())
+
+        def result(seq: Any) -> Response:
+            reply.feed(seq.text)
+            reply.finish()
+            return JSONResponse(Shapes("chat.completion", self.llm.model_id).chat_result(
+                reply.message(), reply.finish_reason(seq.finish_reason), seq.usage()))
+        return await self._answer(request, req, bool(body.get("stream")), chunks, result)
+
+    async def _answer(self, request: Request, req: Any, stream: bool,
+                      chunks: Callable[[tuple[Any, asyncio.Event]],
+                                       AsyncIterator[dict[str, Any]]],
+                      result: Callable[[Any], Response]) -> Response:
+        """Run ``req``: streamed as ``chunks(running)`` makes them, or to its end and
+        answered with ``result(seq)``; an engine refusal as an error object."""
+        if stream:
             try:
                 running = self._submit(req)
             except RequestError as e:
                 return self._error(e)
-
-            async def chunks() -> AsyncIterator[dict[str, Any]]:
-                yield shape.chat_chunk({"role": "assistant", "content": ""}, None)
-                async for piece, seq in self._generate(*running):
-                    if seq is None:
-                        for delta in reply.feed(piece):
-                            yield shape.chat_chunk(delta, None)
-                    else:
-                        for delta in reply.finish():
-                            yield shape.chat_chunk(delta, None)
-                        yield shape.chat_chunk({}, reply.finish_reason(seq.finish_reason))
-                        if _include_usage(body):
-                            yield shape.usage_chunk(seq.usage())
-            return self._stream(chunks())
+            return self._stream(chunks(running))
         try:
             seq = await self._complete(request, req)
         except RequestError as e:
             return self._error(e)
-        reply.feed(seq.text)
-        reply.finish()
-        return JSONResponse(Shapes("chat.completion", self.llm.model_id).chat_result(
-            reply.message(), reply.finish_reason(seq.finish_reason), seq.usage()))
+        return result(seq)
 
     def _error(self, e: RequestError) -> Response:
         self.count("errors")

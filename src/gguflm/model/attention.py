@@ -21,20 +21,27 @@ from ..quant.floatbits import fma32, round_f16
 from .kv_cache import TILE  # key positions per tile of the arena's transposed keys
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _row_head(q, kt, slot, pos, window, th):  # noqa: ANN001, ANN202
+    """Work item th of ``attend``: (row t, query head h, its KV head g, slot s, the first
+    and last visible positions lo..hi)."""
+    n_head = q.shape[1]
+    t = th // n_head
+    h = th - t * n_head
+    g = h // (n_head // kt.shape[1])
+    hi = pos[t]
+    lo = max(0, hi - window + 1) if window > 0 else 0
+    return t, h, g, slot[t], lo, hi
+
+
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
 def _attend_row(q, kt, v, slot, pos, window, scale, cap, f16, out, th):  # noqa: ANN001, ANN202
     """Query row t = th // H, head h = th % H of ``attend`` (one fixed order of arithmetic,
     whichever loop calls it)."""
-    n_head, d = q.shape[1], q.shape[2]
-    group = n_head // kt.shape[1]
+    d = q.shape[2]
     tile_len = kt.shape[4]
     d_v = v.shape[3]
-    t = th // n_head
-    h = th - t * n_head
-    g = h // group
-    s = slot[t]
-    hi = pos[t]
-    lo = max(0, hi - window + 1) if window > 0 else 0
+    t, h, g, s, lo, hi = _row_head(q, kt, slot, pos, window, th)
     tile0 = lo // tile_len
     base = tile0 * tile_len
     sc = np.empty(hi + 1 - base, np.float32)
@@ -115,15 +122,8 @@ def _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, th):  #
     ``_ggml_dot``; an online softmax over the keys in position order, the running sum of
     values kept in float16 (rounded after every fused step) with an F16 cache; divided by
     the softmax sum at the end."""
-    n_head = q.shape[1]
-    group = n_head // kt.shape[1]
     d_v = v.shape[3]
-    t = th // n_head
-    h = th - t * n_head
-    g = h // group
-    s = slot[t]
-    hi = pos[t]
-    lo = max(0, hi - window + 1) if window > 0 else 0
+    t, h, g, s, lo, hi = _row_head(q, kt, slot, pos, window, th)
     if cap > 0:
         scale = scale / cap
     acc = np.empty(32, np.float32)
@@ -155,22 +155,25 @@ def _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, th):  #
         vkq[c] = vkq[c] * inv
 
 
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, th):  # noqa: ANN001, ANN202
+    """Work item th, by the arithmetic its row asks for."""
+    if flash[th // q.shape[1]]:
+        _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, th)
+    else:
+        _attend_row(q, kt, v, slot, pos, window, scale, cap, f16, out, th)
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _attend_serial(q, kt, v, slot, pos, window, scale, cap, f16, flash, out):  # noqa: ANN001, ANN202
     for th in range(q.shape[0] * q.shape[1]):
-        if flash[th // q.shape[1]]:
-            _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, th)
-        else:
-            _attend_row(q, kt, v, slot, pos, window, scale, cap, f16, out, th)
+        _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, th)
 
 
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy")
 def _attend_par(q, kt, v, slot, pos, window, scale, cap, f16, flash, out):  # noqa: ANN001, ANN202
     for th in prange(q.shape[0] * q.shape[1]):
-        if flash[th // q.shape[1]]:
-            _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, th)
-        else:
-            _attend_row(q, kt, v, slot, pos, window, scale, cap, f16, out, th)
+        _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, th)
 
 
 # Below this many multiply-adds attention runs on one thread: waking the pool costs more

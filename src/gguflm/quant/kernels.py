@@ -29,6 +29,7 @@ here or in ``kerneltypes``) that the tests compare against.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import numba
 import numpy as np
@@ -189,11 +190,7 @@ def _vt(t: ir.Type, n: int) -> ir.VectorType:
     return ir.VectorType(t, n)
 
 
-_EVEN = ir.Constant(_vt(_I32, 16), list(range(0, 32, 2)))
-_ODD = ir.Constant(_vt(_I32, 16), list(range(1, 32, 2)))
 _CAT = ir.Constant(_vt(_I32, 32), list(range(32)))
-_LO16 = ir.Constant(_vt(_I32, 16), list(range(16)))
-_HI16 = ir.Constant(_vt(_I32, 16), list(range(16, 32)))
 
 
 class _Gen:
@@ -239,13 +236,6 @@ class _Gen:
                                   ir.Constant(_I32, 0))
         return self.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, 16), [0] * 16))
 
-    def halves_f(self, x0: ir.Value, x1: ir.Value) -> ir.Value:
-        """<16 x float> with ``x0`` in lanes 0-7 and ``x1`` in lanes 8-15."""
-        v = ir.Constant(_vt(_F32, 16), ir.Undefined)
-        v = self.b.insert_element(v, x0, ir.Constant(_I32, 0))
-        v = self.b.insert_element(v, x1, ir.Constant(_I32, 8))
-        return self.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, 16), [0] * 8 + [8] * 8))
-
     # unpacking
     def nibbles(self, ptr: ir.Value, off: ir.Value) -> ir.Value:
         """16 bytes -> <32 x i8>: the 16 low nibbles, then the 16 high nibbles (0..15)."""
@@ -276,7 +266,8 @@ class _Gen:
 
     # the integer dot of one 32-value span: <8 x i32>, lane j = sum over values 4j..4j+3 of
     # weight * activation (* the values' integer group scale), exactly ggml's x86 lanes
-    def _x86(self, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+    def call(self, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+        """A call of LLVM intrinsic ``name`` returning ``ret``."""
         fn = cgutils.get_or_insert_function(
             self.b.module, ir.FunctionType(ret, [a.type for a in args]), name)
         return self.b.call(fn, args)
@@ -290,14 +281,14 @@ class _Gen:
         by the scales; elsewhere the same integers in portable vector IR."""
         b = self.b
         if SIMD != "generic":
-            a = self._x86("llvm.x86.avx2.psign.b", _vt(_I8, 32), [a8, w8]) if signed else a8
-            s16 = self._x86("llvm.x86.avx2.pmadd.ub.sw", _vt(_I16, 16), [wu, a])
+            a = self.call("llvm.x86.avx2.psign.b", _vt(_I8, 32), [a8, w8]) if signed else a8
+            s16 = self.call("llvm.x86.avx2.pmadd.ub.sw", _vt(_I16, 16), [wu, a])
             if sc is None:
                 m = ir.Constant(_vt(_I16, 16), [1] * 16)
             else:
                 sc16, s0, s1 = sc
                 m = b.shuffle_vector(sc16, sc16, ir.Constant(_vt(_I32, 16), [s0] * 8 + [s1] * 8))
-            return self._x86("llvm.x86.avx2.pmadd.wd", _vt(_I32, 8), [s16, m])
+            return self.call("llvm.x86.avx2.pmadd.wd", _vt(_I32, 8), [s16, m])
         p = b.mul(b.sext(w8, _vt(_I32, 32)), b.sext(a8, _vt(_I32, 32)))
         if sc is not None:
             sc16, s0, s1 = sc
@@ -320,9 +311,7 @@ class _Gen:
     def fma8(self, acc: ir.Value, lanes: ir.Value, scale: ir.Value) -> ir.Value:
         """``acc + float(lanes) * scale`` fused, 8 lanes (ggml's ``_mm256_fmadd_ps``)."""
         f = self.b.sitofp(lanes, _vt(_F32, 8))
-        fn = cgutils.get_or_insert_function(
-            self.b.module, ir.FunctionType(_vt(_F32, 8), [_vt(_F32, 8)] * 3), "llvm.fma.v8f32")
-        return self.b.call(fn, [f, self.splatf8(scale), acc])
+        return self.call("llvm.fma.v8f32", _vt(_F32, 8), [f, self.splatf8(scale), acc])
 
     def hsum(self, v: ir.Value) -> ir.Value:
         """Sum of a <16 x float> (lanes i and i+8, then i+4, i+2, i+1)."""
@@ -811,15 +800,18 @@ def qmatmul_many(kinds: tuple[int, ...], ws: tuple[np.ndarray, ...], x: np.ndarr
                              f" x {x.shape}, out {out.shape} do not fit together")
     if len({w.flags.writeable for w in ws}) > 1:  # one tuple type: all read-only then
         ws = tuple(_read_only(w) for w in ws)
-    _check_build()
-    pad = MAX_FUSED - count
-    kind_arr = np.array(tuple(kinds) + (kinds[0],) * pad, np.int64)
-    ws = tuple(ws) + (ws[0],) * pad
-    outs = tuple(outs) + (outs[0],) * pad
-    if parallel:
-        qmatmul_par(kind_arr, ws, x, F16_TABLE, outs, count, numba.get_num_threads())
-    else:
-        qmatmul_serial(kind_arr, ws, x, F16_TABLE, outs, count)
+    kind_arr, ws = pad_products(kinds, ws)
+    qmatmul_planned(kind_arr, ws, x, tuple(outs) + (outs[0],) * (MAX_FUSED - count), count,
+                    parallel)
+
+
+def pad_products(kinds: Sequence[int], ws: Sequence[np.ndarray]
+                 ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """``qmatmul_planned``'s ``kinds`` array and weight tuple for 1 to MAX_FUSED products:
+    one compiled signature for every count, the unused places repeating the first."""
+    pad = MAX_FUSED - len(ws)
+    return (np.array(list(kinds) + [kinds[0]] * pad, np.int64),
+            tuple(ws) + (ws[0],) * pad)
 
 
 def qmatmul_planned(kinds: np.ndarray, ws: tuple[np.ndarray, ...], x: np.ndarray,

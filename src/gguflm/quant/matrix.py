@@ -143,7 +143,7 @@ def matmul_many(mats: Sequence[QMatrix], x: np.ndarray) -> list[np.ndarray]:
     kinds, ws, rows, count = plan
     outs = [np.empty((n, r), np.float32) for r in rows]
     padded = tuple(outs) + (outs[0],) * (len(ws) - count)
-    plan_run(kinds, ws, x, padded, count, n * x.shape[1] * sum(rows) >= PARALLEL_MIN_MACS)
+    _run_plan(kinds, ws, x, padded, count, n * x.shape[1] * sum(rows) >= PARALLEL_MIN_MACS)
     return outs
 
 
@@ -162,15 +162,13 @@ def _plan(mats: Sequence[QMatrix]) -> Any:
     if (len(mats) <= kernels.MAX_FUSED and all(m._fast is _quantized_kernel for m in mats)
             and len({m.shape[1] for m in mats}) == 1
             and len({m.raw.flags.writeable for m in mats}) == 1):
-        pad = kernels.MAX_FUSED - len(mats)
-        kinds = np.array([m._kind for m in mats] + [mats[0]._kind] * pad, np.int64)
-        ws = tuple(m.raw for m in mats) + (mats[0].raw,) * pad
+        kinds, ws = kernels.pad_products([m._kind for m in mats], [m.raw for m in mats])
         plan = (kinds, ws, [m.shape[0] for m in mats], len(mats))
     first._plans[key] = plan
     return plan
 
 
-def plan_run(kinds: np.ndarray, ws: tuple[np.ndarray, ...], x: np.ndarray,
+def _run_plan(kinds: np.ndarray, ws: tuple[np.ndarray, ...], x: np.ndarray,
              outs: tuple[np.ndarray, ...], count: int, parallel: bool) -> None:
     from gguflm.quant import kernels
 
@@ -195,7 +193,7 @@ def _quantized_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
                         parallel=x.shape[0] * m.shape[0] * m.shape[1] >= PARALLEL_MIN_MACS)
         return True
     kinds, ws, _, _ = plan
-    plan_run(kinds, ws, x, (out,) * len(ws), 1,
+    _run_plan(kinds, ws, x, (out,) * len(ws), 1,
              x.shape[0] * m.shape[0] * m.shape[1] >= PARALLEL_MIN_MACS)
     return True
 
