@@ -129,6 +129,27 @@ def test_openai_completion_and_models(client: openai.OpenAI) -> None:
     assert [m.id for m in models.data] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
 
 
+def _metric(url: str, name: str) -> float:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+
+def test_lookup_field_gives_the_same_text(client: openai.OpenAI, live_server: str) -> None:
+    msgs = [{"role": "user", "content": "Repeat exactly: the cat sat on the mat. The cat sat "
+                                        "on the mat. The dog sat on the rug."}]
+    plain = client.chat.completions.create(model="any", messages=msgs, max_tokens=30,
+                                           temperature=0)
+    kept = _metric(live_server, "gguflm_draft_tokens_accepted_total")
+    fast = client.chat.completions.create(model="any", messages=msgs, max_tokens=30,
+                                          temperature=0, extra_body={"lookup": 8})
+    assert _metric(live_server, "gguflm_draft_tokens_accepted_total") >= kept + 10
+    assert fast.choices[0].message.content == plain.choices[0].message.content
+
+
 def test_openai_client_gets_400_for_a_prompt_over_the_context(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="any", prompt="hello " * 1100, max_tokens=1)
@@ -172,6 +193,8 @@ def test_same_text_from_server_api_and_run(
     ("POST", "/v1/completions", {"prompt": "x", "n": 2}, 400, "n = 1"),
     ("POST", "/v1/completions", {"prompt": "x", "top_p": 3}, 400, "top_p"),
     ("POST", "/v1/completions", {"prompt": [1, 99999999]}, 400, "outside the vocabulary"),
+    ("POST", "/v1/completions", {"prompt": "x", "lookup": 65}, 400, "lookup must be"),
+    ("POST", "/v1/completions", {"prompt": "x", "lookup": "8"}, 400, "'lookup'"),
     ("POST", "/v1/chat/completions", {"messages": "hi"}, 400, "'messages'"),
     ("POST", "/v1/chat/completions", {"messages": []}, 400, "'messages'"),
     ("POST", "/v1/chat/completions", {"messages": [{"content": "x"}]}, 400, "role"),

@@ -59,6 +59,7 @@ _COMMON_FIELDS: dict[str, tuple[tuple[type, ...], str]] = SAMPLING_FIELDS | {
     "stream_options": ((dict,), "an object"),
     "n": ((int,), "an integer"),
     "user": ((str,), "a string"),
+    "lookup": ((int,), "an integer"),  # prompt-lookup drafts (engine/lookup.py)
 }
 # structured output (engine/grammar.py): OpenAI's response_format, llama-server's fields
 _COMMON_FIELDS |= {
@@ -136,6 +137,8 @@ def _options(body: dict[str, Any], max_tokens: Any) -> dict[str, Any]:
     """LLM keyword arguments from a checked request body."""
     opts: dict[str, Any] = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
     opts.update(max_tokens=max_tokens, stop=body.get("stop"), seed=body.get("seed"))
+    if body.get("lookup") is not None:  # else the server's --lookup
+        opts["lookup"] = body["lookup"]
     return opts
 
 
@@ -365,6 +368,12 @@ class APIServer:
             "# HELP gguflm_tokens_predicted_total Tokens generated.",
             "# TYPE gguflm_tokens_predicted_total counter",
             f"gguflm_tokens_predicted_total {st.generated_tokens}",
+            "# HELP gguflm_draft_tokens_total Prompt-lookup draft tokens verified.",
+            "# TYPE gguflm_draft_tokens_total counter",
+            f"gguflm_draft_tokens_total {st.drafted_tokens}",
+            "# HELP gguflm_draft_tokens_accepted_total Draft tokens kept.",
+            "# TYPE gguflm_draft_tokens_accepted_total counter",
+            f"gguflm_draft_tokens_accepted_total {st.accepted_tokens}",
             "# HELP gguflm_tokens_predicted_per_second Generated tokens per second of uptime.",
             "# TYPE gguflm_tokens_predicted_per_second gauge",
             f"gguflm_tokens_predicted_per_second {st.generated_tokens / uptime:.3f}",

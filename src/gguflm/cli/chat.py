@@ -20,6 +20,7 @@ from .common import (
     add_constraint_options,
     add_ignored_options,
     add_load_options,
+    add_lookup_option,
     add_model_argument,
     constraint_spec,
 )
@@ -62,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_options(p)
     add_cli_options(p)
     add_constraint_options(p)
+    add_lookup_option(p)
     p.add_argument("-v", "--verbose", action="store_true",
                    help="after each reply, show token counts (new and cached prompt tokens) "
                         "and speeds")

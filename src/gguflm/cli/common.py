@@ -302,6 +302,22 @@ def say_if_compiling() -> None:
               file=sys.stderr, flush=True)
 
 
+def add_lookup_option(p: argparse.ArgumentParser) -> None:
+    """``--lookup K``: prompt-lookup speculative decoding (engine/lookup.py)."""
+    from ..engine.lookup import MAX_LOOKUP
+
+    def lookup(text: str) -> int:
+        n = non_negative_int(text)
+        if n > MAX_LOOKUP:
+            raise argparse.ArgumentTypeError(f"at most {MAX_LOOKUP}, got {n}")
+        return n
+
+    p.add_argument("--lookup", type=lookup, default=0, metavar="K",
+                   help="draft up to K tokens per step from the prompt and the text so far, "
+                        "verified in one pass: faster when the reply repeats its input "
+                        "(rewriting, editing), the same text (default: 0, off)")
+
+
 def add_constraint_options(p: argparse.ArgumentParser) -> None:
     """Structured output: ``--json-schema``, ``--grammar``, ``--regex`` (at most one)."""
     g = p.add_argument_group("structured output (at most one; every token kept valid)")

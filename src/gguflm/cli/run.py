@@ -19,6 +19,7 @@ from .common import (
     add_constraint_options,
     add_ignored_options,
     add_load_options,
+    add_lookup_option,
     add_model_argument,
     add_threads_argument,
     constraint_spec,
@@ -62,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "training context if smaller; more if the prompt and N need it)")
     add_cli_options(p)
     add_constraint_options(p)
+    add_lookup_option(p)
     p.add_argument("--special", action="store_true",
                    help="parse special tokens (e.g. <|im_start|>) in the prompt")
     show = p.add_mutually_exclusive_group()
@@ -164,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
                     n_batch=128 if progress.enabled else N_BATCH)
     try:
         seq = engine.submit(Request(prompt, params, n_predict, stops,
-                                    make_constraint(spec, tokenizer)))
+                                    make_constraint(spec, tokenizer), args.lookup))
         if args.display_prompt and not args.json:
             shown = tokenizer.decode(prompt, special=args.special)
             sys.stdout.write(f"{YELLOW}{shown}{RESET}" if args.color else shown)
@@ -204,8 +206,14 @@ def run(args: argparse.Namespace) -> int:
           f"{stop_description(seq.stopped_by, n_predict, n_ctx)}; prompt {t['prompt_tokens']} "
           f"tokens at {t['prompt_tokens_per_second']:.1f} tok/s, generation "
           f"{t['generation_tokens_per_second']:.1f} tok/s; load {load_seconds:.2f} s, "
-          f"warm-up {warmup_seconds:.2f} s; seed {seq.seed}]", file=sys.stderr)
+          f"warm-up {warmup_seconds:.2f} s; seed {seq.seed}{_lookup_note(t)}]", file=sys.stderr)
     return 0
+
+
+def _lookup_note(t: dict[str, float]) -> str:
+    if "draft_n" not in t:
+        return ""
+    return f"; lookup: {t['draft_n_accepted']} of {t['draft_n']} drafted tokens kept"
 
 
 def _print_prompt_tokens(text: str, ids: list[int], tokenizer) -> None:  # noqa: ANN001
@@ -226,7 +234,7 @@ def _to_chat(args: argparse.Namespace) -> int:
     for name, value in vars(args).items():
         if name.startswith("sampling_") or name in (
                 "model", "threads", "ctx_size", "chat_template", "stop", "override_kv",
-                "no_bos", "rope_style", "color"):
+                "no_bos", "rope_style", "color", "lookup"):
             setattr(ns, name, value)
     if args.n_predict is not None:
         ns.n_predict = args.n_predict

@@ -10,6 +10,7 @@ from . import CLIError, UsageError
 from .common import (
     add_ignored_options,
     add_load_options,
+    add_lookup_option,
     add_model_argument,
     add_threads_argument,
     load_options,
@@ -46,6 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="pooling of /v1/embeddings (default: the model's pooling_type, else "
                         "mean; none is refused there: one vector per token)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request to stderr")
+    add_lookup_option(p)
     add_access_options(p)
     add_load_options(p)
     add_ignored_options(p)
@@ -106,6 +108,7 @@ def load_llm(args: argparse.Namespace, parallel: int | None = None,  # noqa: ANN
         llm = LLM(path, n_ctx=args.ctx_size, threads=args.threads,
                   chat_template=args.chat_template, parallel=parallel or DEFAULT_SLOTS,
                   max_queue=max_queue or DEFAULT_MAX_QUEUE, pooling=getattr(args, "pooling", None),
+                  lookup=getattr(args, "lookup", 0),
                   **load_options(args))
     except InvalidRequestError as e:
         raise CLIError(str(e)) from None

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..model.batch import LAST, NONE, Part
+from ..model.batch import ALL, LAST, NONE, Part
 from .embed import EmbedRequest, EmbedSequence
 from .sequence import DECODE, DONE, PREFILL, Request, Sequence
 
@@ -85,6 +85,8 @@ class Stats:
     prompt_tokens: int = 0       # evaluated
     cached_tokens: int = 0       # reused from a slot
     generated_tokens: int = 0
+    drafted_tokens: int = 0      # prompt-lookup draft tokens verified
+    accepted_tokens: int = 0     # ... and kept
     steps: int = 0
     busy_seconds: float = 0.0
     rejected: int = 0
@@ -330,10 +332,12 @@ class Engine:
         self._prefill_only = prefill_only
         if prefill_only:
             decoding, prefilling = [], quick
-        for s in decoding:
-            parts.append(Part(s.cache, np.array([s.seq.tokens[-1]]), LAST))
+        for s in decoding:  # the last token, and a draft to verify when the request asks
+            draft = s.seq.draft(min(s.cache.n_free, self.n_batch) - 1)
+            parts.append(Part(s.cache, np.array([s.seq.tokens[-1], *draft]),
+                              ALL if draft else LAST))
             owners.append((s, True))
-        budget = self.n_batch - len(parts)
+        budget = self.n_batch - sum(len(p.ids) for p in parts)
         if decoding or prefill_only:  # keep the running streams flowing: a bounded chunk
             budget = min(budget, chunk)
         for s in prefilling:
@@ -372,18 +376,12 @@ class Engine:
                 if not wants:
                     continue
                 seq.state = DECODE
+                n_rows, draft = 1, []
             else:
                 s.tokens.append(seq.tokens[-1])
-            lg = logits[row]
-            row += 1
-            try:
-                seq._on_logits(lg, self.n_ctx, s.cache.n)
-            except Exception as e:  # noqa: BLE001 - e.g. a constraint failing: this one only
-                self._end(s, "error", "error", e)
-                continue
-            self.stats.generated_tokens += 1
-            if seq.state == DONE:
-                self._end(s, seq.finish_reason, seq.stopped_by)
+                n_rows, draft = len(part.ids), [int(t) for t in part.ids[1:]]
+            self._sample(s, logits[row:row + n_rows], draft)
+            row += n_rows
         elapsed = time.perf_counter() - t0
         rows = sum(len(p.ids) for p in parts)
         if rows >= 16:  # enough rows for the per-row cost to dominate the fixed cost
@@ -392,6 +390,31 @@ class Engine:
                 0.7 * self._row_seconds + 0.3 * per_row)
         self.stats.steps += 1
         self.stats.busy_seconds += elapsed
+
+    def _sample(self, slot: Slot, logits: np.ndarray, draft: list[int]) -> None:
+        """Sample the slot's sequence from each row of ``logits`` in turn: row 0 follows
+        its last token, row i+1 follows ``draft[i]``, which holds only if row i's sample was
+        that token. The cache keeps the positions of the inputs that held."""
+        seq = slot.seq
+        n_cache = slot.cache.n - len(draft)  # positions cached before the draft
+        i = 0
+        for i, lg in enumerate(logits):
+            try:
+                seq._on_logits(lg, self.n_ctx, n_cache + i)
+            except Exception as e:  # noqa: BLE001 - e.g. a constraint failing: this one only
+                self._end(slot, "error", "error", e)
+                break
+            self.stats.generated_tokens += 1
+            if seq.state == DONE:
+                self._end(slot, seq.finish_reason, seq.stopped_by)
+                break
+            if i == len(draft) or seq.tokens[-1] != draft[i]:
+                break
+        slot.cache.truncate(n_cache + i)
+        slot.tokens.extend(draft[:i])
+        seq._drafted(len(draft), i)
+        self.stats.drafted_tokens += len(draft)
+        self.stats.accepted_tokens += i
 
     def _end(self, slot: Slot, reason: str, stopped_by: str,
              error: BaseException | None = None) -> None:

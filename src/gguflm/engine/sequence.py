@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from .lookup import NgramDrafter
 from .sampling import Sampler, SamplerParams
 from .stops import StopScanner
 
@@ -42,13 +43,16 @@ class Constraint(Protocol):
 class Request:
     """What to generate: ``prompt_ids`` (non-empty), up to ``max_tokens`` tokens (-1: until
     an end-of-generation token or the end of the context), sampled with ``params``;
-    ``stop`` strings end the text (not included); ``constraint`` masks each step's logits."""
+    ``stop`` strings end the text (not included); ``constraint`` masks each step's logits;
+    ``lookup`` > 0 drafts up to that many tokens per step from the text so far
+    (lookup.py: fewer forward passes, the same tokens)."""
 
     prompt_ids: list[int]
     params: SamplerParams = field(default_factory=SamplerParams)
     max_tokens: int = -1
     stop: list[str] = field(default_factory=list)
     constraint: Constraint | None = None
+    lookup: int = 0
 
 
 class Piece(NamedTuple):
@@ -119,6 +123,9 @@ class Sequence:
         self._notify = notify
         self._cancelled = threading.Event()
         self._done = threading.Event()
+        self._drafter = NgramDrafter(self.prompt_ids) if request.lookup > 0 else None
+        self._draft_cap = request.lookup  # adapts to how much of the recent drafts held
+        self.n_drafted = self.n_draft_kept = 0
 
     # --- the consumer's side -----------------------------------------------------------------
 
@@ -193,9 +200,32 @@ class Sequence:
                 "prompt_tokens_details": {"cached_tokens": self.n_cached}}
 
     def timings_dict(self) -> dict[str, float]:
-        return self.timings.as_dict(len(self.tokens))
+        """The timings (llama-server's ``timings``; with ``lookup``, its ``draft_n`` and
+        ``draft_n_accepted`` too)."""
+        out = self.timings.as_dict(len(self.tokens))
+        if self.request.lookup:
+            out |= {"draft_n": self.n_drafted, "draft_n_accepted": self.n_draft_kept}
+        return out
 
     # --- the engine's side (called from the engine thread only) ------------------------------
+
+    def draft(self, room: int) -> list[int]:
+        """Tokens to verify after the last one (prompt lookup), at most ``room``."""
+        if self._drafter is None:
+            return []
+        room = min(room, self._draft_cap)
+        if self.request.max_tokens >= 0:  # the last row's token must still be wanted
+            room = min(room, self.request.max_tokens - len(self.tokens) - 1)
+        return self._drafter.draft(room)
+
+    def _drafted(self, n_draft: int, n_kept: int) -> None:
+        """Adapt the next draft's length: double it after a draft held in full (up to the
+        request's ``lookup``), otherwise just past what held (a failing guess costs a row)."""
+        self.n_drafted += n_draft
+        self.n_draft_kept += n_kept
+        if n_draft:
+            self._draft_cap = (min(2 * self._draft_cap, self.request.lookup)
+                               if n_kept == n_draft else n_kept + 1)
 
     def _emit(self, piece: Piece | None) -> None:
         if piece is not None and piece.text:
@@ -239,6 +269,8 @@ class Sequence:
         if c is not None:
             c.accept(token)
         self.tokens.append(token)
+        if self._drafter is not None:
+            self._drafter.push(token)
         if len(self.tokens) == 1:
             self.timings.first_token = now
         if token in self._eog:
