@@ -5,9 +5,10 @@ Batch invariance is the point. A query's result depends only on its own vector, 
 sequence's cached keys and values, its position and the window: never on how many other
 rows (of its own sequence or of others) share the call, nor on where its keys sit in a
 tile. Scores are sums over the head dimension in index order (vectorized across keys,
-never across the sum), the softmax visits exactly the visible keys in position order (exp
-in float32, the sum in float64 as ggml's soft_max does), and the weighted sum over values
-goes in position order. BLAS, whose blocking changes with the batch's shape, is not used.
+never across the sum); the softmax's exp and its sum are ggml's own (``expf_ggml``,
+``_soft_max_sum``: what llama.cpp's AVX2 soft_max computes for the same scores); the
+weighted sum over values goes in position order. BLAS, whose blocking changes with the
+batch's shape, is not used.
 
 ``attend_twin`` is the same computation in plain numpy, for the tests.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..quant.floatbits import fma32, round_f16
+from ..quant.floatbits import expf_ggml, expf_ggml_twin, fma32, round_f16
 from .kv_cache import TILE  # key positions per tile of the arena's transposed keys
 
 
@@ -32,6 +33,22 @@ def _row_head(q, kt, slot, pos, window, th):  # noqa: ANN001, ANN202
     hi = pos[t]
     lo = max(0, hi - window + 1) if window > 0 else 0
     return t, h, g, slot[t], lo, hi
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _soft_max_sum(ex, lo, hi):  # noqa: ANN001, ANN202
+    """The sum of ex[lo..hi] as ggml_vec_soft_max_f32 adds a row on x86 (AVX2): 8 lanes at a
+    time from index 0 (a multiple of 8 positions; the keys not visible are 0 there), each
+    group reduced in float32 as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), the groups summed in
+    float64."""
+    lanes = np.zeros(8, np.float32)
+    total = 0.0
+    for g in range(lo - lo % 8, hi + 1, 8):
+        for i in range(8):
+            lanes[i] = ex[g + i] if lo <= g + i <= hi else np.float32(0.0)
+        total += np.float64(((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
+                            + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7])))
+    return total
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
@@ -68,12 +85,9 @@ def _attend_row(q, kt, v, slot, pos, window, scale, cap, f16, out, th):  # noqa:
             x = np.float32(np.tanh(x * (np.float32(1.0) / cap))) * cap
         sc[j] = x
         m = max(m, x)
-    total = 0.0  # float64, as ggml_vec_soft_max_f32 sums
-    for j in range(lo - base, hi + 1 - base):
-        ex = np.exp(sc[j] - m)
-        sc[j] = ex
-        total += ex
-    inv = np.float32(1.0 / total)
+    for j in range(lo - base, hi + 1 - base):  # ggml's vector exp: this loop vectorizes
+        sc[j] = expf_ggml(sc[j] - m)
+    inv = np.float32(1.0 / _soft_max_sum(sc, lo - base, hi - base))
     for j in range(lo - base, hi + 1 - base):
         p = sc[j] * inv
         sc[j] = round_f16(p) if f16 else p
@@ -253,6 +267,15 @@ def _twin_flash_row(q: np.ndarray, kk: np.ndarray, vh: np.ndarray, scale: float,
     return vkq * inv
 
 
+def _twin_soft_max_sum(ex: np.ndarray, lo: int) -> np.float64:
+    """``_soft_max_sum`` of keys lo, lo+1, ... in numpy."""
+    lanes = np.zeros(lo % 8 + len(ex) + 7, np.float32)[:(lo % 8 + len(ex) + 7) // 8 * 8]
+    lanes[lo % 8:lo % 8 + len(ex)] = ex
+    g = lanes.reshape(-1, 8)
+    s = ((g[:, 0] + g[:, 4]) + (g[:, 2] + g[:, 6])) + ((g[:, 1] + g[:, 5]) + (g[:, 3] + g[:, 7]))
+    return np.cumsum(s.astype(np.float64))[-1]
+
+
 def attend_twin(q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
                 pos: np.ndarray, window: int, scale: float, cap: float, f16: bool,
                 flash: np.ndarray | None = None) -> np.ndarray:
@@ -277,8 +300,8 @@ def attend_twin(q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
             if cap > 0:
                 sc = np.tanh(sc * (np.float32(1.0) / np.float32(cap))).astype(np.float32) \
                     * np.float32(cap)
-            ex = np.exp(sc - sc.max()).astype(np.float32)
-            p = ex * np.float32(1.0 / np.cumsum(ex.astype(np.float64))[-1])
+            ex = expf_ggml_twin(sc - sc.max())
+            p = ex * np.float32(1.0 / _twin_soft_max_sum(ex, lo))
             if f16:
                 p = p.astype(np.float16).astype(np.float32)
             acc = np.zeros(vh.shape[1], np.float32)

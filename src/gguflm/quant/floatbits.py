@@ -58,3 +58,61 @@ def round_f16(x):  # noqa: ANN001, ANN201
     u = f32_bits(x)
     u = (u + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
     return f32_from_bits(u)
+
+
+# ggml_v_expf's constants (ggml-cpu/vec.h), as written there
+_X = {h: np.float32(float.fromhex(h)) for h in (
+    "0x1.8p23", "0x1.715476p+0", "0x1.7f7d1cp-20", "0x1.62e4p-1", "0x1.0e4020p-7",
+    "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2", "0x1.ffffecp-1")}
+_R, _LOG2E, _LN2_LO, _LN2_HI = _X["0x1.8p23"], _X["0x1.715476p+0"], _X["0x1.7f7d1cp-20"], \
+    _X["0x1.62e4p-1"]
+_P4, _P3, _P2, _P1, _P0 = _X["0x1.0e4020p-7"], _X["0x1.573e2ep-5"], _X["0x1.555e66p-3"], \
+    _X["0x1.fffdb6p-2"], _X["0x1.ffffecp-1"]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def expf_ggml(x):  # noqa: ANN001, ANN201
+    """exp(x) for float32 x as ggml's ``ggml_v_expf`` computes each lane on x86 (AVX2/FMA;
+    the soft_max of llama.cpp's CPU attention): 2^n * (1 + j(b)) with a degree-5
+    polynomial j, within about 1.5 ulp of expf. Branch-free, so a loop of it vectorizes."""
+    z = fma32(x, _LOG2E, _R)
+    n = z - _R
+    b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
+    e = np.uint32(f32_bits(z) << np.uint32(23))
+    k = f32_from_bits(np.uint32(e + np.uint32(0x3F800000)))
+    u = b * b
+    j = fma32(fma32(fma32(_P4, b, _P3), u, fma32(_P2, b, _P1)), u, _P0 * b)
+    an = abs(n)
+    g = np.uint32(0x82000000) if n <= 0 else np.uint32(0)
+    s1 = f32_from_bits(np.uint32(g + np.uint32(0x7F000000)))
+    s2 = f32_from_bits(np.uint32(e - g))
+    big = fma32(s2, j, s2) * s1
+    normal = fma32(k, j, k)
+    out = big if an > np.float32(126.0) else normal
+    return s1 * s1 if an > np.float32(192.0) else out
+
+
+def expf_ggml_twin(x: np.ndarray) -> np.ndarray:
+    """``expf_ggml`` in numpy (fused steps as float64 sums rounded once to float32)."""
+    f32, f64 = np.float32, np.float64
+
+    def fma(a, b, c):  # noqa: ANN001, ANN202
+        with np.errstate(all="ignore"):  # -inf * c + r: nan there, as in the kernel
+            return (np.asarray(a, f64) * np.asarray(b, f64) + np.asarray(c, f64)).astype(f32)
+
+    x = np.asarray(x, f32)
+    z = fma(x, _LOG2E, _R)
+    n = (z - _R).astype(f32)
+    b = fma(-n, _LN2_LO, fma(-n, _LN2_HI, x))
+    e = (z.view(np.uint32) << np.uint32(23)).astype(np.uint32)
+    k = (e + np.uint32(0x3F800000)).astype(np.uint32).view(f32)
+    u = (b * b).astype(f32)
+    j = fma(fma(fma(_P4, b, _P3), u, fma(_P2, b, _P1)), u, (_P0 * b).astype(f32))
+    an = np.abs(n)
+    g = np.where(n <= 0, np.uint32(0x82000000), np.uint32(0)).astype(np.uint32)
+    s1 = (g + np.uint32(0x7F000000)).astype(np.uint32).view(f32)
+    s2 = (e - g).astype(np.uint32).view(f32)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        big = (fma(s2, j, s2) * s1).astype(f32)
+        out = np.where(an > 126, big, fma(k, j, k))
+        return np.where(an > 192, (s1 * s1).astype(f32), out).astype(f32)
