@@ -15,15 +15,18 @@ import gguflm, gguflm.api, gguflm.server, gguflm.engine.scheduler
 import gguflm.quant.kernels, gguflm.quant.matrix, gguflm.model.attention
 changed = sorted(set(os.environ.items()) ^ set(before_env.items()))
 after_import = {"env": changed, "threads": numba.get_num_threads() == before_threads}
-from gguflm.quant.matrix import entry_point_defaults
-entry_point_defaults()
-print(json.dumps({"import": after_import, "omp": os.environ.get("OMP_WAIT_POLICY")}))
+from gguflm.quant import matrix
+matrix.entry_point_defaults(owns_cores=sys.argv[1] == "owns")
+print(json.dumps({"import": after_import, "omp": os.environ.get("OMP_WAIT_POLICY"),
+                  "spin": os.environ.get("GOMP_SPINCOUNT"),
+                  "spin_threshold": matrix.PARALLEL_MIN_MACS == matrix.SPIN_PARALLEL_MIN_MACS}))
 """
 
 
-def _probe(env: dict[str, str]) -> dict:
-    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
-                         text=True, timeout=300, check=True)
+def _probe(env: dict[str, str], owns_cores: bool = False) -> dict:
+    argv = [sys.executable, "-c", _PROBE, "owns" if owns_cores else "-"]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300,
+                         check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -32,10 +35,27 @@ def test_import_changes_nothing_and_entry_point_sets_defaults() -> None:
            if k not in ("OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
     got = _probe(env)
     assert got["import"] == {"env": [], "threads": True}
-    assert got["omp"] == "passive"
+    assert got["omp"] == "passive" and got["spin"] is None and not got["spin_threshold"]
+    # one user's command: workers spin a bounded while, and smaller products go parallel
+    env.pop("GOMP_SPINCOUNT", None)
+    got = _probe(env, owns_cores=True)
+    assert (got["omp"], got["spin"], got["spin_threshold"]) == ("active", "100000", True)
+
+
+def test_single_user_commands_own_the_cores_and_the_server_does_not() -> None:
+    from gguflm.cli import build_parser
+
+    parser = build_parser()
+    for argv in (["run", "-p", "x"], ["chat"], ["bench"], ["perplexity", "-f", "x"],
+                 ["embed", "-p", "x"]):
+        assert parser.parse_args(argv).owns_cores is True, argv
+    assert not getattr(parser.parse_args(["serve"]), "owns_cores", False)
 
 
 def test_entry_point_leaves_an_explicit_choice_alone() -> None:
     env = {k: v for k, v in os.environ.items()}
     env["OMP_WAIT_POLICY"] = "active"
     assert _probe(env)["omp"] == "active"
+    env["OMP_WAIT_POLICY"] = "passive"
+    got = _probe(env, owns_cores=True)
+    assert got["omp"] == "passive" and not got["spin_threshold"]

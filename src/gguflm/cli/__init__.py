@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from ..quant.matrix import entry_point_defaults
 
-    entry_point_defaults()  # the command owns the process: OpenMP and BLAS thread habits
+    # the command owns the process: OpenMP and BLAS thread habits (spinning workers for one
+    # user's commands, which set owns_cores; sleeping ones for the server)
+    entry_point_defaults(owns_cores=getattr(args, "owns_cores", False))
     try:
         finish_model_argument(args)
         if getattr(args, "ignored_options", None):

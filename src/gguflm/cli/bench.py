@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--llama-python", default=None, metavar="PY",
                    help="a Python interpreter with llama-cpp-python, for --vs-llama-cpp when "
                         "it is not importable here")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, owns_cores=True)  # one user's command: spinning workers
 
 
 def _sizes(text: str) -> list[int]:
@@ -161,8 +161,8 @@ class _LlamaChild:
                  prompt: list[int], gen: list[int]) -> None:
         self.prompt, self.gen = prompt, gen
         env = dict(os.environ)
-        if os.environ.get("GGUFLM_OMP_DEFAULTED"):  # our passive default is not llama.cpp's
-            env.pop("OMP_WAIT_POLICY", None)
+        for name in os.environ.get("GGUFLM_OMP_DEFAULTED", "").split(","):
+            env.pop(name, None)  # our OpenMP defaults are not llama.cpp's
         cmd = [python, "-c", _LLAMA_SCRIPT, str(path), str(threads), str(n_ctx), str(n_batch),
                json.dumps(prompt), json.dumps(gen)]
         try:

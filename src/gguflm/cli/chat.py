@@ -70,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--color", action="store_true", help="show what you type in colour")
     add_load_options(p)
     add_ignored_options(p)
-    p.set_defaults(func=chat)
+    p.set_defaults(func=chat, owns_cores=True)  # one user's command: spinning workers
 
 
 def default_args() -> argparse.Namespace:

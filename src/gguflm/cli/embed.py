@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_options(p)
     add_load_options(p)
     add_ignored_options(p)
-    p.set_defaults(func=run, chat_template=None)
+    p.set_defaults(func=run, chat_template=None, owns_cores=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="print one JSON object (ppl, ppl_error, chunks, tokens, timings)")
     add_load_options(p)
     add_ignored_options(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, owns_cores=True)  # one user's command: spinning workers
 
 
 def run(args: argparse.Namespace) -> int:

@@ -87,7 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "instead of streaming text")
     add_load_options(p)
     add_ignored_options(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, owns_cores=True)  # one user's command: spinning workers
 
 
 def _context_size(args: argparse.Namespace, n_prompt: int, n_predict: int,

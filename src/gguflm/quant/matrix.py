@@ -127,8 +127,10 @@ class QMatrix:
             out[:, r0:r1] = part[:, :r1 - r0]
 
 
-# Below this many multiply-adds a product runs on one thread: waking the pool costs more.
+# Below this many multiply-adds a product runs on one thread: waking the pool costs more
+# (much less when its workers spin: entry_point_defaults(owns_cores=True))
 PARALLEL_MIN_MACS = 1 << 21
+SPIN_PARALLEL_MIN_MACS = 1 << 18
 
 
 def matmul_many(mats: Sequence[QMatrix], x: np.ndarray) -> list[np.ndarray]:
@@ -290,18 +292,33 @@ def limit_blas_threads(n: int = 1) -> bool:
     return False
 
 
-def entry_point_defaults() -> None:
+def entry_point_defaults(owns_cores: bool = False) -> None:
     """The process-wide settings gguflm's entry points (the CLI, ``LLM()``) choose.
 
     Importing gguflm changes nothing; this is called by the code that owns the process.
-    - Idle OpenMP workers sleep instead of spinning (``OMP_WAIT_POLICY=passive``): between
-      our parallel products the model runs serial code, and spinning workers would take its
-      core (measured: 2-3x slower tokens when the cores are shared). Read by the OpenMP
-      runtime when numba first starts it, so it must be set before the first product.
+    - How idle OpenMP workers wait between our parallel products. Read by the OpenMP
+      runtime when numba first starts it, so this must run before the first product.
+      - By default they sleep (``OMP_WAIT_POLICY=passive``): between products the model
+        runs serial code, and spinning workers would take the core that code, a server's
+        event loop or its clients need (measured: 2-3x slower tokens when the cores are
+        shared). The server and ``LLM()`` (a library in someone else's process) keep this.
+      - ``owns_cores``: one user's command (``gguflm run``, ``chat``, ``bench``,
+        ``perplexity``), where nothing else of ours needs the cores. Workers spin a bounded
+        while (``OMP_WAIT_POLICY=active``, ``GOMP_SPINCOUNT=100000``, then they sleep), so a
+        product hands its rows to them in microseconds, and products down to
+        ``SPIN_PARALLEL_MIN_MACS`` run on all threads. Measured on SmolLM2 generation, 2
+        threads: about 1.2x the tokens/s of sleeping workers (llama.cpp's threads poll too).
     - numpy's OpenBLAS on one thread (``limit_blas_threads``).
     An explicit choice in the environment wins over both.
     """
+    global PARALLEL_MIN_MACS
     if "OMP_WAIT_POLICY" not in os.environ:
-        os.environ["OMP_WAIT_POLICY"] = "passive"
-        os.environ["GGUFLM_OMP_DEFAULTED"] = "1"  # so benchmarks can leave llama.cpp's alone
+        ours = {"OMP_WAIT_POLICY": "active" if owns_cores else "passive"}
+        if owns_cores and "GOMP_SPINCOUNT" not in os.environ:
+            ours["GOMP_SPINCOUNT"] = "100000"
+        if owns_cores:
+            PARALLEL_MIN_MACS = SPIN_PARALLEL_MIN_MACS
+        os.environ.update(ours)
+        # what was set here, so that benchmarks can leave llama.cpp's own defaults alone
+        os.environ["GGUFLM_OMP_DEFAULTED"] = ",".join(ours)
     limit_blas_threads()
