@@ -178,14 +178,60 @@ def _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, th):  
         _attend_row(q, kt, v, slot, pos, window, scale, cap, f16, out, th)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def to_f16(x):  # noqa: ANN001, ANN201
+    """float32 x rounded to float16 exactly as numpy's ``astype(np.float16)`` (infinite
+    beyond its range, NaN kept), as float32."""
+    if x != x:
+        return x
+    if abs(x) >= np.float32(65520.0):  # past the largest float16, 65504, and its half step
+        return np.float32(np.inf) if x > 0 else np.float32(-np.inf)
+    return round_f16(x)
+
+
+@njit(cache=True, nogil=True)
+def store_rows(kt, v, slot, pos, k_new, v_new, f16):  # noqa: ANN001, ANN201
+    """Write k_new (T, H_kv, d) and v_new (T, H_kv, d_v) of rows at positions ``pos`` of
+    slots ``slot`` into one layer's keys ``kt`` (S, H_kv, tiles, d, TILE) and values ``v``
+    (S, H_kv, n_ctx, d_v); rounded to float16 with ``f16`` (llama.cpp's F16 cache)."""
+    tile_len = kt.shape[4]
+    for t in range(k_new.shape[0]):
+        s, p = slot[t], pos[t]
+        tile, off = p // tile_len, p % tile_len
+        for g in range(k_new.shape[1]):
+            for e in range(k_new.shape[2]):
+                x = k_new[t, g, e]
+                kt[s, g, tile, e, off] = to_f16(x) if f16 else x
+            for c in range(v_new.shape[2]):
+                x = v_new[t, g, c]
+                v[s, g, p, c] = to_f16(x) if f16 else x
+
+
+@njit(cache=True, nogil=True)
+def _prepare(q, kt, v, slot, pos, k_new, v_new, f16):  # noqa: ANN001, ANN202
+    """Store the batch's keys and values; the queries as the kernel reads them (rounded to
+    float16 with an F16 cache: ggml converts the other operand of an F16 product)."""
+    store_rows(kt, v, slot, pos, k_new, v_new, f16)
+    if not f16:
+        return q
+    qr = np.empty_like(q)
+    for t in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            for e in range(q.shape[2]):
+                qr[t, h, e] = to_f16(q[t, h, e])
+    return qr
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
-def _attend_serial(q, kt, v, slot, pos, window, scale, cap, f16, flash, out):  # noqa: ANN001, ANN202
+def _attend_serial(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, k_new, v_new):  # noqa: ANN001, ANN202
+    q = _prepare(q, kt, v, slot, pos, k_new, v_new, f16)
     for th in range(q.shape[0] * q.shape[1]):
         _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, th)
 
 
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy")
-def _attend_par(q, kt, v, slot, pos, window, scale, cap, f16, flash, out):  # noqa: ANN001, ANN202
+def _attend_par(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, k_new, v_new):  # noqa: ANN001, ANN202
+    q = _prepare(q, kt, v, slot, pos, k_new, v_new, f16)
     for th in prange(q.shape[0] * q.shape[1]):
         _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, th)
 
@@ -197,16 +243,19 @@ PARALLEL_MIN_MACS = 1 << 21
 
 def attend(q: np.ndarray, kt: np.ndarray, v: np.ndarray, slot: np.ndarray, pos: np.ndarray,
            window: int, scale: np.float32, cap: np.float32, f16: bool, out: np.ndarray,
-           flash: np.ndarray | None = None) -> None:
+           flash: np.ndarray | None = None, k_new: np.ndarray | None = None,
+           v_new: np.ndarray | None = None) -> None:
     """q (T, H, d) f32, keys kt (S, H_kv, tiles, d, TILE), values v (S, H_kv, n_ctx, d_v),
     slot (T,) i64, pos (T,) i64 -> out (T, H, d_v) f32.
 
     Row t attends over positions lo..pos[t] of sequence slot[t] (lo = pos[t] - window + 1
     when window > 0, else 0); query head h reads KV head h // (H / H_kv). Scores are
     ``q.k * scale``, soft-capped (``cap * tanh(s / cap)``) when cap > 0; with ``f16`` the
-    probabilities are rounded to float16 before they weigh the values (ggml's product
-    against an F16 cache). Keys and values must already hold this batch's rows. Serial or
-    parallel, each (row, head) is computed by the same code in the same order.
+    queries and the probabilities are rounded to float16 before their products (ggml's
+    products against an F16 cache). ``k_new`` (T, H_kv, d) and ``v_new`` (T, H_kv, d_v),
+    the batch's own keys and values, are stored first (``store_rows``; else the cache must
+    already hold them): one compiled call per layer. Serial or parallel, each (row, head)
+    is computed by the same code in the same order.
 
     ``flash`` (T,) bool, optional: rows computed as llama.cpp's CPU flash attention does
     (``_attend_row_flash``: online softmax, the value sum kept in float16 with ``f16``)
@@ -216,10 +265,13 @@ def attend(q: np.ndarray, kt: np.ndarray, v: np.ndarray, slot: np.ndarray, pos: 
         flash = np.zeros(len(q), np.bool_)
     if kt.shape[4] != TILE:
         raise ValueError(f"attend: keys in tiles of {kt.shape[4]}, the kernel reads {TILE}")
+    if k_new is None or v_new is None:
+        k_new = np.zeros((0,) + kt.shape[1:2] + kt.shape[3:4], np.float32)
+        v_new = np.zeros((0,) + v.shape[1:2] + v.shape[3:4], np.float32)
     work = q.shape[0] * q.shape[1] * (int(pos.max()) + 1) * (q.shape[2] + v.shape[3])
     fn = _attend_par if work >= PARALLEL_MIN_MACS else _attend_serial
     fn(q, kt, v, slot, pos, int(window), np.float32(scale), np.float32(cap), bool(f16), flash,
-       out)
+       out, k_new, v_new)
 
 
 def _twin_ggml_dot(k: np.ndarray, q: np.ndarray) -> np.float32:

@@ -109,13 +109,11 @@ class Batch:
         from .attention import attend  # numba: compiled or loaded on first use
 
         arena = self.arena
-        arena.store(il, self.slot, self.pos, k, v)
         q = np.ascontiguousarray(q, dtype=np.float32)
-        if arena.f16:  # ggml rounds the other operand of a product with F16 to F16
-            q = q.astype(np.float16).astype(np.float32)
         out = np.empty((len(q), q.shape[1], arena.v.shape[-1]), np.float32)
-        attend(q, arena.k[il], arena.v[il], self.slot, self.pos, int(window),
-               np.float32(scale), np.float32(cap), arena.f16, out, self.flash)
+        attend(q, arena.k[il], arena.v[il], self.slot, self.pos, int(window),  # stores k, v
+               np.float32(scale), np.float32(cap), arena.f16, out, self.flash,
+               np.ascontiguousarray(k, dtype=np.float32), np.ascontiguousarray(v, np.float32))
         return out.reshape(len(q), -1)
 
     def advance(self) -> None:

@@ -72,15 +72,14 @@ class KVArena:
     def store(self, layer: int, slot: np.ndarray, pos: np.ndarray, k: np.ndarray,
               v: np.ndarray) -> None:
         """Write k (T, n_head_kv, head_dim) and v (T, n_head_kv, head_dim_v) of layer
-        ``layer`` for rows whose sequence is ``slot[t]`` at position ``pos[t]``."""
-        if self.f16:
-            k = k.astype(np.float16).astype(np.float32)
-            v = v.astype(np.float16).astype(np.float32)
-        kl, vl = self.k[layer], self.v[layer]
-        tile, off = pos // TILE, pos % TILE
-        # kl[slot, :, tile, :, off] is (T, n_head_kv, head_dim): advanced indices first
-        kl[slot[:, None], np.arange(kl.shape[1])[None, :], tile[:, None], :, off[:, None]] = k
-        vl[slot, :, pos] = v
+        ``layer`` for rows whose sequence is ``slot[t]`` at position ``pos[t]`` (rounded to
+        float16 when ``f16``). The forward pass stores its rows inside the attention call
+        (``attention.attend``); this is the same code, for tests and tools."""
+        from .attention import store_rows  # numba: compiled or loaded on first use
+
+        store_rows(self.k[layer], self.v[layer], np.asarray(slot, np.int64),
+                   np.asarray(pos, np.int64), np.ascontiguousarray(k, dtype=np.float32),
+                   np.ascontiguousarray(v, dtype=np.float32), self.f16)
 
 
 class KVCache:
