@@ -52,51 +52,62 @@ def _soft_max_sum(ex, lo, hi):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _attend_row(q, kt, v, slot, pos, window, scale, cap, f16, out, th):  # noqa: ANN001, ANN202
-    """Query row t = th // H, head h = th % H of ``attend`` (one fixed order of arithmetic,
-    whichever loop calls it)."""
+def _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g):  # noqa: ANN001, ANN202
+    """Query row t, every query head of KV head g (one fixed order of arithmetic per head,
+    whichever loop calls it). The heads sharing a KV head go together so that each key
+    and value is read once for all of them."""
     d = q.shape[2]
     tile_len = kt.shape[4]
     d_v = v.shape[3]
-    t, h, g, s, lo, hi = _row_head(q, kt, slot, pos, window, th)
+    group = q.shape[1] // kt.shape[1]
+    h0 = g * group
+    _, _, _, s, lo, hi = _row_head(q, kt, slot, pos, window, t * q.shape[1] + h0)
     tile0 = lo // tile_len
     base = tile0 * tile_len
-    sc = np.empty(hi + 1 - base, np.float32)
-    acc = np.empty(TILE, np.float32)
+    sc = np.empty((group, hi + 1 - base), np.float32)
+    acc = np.empty((group, TILE), np.float32)
     for tile in range(tile0, hi // tile_len + 1):
         o = tile * tile_len - base
         n = min(tile_len, hi + 1 - tile * tile_len)
         kk = kt[s, g, tile]
-        # score j: a sum over e in index order, vectorized over a whole tile of keys (a
-        # fixed trip count: 4x faster than stopping at n; the unused lanes are dropped)
-        for jj in range(TILE):
-            acc[jj] = 0.0
+        # score j of head h: a sum over e in index order, vectorized over a whole tile of
+        # keys (a fixed trip count: 4x faster than stopping at n; unused lanes dropped)
+        acc[:] = 0.0
         for e in range(d):
-            qe = q[t, h, e]
             ke = kk[e]
-            for jj in range(TILE):
-                acc[jj] += qe * ke[jj]
-        for jj in range(n):
-            sc[o + jj] = acc[jj]
-    m = np.float32(-np.inf)
-    for j in range(lo - base, hi + 1 - base):
-        x = sc[j] * scale
-        if cap > 0:
-            x = np.float32(np.tanh(x * (np.float32(1.0) / cap))) * cap
-        sc[j] = x
-        m = max(m, x)
-    for j in range(lo - base, hi + 1 - base):  # ggml's vector exp: this loop vectorizes
-        sc[j] = expf_ggml(sc[j] - m)
-    inv = np.float32(1.0 / _soft_max_sum(sc, lo - base, hi - base))
-    for j in range(lo - base, hi + 1 - base):
-        p = sc[j] * inv
-        sc[j] = round_f16(p) if f16 else p
-    for c in range(d_v):
-        out[t, h, c] = 0.0
-    for j in range(lo, hi + 1):  # the weighted sum in position order, vectorized over c
-        p = sc[j - base]
+            for hh in range(group):
+                qe = q[t, h0 + hh, e]
+                ah = acc[hh]
+                for jj in range(TILE):
+                    ah[jj] += qe * ke[jj]
+        for hh in range(group):
+            for jj in range(n):
+                sc[hh, o + jj] = acc[hh, jj]
+    for hh in range(group):
+        sh = sc[hh]
+        m = np.float32(-np.inf)
+        for j in range(lo - base, hi + 1 - base):
+            x = sh[j] * scale
+            if cap > 0:
+                x = np.float32(np.tanh(x * (np.float32(1.0) / cap))) * cap
+            sh[j] = x
+            m = max(m, x)
+        for j in range(lo - base, hi + 1 - base):  # ggml's vector exp: this loop vectorizes
+            sh[j] = expf_ggml(sh[j] - m)
+        inv = np.float32(1.0 / _soft_max_sum(sh, lo - base, hi - base))
+        for j in range(lo - base, hi + 1 - base):
+            p = sh[j] * inv
+            sh[j] = round_f16(p) if f16 else p
+    for hh in range(group):
         for c in range(d_v):
-            out[t, h, c] += p * v[s, g, j, c]
+            out[t, h0 + hh, c] = 0.0
+    for j in range(lo, hi + 1):  # the weighted sums in position order, vectorized over c
+        vj = v[s, g, j]
+        for hh in range(group):
+            p = sc[hh, j - base]
+            oh = out[t, h0 + hh]
+            for c in range(d_v):
+                oh[c] += p * vj[c]
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
@@ -170,12 +181,18 @@ def _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, th):  #
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, th):  # noqa: ANN001, ANN202
-    """Work item th, by the arithmetic its row asks for."""
-    if flash[th // q.shape[1]]:
-        _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, th)
+def _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item):  # noqa: ANN001, ANN202
+    """Work item ``item``: query row t = item // H_kv with the heads of KV head
+    g = item % H_kv, by the arithmetic the row asks for."""
+    n_kv = kt.shape[1]
+    t, g = item // n_kv, item % n_kv
+    if flash[t]:
+        group = q.shape[1] // n_kv
+        for h in range(g * group, (g + 1) * group):
+            _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out,
+                              t * q.shape[1] + h)
     else:
-        _attend_row(q, kt, v, slot, pos, window, scale, cap, f16, out, th)
+        _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -225,15 +242,15 @@ def _prepare(q, kt, v, slot, pos, k_new, v_new, f16):  # noqa: ANN001, ANN202
 @njit(cache=True, nogil=True, error_model="numpy")
 def _attend_serial(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, k_new, v_new):  # noqa: ANN001, ANN202
     q = _prepare(q, kt, v, slot, pos, k_new, v_new, f16)
-    for th in range(q.shape[0] * q.shape[1]):
-        _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, th)
+    for item in range(q.shape[0] * kt.shape[1]):
+        _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item)
 
 
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy")
 def _attend_par(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, k_new, v_new):  # noqa: ANN001, ANN202
     q = _prepare(q, kt, v, slot, pos, k_new, v_new, f16)
-    for th in prange(q.shape[0] * q.shape[1]):
-        _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, th)
+    for item in prange(q.shape[0] * kt.shape[1]):
+        _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item)
 
 
 # Below this many multiply-adds attention runs on one thread: waking the pool costs more
