@@ -18,7 +18,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..quant.floatbits import expf_ggml, expf_ggml_twin, fma32, round_f16
+from ..quant.floatbits import (
+    expf_ggml,
+    expf_ggml_twin,
+    f16_from_f32,
+    fma32,
+    kv_encode,
+    kv_load,
+    round_f16,
+)
 from .kv_cache import TILE  # key positions per tile of the arena's transposed keys
 
 
@@ -79,7 +87,7 @@ def _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g):  # n
                 qe = q[t, h0 + hh, e]
                 ah = acc[hh]
                 for jj in range(TILE):
-                    ah[jj] += qe * ke[jj]
+                    ah[jj] += qe * kv_load(ke[jj])
         for hh in range(group):
             for jj in range(n):
                 sc[hh, o + jj] = acc[hh, jj]
@@ -107,7 +115,7 @@ def _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g):  # n
             p = sc[hh, j - base]
             oh = out[t, h0 + hh]
             for c in range(d_v):
-                oh[c] += p * vj[c]
+                oh[c] += p * kv_load(vj[c])
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
@@ -124,7 +132,7 @@ def _ggml_dot(kt, s, g, j, qv, acc):  # noqa: ANN001, ANN202
         acc[a] = 0.0
     for i in range(0, n32, 32):
         for a in range(32):
-            acc[a] = fma32(kt[s, g, tile, i + a, jj], qv[i + a], acc[a])
+            acc[a] = fma32(kv_load(kt[s, g, tile, i + a, jj]), qv[i + a], acc[a])
     for a in range(8):
         acc[a] = (acc[a] + acc[16 + a]) + (acc[8 + a] + acc[24 + a])
     t0 = acc[0] + acc[4]
@@ -136,7 +144,7 @@ def _ggml_dot(kt, s, g, j, qv, acc):  # noqa: ANN001, ANN202
         return r
     total = np.float64(r)
     for e in range(n32, d):
-        total += np.float64(kt[s, g, tile, e, jj] * qv[e])
+        total += np.float64(kv_load(kt[s, g, tile, e, jj]) * qv[e])
     return np.float32(total)
 
 
@@ -172,7 +180,7 @@ def _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, th):  #
         else:
             vs = np.float32(np.exp(x - m))
         for c in range(d_v):
-            y = fma32(v[s, g, j, c], vs, vkq[c])
+            y = fma32(kv_load(v[s, g, j, c]), vs, vkq[c])
             vkq[c] = round_f16(y) if f16 else y
         total = fma32(total, ms, vs)
     inv = np.float32(0.0) if total == 0 else np.float32(1.0) / total
@@ -199,18 +207,15 @@ def _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item):
 def to_f16(x):  # noqa: ANN001, ANN201
     """float32 x rounded to float16 exactly as numpy's ``astype(np.float16)`` (infinite
     beyond its range, NaN kept), as float32."""
-    if x != x:
-        return x
-    if abs(x) >= np.float32(65520.0):  # past the largest float16, 65504, and its half step
-        return np.float32(np.inf) if x > 0 else np.float32(-np.inf)
-    return round_f16(x)
+    return kv_load(f16_from_f32(x))
 
 
 @njit(cache=True, nogil=True)
 def store_rows(kt, v, slot, pos, k_new, v_new, f16):  # noqa: ANN001, ANN201
     """Write k_new (T, H_kv, d) and v_new (T, H_kv, d_v) of rows at positions ``pos`` of
     slots ``slot`` into one layer's keys ``kt`` (S, H_kv, tiles, d, TILE) and values ``v``
-    (S, H_kv, n_ctx, d_v); rounded to float16 with ``f16`` (llama.cpp's F16 cache)."""
+    (S, H_kv, n_ctx, d_v): as float16 bits into a uint16 cache (llama.cpp's F16 cache),
+    else as float32 (rounded to float16 values with ``f16``)."""
     tile_len = kt.shape[4]
     for t in range(k_new.shape[0]):
         s, p = slot[t], pos[t]
@@ -218,10 +223,10 @@ def store_rows(kt, v, slot, pos, k_new, v_new, f16):  # noqa: ANN001, ANN201
         for g in range(k_new.shape[1]):
             for e in range(k_new.shape[2]):
                 x = k_new[t, g, e]
-                kt[s, g, tile, e, off] = to_f16(x) if f16 else x
+                kt[s, g, tile, e, off] = kv_encode(to_f16(x) if f16 else x, kt)
             for c in range(v_new.shape[2]):
                 x = v_new[t, g, c]
-                v[s, g, p, c] = to_f16(x) if f16 else x
+                v[s, g, p, c] = kv_encode(to_f16(x) if f16 else x, v)
 
 
 @njit(cache=True, nogil=True)

@@ -13,7 +13,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-_I32, _F32 = ir.IntType(32), ir.FloatType()
+_I32, _F32, _I16, _F16 = ir.IntType(32), ir.FloatType(), ir.IntType(16), ir.HalfType()
 
 
 @intrinsic
@@ -48,6 +48,50 @@ def fma32(typingctx, a, b, c):  # noqa: ANN001, ANN202, ARG001
         return builder.call(fn, list(args))
 
     return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@intrinsic
+def f16_from_f32(typingctx, x):  # noqa: ANN001, ANN202, ARG001
+    """float32 -> the bits (uint16) of the nearest float16: IEEE rounding to nearest even,
+    infinite beyond its range, NaN kept (numpy's ``astype(np.float16)``; ``vcvtps2ph``)."""
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+        return builder.bitcast(builder.fptrunc(args[0], _F16), _I16)
+
+    return types.uint16(types.float32), codegen
+
+
+@intrinsic
+def kv_load(typingctx, x):  # noqa: ANN001, ANN202, ARG001
+    """A cached key or value as float32: float16 bits (uint16) converted exactly
+    (``vcvtph2ps``), a float32 as it is. The attention kernel reads either cache type."""
+    if x == types.uint16:
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+            return builder.fpext(builder.bitcast(args[0], _F16), _F32)
+
+        return types.float32(types.uint16), codegen
+    if x == types.float32:
+        def same(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+            return args[0]
+
+        return types.float32(types.float32), same
+    return None
+
+
+@intrinsic
+def kv_encode(typingctx, x, like):  # noqa: ANN001, ANN202, ARG001
+    """float32 ``x`` as an element of array ``like``: float16 bits for a uint16 (float16)
+    cache, ``x`` itself for a float32 one."""
+    if isinstance(like, types.Array) and like.dtype == types.uint16:
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+            return builder.bitcast(builder.fptrunc(args[0], _F16), _I16)
+
+        return types.uint16(types.float32, like), codegen
+    if isinstance(like, types.Array) and like.dtype == types.float32:
+        def same(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+            return args[0]
+
+        return types.float32(types.float32, like), same
+    return None
 
 
 @njit(cache=True, nogil=True, inline="always")
