@@ -45,7 +45,8 @@ def prompt(i: int) -> str:
 class Server:
     """A server process on a free port: gguflm serve, or llama-server."""
 
-    def __init__(self, kind: str, model: str, n: int, threads: int, binary: str | None) -> None:
+    def __init__(self, kind: str, model: str, n: int, threads: int, binary: str | None,
+                 env: dict[str, str] | None = None) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix=f"bench-serve-{kind}-", suffix=".log",
                                                delete=False)
         if kind == "gguflm":
@@ -61,7 +62,8 @@ class Server:
                    "-cb", "-t", str(threads), "-c", str(CTX * n), "--no-webui"]
             self.url = f"http://{HOST}:{port}"
         self.kind = kind
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log,
+                                     env=None if env is None else os.environ | env)
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -229,6 +231,10 @@ def main() -> int:
     ap.add_argument("--llama-server", metavar="PATH", help="llama-server binary to compare")
     ap.add_argument("--latency", action="store_true", help="also the latency bars")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--gguflm-env", action="append", default=[], metavar="NAME=VALUE",
+                    type=lambda s: tuple(s.split("=", 1)),
+                    help="an environment variable for gguflm serve only (e.g. "
+                         "OMP_WAIT_POLICY=active), to compare settings")
     args = ap.parse_args()
     from gguflm.hub import resolve_model
 
@@ -239,7 +245,8 @@ def main() -> int:
     kinds = ["gguflm"] + (["llama-server"] if args.llama_server else [])
     for n in ns:
         for kind in kinds:  # alternate: the same machine state for both at each N
-            srv = Server(kind, path, n, args.threads, args.llama_server)
+            srv = Server(kind, path, n, args.threads, args.llama_server,
+                         env=dict(args.gguflm_env) if kind == "gguflm" else None)
             try:
                 run_clients(srv.url, args.model, 1, 8, offset=99)  # warm up
                 r = run_clients(srv.url, args.model, n, args.max_tokens)
