@@ -91,19 +91,22 @@ def _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g):  # n
         for hh in range(group):
             for jj in range(n):
                 sc[hh, o + jj] = acc[hh, jj]
+    n_vis = hi + 1 - lo
     for hh in range(group):
-        sh = sc[hh]
+        # the visible keys' scores as a view from index 0: loops over range(n_vis) need no
+        # negative-index checks, so they vectorize whatever the window
+        sh = sc[hh, lo - base:]
         m = np.float32(-np.inf)
-        for j in range(lo - base, hi + 1 - base):
+        for j in range(n_vis):
             x = sh[j] * scale
             if cap > 0:
                 x = np.float32(np.tanh(x * (np.float32(1.0) / cap))) * cap
             sh[j] = x
             m = max(m, x)
-        for j in range(lo - base, hi + 1 - base):  # ggml's vector exp: this loop vectorizes
+        for j in range(n_vis):  # ggml's vector exp: this loop vectorizes
             sh[j] = expf_ggml(sh[j] - m)
-        inv = np.float32(1.0 / _soft_max_sum(sh, lo - base, hi - base))
-        for j in range(lo - base, hi + 1 - base):
+        inv = np.float32(1.0 / _soft_max_sum(sc[hh], lo - base, hi - base))
+        for j in range(n_vis):
             p = sh[j] * inv
             sh[j] = round_f16(p) if f16 else p
     for hh in range(group):
