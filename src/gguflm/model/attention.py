@@ -21,11 +21,11 @@ from numba import njit, prange
 from ..quant.floatbits import (
     expf_ggml,
     expf_ggml_twin,
-    f16_from_f32,
     fma32,
     kv_encode,
     kv_load,
     round_f16,
+    to_f16,
 )
 from .kv_cache import TILE  # key positions per tile of the arena's transposed keys
 
@@ -207,13 +207,6 @@ def _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item):
     else:  # every key from position 0 (no window, or not yet past it): compiled apart, as
         # with the window a constant 0 the loops simplify: 1.7x faster
         _attend_group(q, kt, v, slot, pos, 0, scale, cap, f16, out, t, g)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def to_f16(x):  # noqa: ANN001, ANN201
-    """float32 x rounded to float16 exactly as numpy's ``astype(np.float16)`` (infinite
-    beyond its range, NaN kept), as float32."""
-    return kv_load(f16_from_f32(x))
 
 
 @njit(cache=True, nogil=True)

@@ -1,8 +1,9 @@
-"""Float32 bit casts, fused multiply-add and float16 rounding for numba code: the one home
-of these helpers, shared by the quantized kernels and the attention kernel.
+"""Float32 bit casts, fused multiply-add, float16 rounding and conversion, and ggml's
+vector exp, for numba code: the one home of these helpers, shared by the quantized kernels
+and the attention kernel.
 
-numba has no bitcast between float32 and its bits and no float32 fma; these are numba
-intrinsics that emit the single LLVM instruction.
+numba has no bitcast between float32 and its bits, no float32 fma and no float16 type;
+these are numba intrinsics that emit the single LLVM instruction.
 """
 
 from __future__ import annotations
@@ -92,6 +93,13 @@ def kv_encode(typingctx, x, like):  # noqa: ANN001, ANN202, ARG001
 
         return types.float32(types.float32, like), same
     return None
+
+
+@njit(cache=True, nogil=True, inline="always")
+def to_f16(x):  # noqa: ANN001, ANN201
+    """float32 x rounded to float16 exactly as numpy's ``astype(np.float16)`` (infinite
+    beyond its range, NaN kept), as float32 (``round_f16`` without its range limit)."""
+    return kv_load(f16_from_f32(x))
 
 
 @njit(cache=True, nogil=True, inline="always")
