@@ -113,3 +113,16 @@ def test_lookup_with_a_json_schema_keeps_the_constraint(llm: LLM) -> None:
     assert text == plain["choices"][0]["message"]["content"]
     assert json.loads(text)["age"] == 42
     assert llm.engine.stats.accepted_tokens > kept  # drafts were kept under the grammar
+
+
+@pytest.mark.parametrize("value, message", [("65", "lookup must be an integer from 0 to 64"),
+                                            ("-1", "lookup must be an integer from 0 to 64"),
+                                            ("abc", "not an integer")])
+def test_bad_lookup_option_is_a_usage_error(value: str, message: str) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "gguflm.cli", "run", "-p", "x", "--lookup",
+                          value], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert message in out.stderr and "Traceback" not in out.stderr

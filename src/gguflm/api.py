@@ -739,13 +739,13 @@ _IGNORED_SILENT = ("n_batch", "n_ubatch", "n_threads_batch", "embedding", "logit
 
 
 def _check_lookup(value: Any) -> int:
-    """A prompt-lookup draft length: an integer 0..MAX_LOOKUP (0: off)."""
-    from .engine.lookup import MAX_LOOKUP
+    """A prompt-lookup draft length (engine/lookup.py), as an API error when it is bad."""
+    from .engine.lookup import check_lookup
 
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOOKUP:
-        raise InvalidRequestError(f"lookup must be an integer from 0 to {MAX_LOOKUP}, got "
-                                  f"{value!r}", param="lookup")
-    return value
+    try:
+        return check_lookup(value)
+    except ValueError as e:
+        raise InvalidRequestError(str(e), param="lookup") from None
 
 
 def _lcpp_aliases(model: Any, model_path: Any, threads: Any, n_threads: Any,

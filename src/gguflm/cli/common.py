@@ -304,13 +304,14 @@ def say_if_compiling() -> None:
 
 def add_lookup_option(p: argparse.ArgumentParser) -> None:
     """``--lookup K``: prompt-lookup speculative decoding (engine/lookup.py)."""
-    from ..engine.lookup import MAX_LOOKUP
+    from ..engine.lookup import check_lookup
 
     def lookup(text: str) -> int:
-        n = non_negative_int(text)
-        if n > MAX_LOOKUP:
-            raise argparse.ArgumentTypeError(f"at most {MAX_LOOKUP}, got {n}")
-        return n
+        try:
+            return check_lookup(int(text))
+        except ValueError as e:  # not a number, or out of range
+            raise argparse.ArgumentTypeError(
+                str(e) if "lookup" in str(e) else f"not an integer: {text!r}") from None
 
     p.add_argument("--lookup", type=lookup, default=0, metavar="K",
                    help="draft up to K tokens per step from the prompt and the text so far, "

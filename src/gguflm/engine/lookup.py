@@ -20,11 +20,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["MAX_LOOKUP", "NgramDrafter"]
+__all__ = ["MAX_LOOKUP", "NgramDrafter", "check_lookup"]
 
 MAX_LOOKUP = 64   # the largest draft a request may ask for
 NGRAM_MAX = 4     # the longest suffix matched first (a longer match predicts better)
 NGRAM_MIN = 2     # a single repeated token predicts too little to pay for its rows
+
+
+def check_lookup(value: object) -> int:
+    """A draft length as given (API keyword, JSON field, option): an integer 0..MAX_LOOKUP
+    (0: off); ValueError saying what is allowed otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOOKUP:
+        raise ValueError(f"lookup must be an integer from 0 to {MAX_LOOKUP}, got {value!r}")
+    return value
 
 
 class NgramDrafter:

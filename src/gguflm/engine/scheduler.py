@@ -316,7 +316,7 @@ class Engine:
         if not active:
             return
         parts: list[Part] = []
-        owners: list[tuple[Slot, bool]] = []  # (slot, wants logits) per part
+        owners: list[tuple[Slot, bool, list[int]]] = []  # (slot, wants logits, draft)
         decoding = [s for s in active if s.seq.state == DECODE]
         prefilling = sorted((s for s in active if s.seq.state == PREFILL),
                             key=lambda s: s.seq.timings.started)
@@ -336,7 +336,7 @@ class Engine:
             draft = s.seq.draft(min(s.cache.n_free, self.n_batch) - 1)
             parts.append(Part(s.cache, np.array([s.seq.tokens[-1], *draft]),
                               ALL if draft else LAST))
-            owners.append((s, True))
+            owners.append((s, True, draft))
         budget = self.n_batch - sum(len(p.ids) for p in parts)
         if decoding or prefill_only:  # keep the running streams flowing: a bounded chunk
             budget = min(budget, chunk)
@@ -351,14 +351,14 @@ class Engine:
             if isinstance(seq, EmbedSequence):  # hidden states, not logits
                 parts.append(Part(s.cache, ids, NONE, seq.hidden_wanted(last),
                                   flash=seq.request.flash_attn))
-                owners.append((s, False))
+                owners.append((s, False, []))
             else:
                 parts.append(Part(s.cache, ids, LAST if last else NONE))
-                owners.append((s, last))
+                owners.append((s, last, []))
             budget -= n
         logits = self.model.forward_batch(parts)
         row = 0
-        for (s, wants), part in zip(owners, parts, strict=True):
+        for (s, wants, draft), part in zip(owners, parts, strict=True):
             seq = s.seq
             if seq.state == PREFILL:
                 n = len(part.ids)
@@ -376,12 +376,10 @@ class Engine:
                 if not wants:
                     continue
                 seq.state = DECODE
-                n_rows, draft = 1, []
             else:
                 s.tokens.append(seq.tokens[-1])
-                n_rows, draft = len(part.ids), [int(t) for t in part.ids[1:]]
-            self._sample(s, logits[row:row + n_rows], draft)
-            row += n_rows
+            self._sample(s, logits[row:row + 1 + len(draft)], draft)
+            row += 1 + len(draft)
         elapsed = time.perf_counter() - t0
         rows = sum(len(p.ids) for p in parts)
         if rows >= 16:  # enough rows for the per-row cost to dominate the fixed cost

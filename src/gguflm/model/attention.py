@@ -31,16 +31,11 @@ from .kv_cache import TILE  # key positions per tile of the arena's transposed k
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _row_head(q, kt, slot, pos, window, th):  # noqa: ANN001, ANN202
-    """Work item th of ``attend``: (row t, query head h, its KV head g, slot s, the first
-    and last visible positions lo..hi)."""
-    n_head = q.shape[1]
-    t = th // n_head
-    h = th - t * n_head
-    g = h // (n_head // kt.shape[1])
+def _span(slot, pos, window, t):  # noqa: ANN001, ANN202
+    """Row t's slot s and its first and last visible positions lo..hi."""
     hi = pos[t]
     lo = max(0, hi - window + 1) if window > 0 else 0
-    return t, h, g, slot[t], lo, hi
+    return slot[t], lo, hi
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -69,7 +64,7 @@ def _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g):  # n
     d_v = v.shape[3]
     group = q.shape[1] // kt.shape[1]
     h0 = g * group
-    _, _, _, s, lo, hi = _row_head(q, kt, slot, pos, window, t * q.shape[1] + h0)
+    s, lo, hi = _span(slot, pos, window, t)
     tile0 = lo // tile_len
     base = tile0 * tile_len
     sc = np.empty((group, hi + 1 - base), np.float32)
@@ -152,14 +147,14 @@ def _ggml_dot(kt, s, g, j, qv, acc):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, th):  # noqa: ANN001, ANN202
-    """Query row t, head h as llama.cpp's CPU flash attention computes it for a prompt of
-    fewer than 64 rows (ggml_compute_forward_flash_attn_ext_f16_one_chunk): scores by
+def _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, t, h, g):  # noqa: ANN001, ANN202
+    """Query row t, head h (of KV head g) as llama.cpp's CPU flash attention computes it for
+    a prompt of fewer than 64 rows (ggml_compute_forward_flash_attn_ext_f16_one_chunk): scores by
     ``_ggml_dot``; an online softmax over the keys in position order, the running sum of
     values kept in float16 (rounded after every fused step) with an F16 cache; divided by
     the softmax sum at the end."""
     d_v = v.shape[3]
-    t, h, g, s, lo, hi = _row_head(q, kt, slot, pos, window, th)
+    s, lo, hi = _span(slot, pos, window, t)
     if cap > 0:
         scale = scale / cap
     acc = np.empty(32, np.float32)
@@ -200,8 +195,7 @@ def _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item):
     if flash[t]:
         group = q.shape[1] // n_kv
         for h in range(g * group, (g + 1) * group):
-            _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out,
-                              t * q.shape[1] + h)
+            _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, t, h, g)
     elif window > 0 and pos[t] >= window:  # the window hides the first keys
         _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g)
     else:  # every key from position 0 (no window, or not yet past it): compiled apart, as
@@ -210,29 +204,27 @@ def _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item):
 
 
 @njit(cache=True, nogil=True)
-def store_rows(kt, v, slot, pos, k_new, v_new, f16):  # noqa: ANN001, ANN201
+def store_rows(kt, v, slot, pos, k_new, v_new):  # noqa: ANN001, ANN201
     """Write k_new (T, H_kv, d) and v_new (T, H_kv, d_v) of rows at positions ``pos`` of
     slots ``slot`` into one layer's keys ``kt`` (S, H_kv, tiles, d, TILE) and values ``v``
     (S, H_kv, n_ctx, d_v): as float16 bits into a uint16 cache (llama.cpp's F16 cache),
-    else as float32 (rounded to float16 values with ``f16``)."""
+    as they are into a float32 one."""
     tile_len = kt.shape[4]
     for t in range(k_new.shape[0]):
         s, p = slot[t], pos[t]
         tile, off = p // tile_len, p % tile_len
         for g in range(k_new.shape[1]):
             for e in range(k_new.shape[2]):
-                x = k_new[t, g, e]
-                kt[s, g, tile, e, off] = kv_encode(to_f16(x) if f16 else x, kt)
+                kt[s, g, tile, e, off] = kv_encode(k_new[t, g, e], kt)
             for c in range(v_new.shape[2]):
-                x = v_new[t, g, c]
-                v[s, g, p, c] = kv_encode(to_f16(x) if f16 else x, v)
+                v[s, g, p, c] = kv_encode(v_new[t, g, c], v)
 
 
 @njit(cache=True, nogil=True)
 def _prepare(q, kt, v, slot, pos, k_new, v_new, f16):  # noqa: ANN001, ANN202
     """Store the batch's keys and values; the queries as the kernel reads them (rounded to
     float16 with an F16 cache: ggml converts the other operand of an F16 product)."""
-    store_rows(kt, v, slot, pos, k_new, v_new, f16)
+    store_rows(kt, v, slot, pos, k_new, v_new)
     if not f16:
         return q
     qr = np.empty_like(q)

@@ -76,14 +76,14 @@ class KVArena:
     def store(self, layer: int, slot: np.ndarray, pos: np.ndarray, k: np.ndarray,
               v: np.ndarray) -> None:
         """Write k (T, n_head_kv, head_dim) and v (T, n_head_kv, head_dim_v) of layer
-        ``layer`` for rows whose sequence is ``slot[t]`` at position ``pos[t]`` (rounded to
-        float16 when ``f16``). The forward pass stores its rows inside the attention call
+        ``layer`` for rows whose sequence is ``slot[t]`` at position ``pos[t]`` (as float16
+        when ``f16``). The forward pass stores its rows inside the attention call
         (``attention.attend``); this is the same code, for tests and tools."""
         from .attention import store_rows  # numba: compiled or loaded on first use
 
         store_rows(self.k[layer], self.v[layer], np.asarray(slot, np.int64),
                    np.asarray(pos, np.int64), np.ascontiguousarray(k, dtype=np.float32),
-                   np.ascontiguousarray(v, dtype=np.float32), self.f16)
+                   np.ascontiguousarray(v, dtype=np.float32))
 
 
 class KVCache:

@@ -51,12 +51,21 @@ def fma32(typingctx, a, b, c):  # noqa: ANN001, ANN202, ARG001
     return types.float32(types.float32, types.float32, types.float32), codegen
 
 
+def _f16_bits(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """float32 -> the bits (i16) of the nearest float16 (``vcvtps2ph``)."""
+    return builder.bitcast(builder.fptrunc(x, _F16), _I16)
+
+
+def _same(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+    return args[0]
+
+
 @intrinsic
 def f16_from_f32(typingctx, x):  # noqa: ANN001, ANN202, ARG001
     """float32 -> the bits (uint16) of the nearest float16: IEEE rounding to nearest even,
     infinite beyond its range, NaN kept (numpy's ``astype(np.float16)``; ``vcvtps2ph``)."""
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
-        return builder.bitcast(builder.fptrunc(args[0], _F16), _I16)
+        return _f16_bits(builder, args[0])
 
     return types.uint16(types.float32), codegen
 
@@ -71,10 +80,7 @@ def kv_load(typingctx, x):  # noqa: ANN001, ANN202, ARG001
 
         return types.float32(types.uint16), codegen
     if x == types.float32:
-        def same(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
-            return args[0]
-
-        return types.float32(types.float32), same
+        return types.float32(types.float32), _same
     return None
 
 
@@ -84,14 +90,11 @@ def kv_encode(typingctx, x, like):  # noqa: ANN001, ANN202, ARG001
     cache, ``x`` itself for a float32 one."""
     if isinstance(like, types.Array) and like.dtype == types.uint16:
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
-            return builder.bitcast(builder.fptrunc(args[0], _F16), _I16)
+            return _f16_bits(builder, args[0])
 
         return types.uint16(types.float32, like), codegen
     if isinstance(like, types.Array) and like.dtype == types.float32:
-        def same(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
-            return args[0]
-
-        return types.float32(types.float32, like), same
+        return types.float32(types.float32, like), _same
     return None
 
 
@@ -113,20 +116,16 @@ def round_f16(x):  # noqa: ANN001, ANN201
 
 
 # ggml_v_expf's constants (ggml-cpu/vec.h), as written there
-_X = {h: np.float32(float.fromhex(h)) for h in (
+_R, _LOG2E, _LN2_LO, _LN2_HI, _P4, _P3, _P2, _P1, _P0 = (np.float32(float.fromhex(h)) for h in (
     "0x1.8p23", "0x1.715476p+0", "0x1.7f7d1cp-20", "0x1.62e4p-1", "0x1.0e4020p-7",
-    "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2", "0x1.ffffecp-1")}
-_R, _LOG2E, _LN2_LO, _LN2_HI = _X["0x1.8p23"], _X["0x1.715476p+0"], _X["0x1.7f7d1cp-20"], \
-    _X["0x1.62e4p-1"]
-_P4, _P3, _P2, _P1, _P0 = _X["0x1.0e4020p-7"], _X["0x1.573e2ep-5"], _X["0x1.555e66p-3"], \
-    _X["0x1.fffdb6p-2"], _X["0x1.ffffecp-1"]
+    "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2", "0x1.ffffecp-1"))
 
 
 @njit(cache=True, nogil=True, inline="always")
 def expf_ggml(x):  # noqa: ANN001, ANN201
     """exp(x) for float32 x as ggml's ``ggml_v_expf`` computes each lane on x86 (AVX2/FMA;
     the soft_max of llama.cpp's CPU attention): 2^n * (1 + j(b)) with a degree-5
-    polynomial j, within about 1.5 ulp of expf. Branch-free, so a loop of it vectorizes."""
+    polynomial j, within a few ulp of exp. Branch-free, so a loop of it vectorizes."""
     z = fma32(x, _LOG2E, _R)
     n = z - _R
     b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
