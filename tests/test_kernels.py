@@ -267,7 +267,7 @@ def test_stale_kernel_cache_is_rebuilt(tmp_path) -> None:  # noqa: ANN001
     the table without Q8_0) is detected by its key and rebuilt, not run."""
     probe = ("import numpy as np\n"
              "from gguflm.quant import kernels as K\n"
-             "K._check_build()\n"
+             "K.check_build()\n"
              "x = np.ones((1, 32), np.float32)\n"
              "try:\n"
              "    K.quantize_activations(x, 8)\n"

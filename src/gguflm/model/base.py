@@ -24,8 +24,7 @@ from .weights import Weights
 # stay small (llama.cpp's n_ubatch is 512 too).
 MAX_BATCH = 512
 
-# RoPE pairings: llama.cpp's NORM (adjacent dimensions) and NEOX (split halves)
-ROPE_STYLES = {"norm": ops.rope_norm, "neox": ops.rope_neox}
+ROPE_STYLES = ops.ROPE_STYLES  # RoPE pairings by name
 
 
 class Model:

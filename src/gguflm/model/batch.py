@@ -87,6 +87,7 @@ class Batch:
         self.pos = np.concatenate(pos).astype(np.int64)
         self.slot = np.concatenate(slot).astype(np.int64)
         self.flash = np.concatenate(flash).astype(np.bool_)
+        self.span = int(self.pos.max()) + 1  # the longest sequence's positions so far
         self.out = np.concatenate(out).astype(np.int64)
         lr = np.concatenate(logit_rows).astype(np.int64)
         self.logit_rows = None if len(lr) == n_out else lr

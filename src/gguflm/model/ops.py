@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from gguflm.quant import matrix
+
 # -- products --------------------------------------------------------------------------------
 
 
@@ -73,28 +75,25 @@ def rope_table(pos: np.ndarray, n_rot: int, base: float, freq_scale: float = 1.0
 def rope_norm(x: np.ndarray, rot: np.ndarray) -> np.ndarray:
     """llama.cpp's NORM RoPE: rotate adjacent pairs (0,1), (2,3), ... of each head's first
     n_rot dims. x (T, H, d) f32, rot (T, n_rot/2) from rope_table -> new (T, H, d)."""
-    n_rot = 2 * rot.shape[-1]
-    if n_rot == x.shape[-1]:  # a pair (x0, x1) is the complex x0 + i x1: one multiply
-        xc = np.ascontiguousarray(x).view(np.complex64)
-        return (xc * rot[:, None, :]).view(np.float32)
-    out = x.copy()
-    x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
-    c, s = rot.real[:, None, :], rot.imag[:, None, :]
-    out[..., 0:n_rot:2] = x0 * c - x1 * s
-    out[..., 1:n_rot:2] = x0 * s + x1 * c
-    return out
+    return _rope(x, rot, False)
 
 
 def rope_neox(x: np.ndarray, rot: np.ndarray) -> np.ndarray:
     """llama.cpp's NEOX RoPE: rotate pairs (i, i + n_rot/2) of each head's first n_rot dims.
     x (T, H, d) f32, rot (T, n_rot/2) from rope_table -> new (T, H, d)."""
-    half = rot.shape[-1]
-    out = x.copy()
-    x0, x1 = x[..., :half], x[..., half:2 * half]
-    c, s = rot.real[:, None, :], rot.imag[:, None, :]
-    out[..., :half] = x0 * c - x1 * s
-    out[..., half:2 * half] = x0 * s + x1 * c
+    return _rope(x, rot, True)
+
+
+def _rope(x: np.ndarray, rot: np.ndarray, neox: bool) -> np.ndarray:
+    from .rowkernels import rope_rows  # numba: compiled or loaded on first use
+
+    out = np.array(x, dtype=np.float32, order="C")  # a copy, rotated in place
+    rope_rows(out, np.ascontiguousarray(rot, dtype=np.complex64), neox)
     return out
+
+
+# RoPE pairings by name: llama.cpp's NORM (adjacent dimensions) and NEOX (split halves)
+ROPE_STYLES = {"norm": rope_norm, "neox": rope_neox}
 
 
 # -- attention: see batch.py (Batch.attention) and attention.py (the kernel) -------------
@@ -117,8 +116,17 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """silu(gate) * up: the Llama FFN's gated activation. (T, n_ff) x2 -> (T, n_ff)."""
-    return silu(gate) * up
+    """silu(gate) * up: the Llama FFN's gated activation. (T, n_ff) x2 -> (T, n_ff).
+
+    One numba pass computing each row as ggml's ggml_vec_swiglu_f32 does (its exp)."""
+    from gguflm.quant import kernels  # numba: imported when a model runs, not at import
+
+    gate = np.ascontiguousarray(gate, dtype=np.float32)
+    up = np.ascontiguousarray(up, dtype=np.float32)
+    out = np.empty(gate.shape, np.float32)  # gate and up: the same (T, n_ff)
+    kernels.swiglu(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]),
+                   out.reshape(-1, out.shape[-1]))
+    return out
 
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -178,3 +186,59 @@ def glu_ffn(x: np.ndarray, layer: Any, glu: Callable[[np.ndarray, np.ndarray], n
         g, up = linear_many(x, (gate, layer.ffn_up), (getattr(layer, "ffn_gate_bias", None),
                                                       getattr(layer, "ffn_up_bias", None)))
     return linear(glu(g, up), layer.ffn_down, getattr(layer, "ffn_down_bias", None))
+
+
+def normed_glu_ffn(x: np.ndarray, norm_w: np.ndarray, eps: float, layer: Any,
+                   glu: Callable[[np.ndarray, np.ndarray], np.ndarray],
+                   post_norm: np.ndarray | None = None) -> np.ndarray:
+    """``glu_ffn(rmsnorm(x, norm_w, eps), layer, glu)`` (then ``rmsnorm(., post_norm,
+    eps)`` when ``post_norm`` is given: Gemma's post-FFN norm), the same numbers, as one
+    compiled call (``blocks.ffn_block``) when the layer has separate ``ffn_gate``/
+    ``ffn_up`` and ``ffn_down`` with integer kernels and no biases. x (T, n_embd) ->
+    (T, n_embd)."""
+    plan = matrix.layer_plan(layer, matrix.FFN_GROUPS)
+    code = _GLU_CODES.get(glu)
+    if plan is None or code is None:
+        f = glu_ffn(rmsnorm(x, norm_w, eps), layer, glu)
+        return f if post_norm is None else rmsnorm(f, post_norm, eps)
+    from . import blocks  # numba: compiled or loaded on first use
+
+    return blocks.ffn(x, norm_w, eps, plan, code, post_norm)
+
+
+_GLU_CODES = {swiglu: 0, geglu: 1}  # blocks.GLU_SILU, blocks.GLU_GELU
+
+
+def normed_attention(x: np.ndarray, norm_w: np.ndarray, eps: float, layer: Any, batch: Any,
+                     il: int, config: Any, rot: np.ndarray, rope_style: str, scale: float, *,
+                     q_norm: np.ndarray | None = None, k_norm: np.ndarray | None = None,
+                     cap: float = 0.0, window: int = 0, post_norm: np.ndarray | None = None
+                     ) -> np.ndarray:
+    """llama.cpp's build_attn behind the layer's input norm: x (T, n_embd) -> (T, n_embd).
+
+    ``h = rmsnorm(x, norm_w, eps)``; Q, K, V of h (``qkv``; head counts and sizes from
+    ``config``); ``q_norm``/``k_norm`` (d,), when given, RMS-normalize each query/key head
+    (Qwen3, Gemma 3); RoPE ``rope_style`` by ``rot`` (``rope_table``); ``batch.attention``
+    in layer ``il`` (``scale``, soft-cap ``cap``, sliding ``window``); the output
+    projection ``attn_output``, RMS-normalized times ``post_norm`` when given (Gemma).
+    One compiled call (``blocks.attention``) when Q, K, V and the output are separate
+    integer-kernel matrices without biases, else step by step: the same numbers either
+    way."""
+    plan = matrix.layer_plan(layer, matrix.ATTENTION_GROUPS)
+    if plan is not None:
+        from . import blocks  # numba: compiled or loaded on first use
+
+        return blocks.attention(x, norm_w, eps, plan, batch, il, config, rot,
+                                rope_style == "neox", scale, q_norm, k_norm, cap, window,
+                                post_norm)
+    c = config
+    q, k, v = qkv(rmsnorm(x, norm_w, eps), layer, c.n_head, c.n_head_kv, c.head_dim,
+                  c.head_dim_v)
+    if q_norm is not None:
+        q = rmsnorm(q, q_norm, eps)
+    if k_norm is not None:
+        k = rmsnorm(k, k_norm, eps)
+    rope = ROPE_STYLES[rope_style]
+    a = batch.attention(il, rope(q, rot), rope(k, rot), v, scale, cap, window)
+    o = linear(a, layer.attn_output, getattr(layer, "attn_output_bias", None))
+    return o if post_norm is None else rmsnorm(o, post_norm, eps)

@@ -3,7 +3,8 @@ fixed order, as ggml's CPU backend computes it, whatever the batch.
 
 ``rmsnorm_rows`` is ggml's ``rms_norm`` fused with the weight multiply
 (ggml_compute_forward_rms_norm_f32): the sum of squares in float64, one float32 scale.
-``rmsnorm_twin`` is the same in plain numpy, for the tests.
+``rmsnorm_twin`` is the same in plain numpy, for the tests. ``rope_rows`` rotates each
+head's pairs of dimensions in place (ggml's rope), for both pairings.
 """
 
 from __future__ import annotations
@@ -35,3 +36,21 @@ def rmsnorm_twin(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     mean = (s / x.shape[1]).astype(np.float32)
     scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps)).astype(np.float32)
     return (x * scale[:, None]) * w
+
+
+@njit(cache=True, nogil=True)
+def rope_rows(x, rot, neox):  # noqa: ANN001, ANN201
+    """x (T, H, d) f32 rotated in place by rot (T, n_rot/2) c64 (``ops.rope_table``): the
+    pair (a, b) of each head's first n_rot dimensions becomes ``(x_a c - x_b s, x_a s +
+    x_b c)`` with ``c + i s = rot[t, i]``, each product rounded, as ggml's rope_f32; pairs
+    (2i, 2i+1) (llama.cpp's NORM) or, with ``neox``, (i, i + n_rot/2) (NEOX)."""
+    half = rot.shape[1]
+    for t in range(x.shape[0]):
+        for i in range(half):
+            c, s = rot[t, i].real, rot[t, i].imag
+            a = i if neox else 2 * i
+            b = i + half if neox else 2 * i + 1
+            for h in range(x.shape[1]):
+                x0, x1 = x[t, h, a], x[t, h, b]
+                x[t, h, a] = x0 * c - x1 * s
+                x[t, h, b] = x0 * s + x1 * c

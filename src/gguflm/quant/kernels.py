@@ -39,7 +39,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..gguf.types import GGMLType
-from .floatbits import f32_from_bits, round_f16
+from .floatbits import expf_ggml, f32_from_bits, round_f16
 from .kerneltypes import (
     KERNEL_TYPES,
     KernelType,
@@ -766,7 +766,20 @@ _CACHED = (quantize_activations, qmatmul_rows, _no_activations, _work_items, _ac
 _fresh = False
 
 
-def _check_build() -> None:
+def rebuild_if_stale(key_fn, key: int, fns: Sequence) -> None:  # noqa: ANN001
+    """Flush and recompile ``fns`` (callees first: their callers pick up the new overloads)
+    when ``key_fn``, a cached jitted function returning the key its module's kernels were
+    built for (frozen into its machine code with theirs), returns another than ``key``.
+    Here the key is the declarations' (``_TABLE_KEY``); kernels in other modules that call
+    these use a key that covers the sources they inline (``model.blocks``)."""
+    if key_fn() != key:
+        for fn in fns:
+            fn._cache.flush()
+            if fn.overloads:
+                fn.recompile()
+
+
+def check_build() -> None:
     """Rebuild the kernels when numba's disk cache holds a build from other declarations.
 
     numba invalidates its cache when kernels.py changes, not when kerneltypes.py or
@@ -774,11 +787,7 @@ def _check_build() -> None:
     global _fresh
     if _fresh:
         return
-    if _built_table_key() != _TABLE_KEY:
-        for fn in _CACHED:  # callees first: their callers pick up the new overloads
-            fn._cache.flush()
-            if fn.overloads:
-                fn.recompile()
+    rebuild_if_stale(_built_table_key, _TABLE_KEY, _CACHED)
     _fresh = True
 
 
@@ -834,7 +843,7 @@ def qmatmul_planned(kinds: np.ndarray, ws: tuple[np.ndarray, ...], x: np.ndarray
     """``qmatmul_many`` without its checks, for a caller that made and checked the
     arguments once (``matrix.matmul_many``): ``kinds`` (MAX_FUSED,) i64 and ``ws``/``outs``
     MAX_FUSED-tuples padded with used entries, ``x (n, K) f32`` C-contiguous."""
-    _check_build()
+    check_build()
     if parallel:
         qmatmul_par(kinds, ws, x, F16_TABLE, outs, count, numba.get_num_threads())
     else:
@@ -1003,6 +1012,31 @@ def geglu(gate, up, out):  # noqa: ANN001, ANN201
     _geglu_flat(gate.reshape(-1), up.reshape(-1), out.reshape(-1))
 
 
+# -- SwiGLU: silu(gate) * up as ggml's ggml_vec_swiglu_f32 ---------------------------------
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _swiglu_flat(x, u, out):  # noqa: ANN001, ANN201
+    # x, u, out (N,) f32 contiguous. ggml's SIMD lanes (ggml_v_silu: x / (1 + e**-x) with
+    # ggml_v_expf) for whole groups of 8, libm's expf for a row's tail, as ggml
+    n = x.shape[0]
+    body = n - n % 8
+    for j in range(body):
+        v = x[j]
+        out[j] = v / (np.float32(1.0) + expf_ggml(-v)) * u[j]
+    for j in range(body, n):
+        v = x[j]
+        out[j] = v / (np.float32(1.0) + np.exp(-v)) * u[j]
+
+
+@njit(cache=True, nogil=True)
+def swiglu(gate, up, out):  # noqa: ANN001, ANN201
+    """gate (T, F) f32, up (T, F) f32 -> out (T, F) f32 = silu(gate) * up, each row as
+    ggml_vec_swiglu_f32 computes it (C-contiguous; ``out`` may be ``gate`` or ``up``)."""
+    for t in range(gate.shape[0]):
+        _swiglu_flat(gate[t], up[t], out[t])
+
+
 # ======================================================================================
 # 4. Numpy twins (slow, readable; the tests hold the kernels to them). The quantized
 #    products' twins live with their declarations: kerneltypes.twin_*.
@@ -1013,6 +1047,21 @@ def twin_f16_matmul(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Numpy twin of ``f16_matmul_rows``: ``W (R, K) fp16 bits @ x (n, K) -> (n, R)``."""
     wf = np.ascontiguousarray(w).view(np.float16).astype(np.float64)
     return (x.astype(np.float64) @ wf.T).astype(np.float32)
+
+
+def twin_swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """Numpy twin of ``swiglu``: silu(gate) * up with ggml's exp (``expf_ggml_twin``) on
+    each row's whole groups of 8 and, on the tail, exp in float64 rounded to float32 (as
+    glibc's expf, correctly rounded)."""
+    from .floatbits import expf_ggml_twin
+
+    gate = np.asarray(gate, np.float32)
+    body = gate.shape[-1] - gate.shape[-1] % 8
+    e = np.empty_like(gate)
+    e[..., :body] = expf_ggml_twin(-gate[..., :body])
+    with np.errstate(over="ignore"):
+        e[..., body:] = np.exp(-gate[..., body:].astype(np.float64)).astype(np.float32)
+    return gate / (np.float32(1.0) + e) * up
 
 
 def twin_geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

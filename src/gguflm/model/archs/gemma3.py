@@ -101,15 +101,13 @@ class Gemma3(Model):
         last = len(self.layers) - 1
         for il, layer in enumerate(self.layers):
             local = c.swa_layers[il]
-            h = ops.rmsnorm(x, layer.attn_norm, c.norm_eps)
-            a = self.attention(il, layer, h, rope[local], c.sliding_window if local else 0,
+            a = self.attention(il, layer, x, rope[local], c.sliding_window if local else 0,
                                batch)
             if il == last:  # only the wanted rows go on (llama.cpp's inp_out_ids)
                 a, x = a[batch.out], x[batch.out]
-            x = x + ops.rmsnorm(a, layer.post_attention_norm, c.norm_eps)
-            h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
-            f = ops.glu_ffn(h, layer, ops.geglu)           # GeGLU
-            x = x + ops.rmsnorm(f, layer.post_ffw_norm, c.norm_eps)
+            x = x + a
+            x = x + ops.normed_glu_ffn(x, layer.ffn_norm, c.norm_eps, layer, ops.geglu,  # GeGLU
+                                       layer.post_ffw_norm)
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
 
     def head(self, x: np.ndarray) -> np.ndarray:
@@ -118,14 +116,14 @@ class Gemma3(Model):
             logits = ops.softcap(logits, self.config.final_softcap)
         return logits
 
-    def attention(self, il: int, layer: Any, h: np.ndarray,
-                  rope: np.ndarray, window: int, batch: Batch) -> np.ndarray:
-        """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the caches;
-        ``window`` > 0: sliding-window attention."""
+    def attention(self, il: int, layer: Any, x: np.ndarray, rope: np.ndarray, window: int,
+                  batch: Batch) -> np.ndarray:
+        """x (T, n_embd) -> the attention output (T, n_embd) of rmsnorm(x) after its
+        post-attention norm, keys/values stored in the caches; ``window`` > 0:
+        sliding-window attention."""
         c = self.config
-        q, k, v = ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
-        q = self.apply_rope(ops.rmsnorm(q, layer.attn_q_norm, c.norm_eps), rope)
-        k = self.apply_rope(ops.rmsnorm(k, layer.attn_k_norm, c.norm_eps), rope)
-        a = batch.attention(il, q, k, v, c.attn_scale, window=window)
-        return ops.linear(a, layer.attn_output)
+        return ops.normed_attention(x, layer.attn_norm, c.norm_eps, layer, batch, il, c, rope,
+                                    self.rope_style, c.attn_scale, q_norm=layer.attn_q_norm,
+                                    k_norm=layer.attn_k_norm, window=window,
+                                    post_norm=layer.post_attention_norm)
 

@@ -96,21 +96,18 @@ class Phi3(Model):
         x = self.token_embd.rows(batch.ids)                      # (T, n_embd)
         last = len(self.layers) - 1
         for il, layer in enumerate(self.layers):
-            h = ops.rmsnorm(x, layer.attn_norm, c.norm_eps)
-            a = self.attention(il, layer, h, rope, batch)
+            a = self.attention(il, layer, x, rope, batch)
             if il == last:  # only the wanted rows go on (llama.cpp's inp_out_ids)
                 a, x = a[batch.out], x[batch.out]
             x = x + a
-            h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
-            x = x + ops.glu_ffn(h, layer, ops.swiglu)      # SwiGLU from the fused ffn_up
+            # SwiGLU, its gate and up from the fused ffn_up
+            x = x + ops.normed_glu_ffn(x, layer.ffn_norm, c.norm_eps, layer, ops.swiglu)
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd); head: output
 
-    def attention(self, il: int, layer: Any, h: np.ndarray, rope: np.ndarray,
+    def attention(self, il: int, layer: Any, x: np.ndarray, rope: np.ndarray,
                   batch: Batch) -> np.ndarray:
-        """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the caches
-        (causal: Phi's window is disabled)."""
+        """x (T, n_embd) -> attention output (T, n_embd) of rmsnorm(x), keys/values stored
+        in the caches (causal: Phi's window is disabled)."""
         c = self.config
-        q, k, v = ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
-        q, k = self.apply_rope(q, rope), self.apply_rope(k, rope)
-        a = batch.attention(il, q, k, v, 1.0 / math.sqrt(c.head_dim))
-        return ops.linear(a, layer.attn_output)
+        return ops.normed_attention(x, layer.attn_norm, c.norm_eps, layer, batch, il, c, rope,
+                                    self.rope_style, 1.0 / math.sqrt(c.head_dim))

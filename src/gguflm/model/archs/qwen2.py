@@ -65,29 +65,26 @@ class Qwen2(Model):
         x = self.token_embd.rows(batch.ids)                      # (T, n_embd)
         last = len(self.layers) - 1
         for il, layer in enumerate(self.layers):
-            h = ops.rmsnorm(x, layer.attn_norm, c.norm_eps)
-            a = self.attention(il, layer, h, rope, batch)
+            a = self.attention(il, layer, x, rope, batch)
             if il == last:  # only the wanted rows go on (llama.cpp's inp_out_ids)
                 a, x = a[batch.out], x[batch.out]
             x = x + a
-            h = ops.rmsnorm(x, layer.ffn_norm, c.norm_eps)
-            x = x + ops.glu_ffn(h, layer, ops.swiglu)      # SwiGLU
+            x = x + ops.normed_glu_ffn(x, layer.ffn_norm, c.norm_eps, layer, ops.swiglu)  # SwiGLU
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
 
     def head(self, x: np.ndarray) -> np.ndarray:
         return ops.linear(x, self.output, self.output_bias)  # (rows, n_vocab)
 
-    def project(self, layer: Any, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Q (T, H, d), K (T, H_kv, d), V (T, H_kv, d_v) of h (T, n_embd), before RoPE."""
-        c = self.config  # biases added before RoPE, as llama.cpp
-        return ops.qkv(h, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
+    def qk_norms(self, layer: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Per-head RMSNorm weights of Q and K before RoPE: none here (a subclass's hook)."""
+        return None, None
 
-    def attention(self, il: int, layer: Any, h: np.ndarray, rope: np.ndarray,
+    def attention(self, il: int, layer: Any, x: np.ndarray, rope: np.ndarray,
                   batch: Batch) -> np.ndarray:
-        """h (T, n_embd) -> attention output (T, n_embd), keys/values stored in the caches
-        (causal only)."""
+        """x (T, n_embd) -> attention output (T, n_embd) of rmsnorm(x), keys/values stored
+        in the caches (causal only); Q/K/V biases added before RoPE, as llama.cpp."""
         c = self.config
-        q, k, v = self.project(layer, h)
-        q, k = self.apply_rope(q, rope), self.apply_rope(k, rope)
-        a = batch.attention(il, q, k, v, 1.0 / math.sqrt(c.head_dim))
-        return ops.linear(a, layer.attn_output)
+        q_norm, k_norm = self.qk_norms(layer)
+        return ops.normed_attention(x, layer.attn_norm, c.norm_eps, layer, batch, il, c, rope,
+                                    self.rope_style, 1.0 / math.sqrt(c.head_dim),
+                                    q_norm=q_norm, k_norm=k_norm)

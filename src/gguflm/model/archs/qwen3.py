@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import ops
 from ..weights import Shape
 from . import register
 from .qwen2 import Qwen2
@@ -30,7 +29,5 @@ class Qwen3(Qwen2):
         d = self.config.head_dim
         return {"attn_q_norm": (d,), "attn_k_norm": (d,)}
 
-    def project(self, layer: Any, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        q, k, v = super().project(layer, h)
-        eps = self.config.norm_eps
-        return ops.rmsnorm(q, layer.attn_q_norm, eps), ops.rmsnorm(k, layer.attn_k_norm, eps), v
+    def qk_norms(self, layer: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
+        return layer.attn_q_norm, layer.attn_k_norm

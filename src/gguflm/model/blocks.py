@@ -1,0 +1,219 @@
+"""Whole steps of a layer in one compiled call: the attention block and the feed-forward
+block.
+
+Generating a token runs each layer's small products over one row. There a Python-level
+call costs as much as the arithmetic: each op's wrapper and numba's dispatch take
+microseconds, and they run slower still after the products have streamed megabytes of
+weights through the caches the interpreter lives in. ``ffn_block`` runs llama.cpp's
+build_ffn with a parallel gate behind its norm (``rmsnorm``, the gate and up products,
+the gated activation, the down product) as one call with two parallel regions, instead of
+five Python-level steps; ``attention_block`` runs build_attn behind its norm (``rmsnorm``,
+the Q, K and V products, per-head Q/K norms, RoPE, storing K and V, attention, the output
+product) as one call instead of about ten.
+
+It computes exactly what the separate ops compute, element for element: the same numba
+functions in the same order (``rowkernels.rmsnorm_rows``/``rope_rows``, the products' row
+kernels on activations quantized once, ``kernels.swiglu``/``kernels.geglu``, the attention
+kernel's ``_prepare`` and ``_attend_one``). So a model gives the
+same logits whichever path runs, and the batch-invariance rule holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numba import njit, prange
+
+from gguflm.quant import kernels, matrix
+from gguflm.quant.kernels import (
+    _activation_sets,
+    _run_item,
+    _work_items,
+    geglu,
+    swiglu,
+)
+
+from . import attention as _attention
+from .attention import _attend_one, _prepare
+from .rowkernels import rmsnorm_rows, rope_rows
+
+# the gated activation, as an integer for the compiled block
+GLU_SILU = 0
+GLU_GELU = 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _products(kinds, ws, x, tbl, outs, count, parallel, threads):  # noqa: ANN001, ANN202
+    """``kernels.qmatmul_par``/``qmatmul_serial``'s products, inlined into the block (a
+    prange must sit in the parallel function itself)."""
+    a32, ak = _activation_sets(kinds, count, x)
+    items = _work_items(ws, count, x.shape[0], threads if parallel else 0)
+    if parallel:
+        for c in prange(items.shape[0]):
+            _run_item(kinds, ws, a32, ak, tbl, outs, items, c)
+    else:
+        for c in range(items.shape[0]):
+            _run_item(kinds, ws, a32, ak, tbl, outs, items, c)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, glu, post_norm, par_gu,  # noqa: ANN001, ANN201
+              par_d, threads):
+    """x (T, n_embd) f32 -> (T, n_embd) f32: ``down(glu(gate(h), up(h)))`` with
+    ``h = rmsnorm(x) * norm_w``. ``ws_gu``/``kinds_gu``: the gate and up weights (R, row
+    bytes) u8 and ggml type ids, padded as ``kernels.pad_products`` pads them; ``ws_d``/
+    ``kinds_d`` the down weight likewise; ``glu`` GLU_SILU or GLU_GELU; ``post_norm``
+    (n_embd,) f32 or empty: the output RMS-normalized times it (Gemma's post-FFN norm);
+    ``par_*``: whether
+    each product runs on ``threads`` threads."""
+    n = x.shape[0]
+    h = np.empty_like(x)
+    rmsnorm_rows(x, norm_w, eps, h)
+    n_ff = ws_gu[0].shape[0]
+    g = np.empty((n, n_ff), np.float32)
+    u = np.empty((n, n_ff), np.float32)
+    _products(kinds_gu, ws_gu, h, tbl, (g, u, g), 2, par_gu, threads)
+    if glu == GLU_SILU:
+        swiglu(g, u, g)
+    else:
+        geglu(g, u, g)
+    out = np.empty((n, ws_d[0].shape[0]), np.float32)
+    _products(kinds_d, ws_d, g, tbl, (out, out, out), 1, par_d, threads)
+    if post_norm.shape[0]:
+        rmsnorm_rows(out, post_norm, eps, out)
+    return out
+
+
+@njit(cache=True, nogil=True, parallel=True, error_model="numpy")
+def attention_block(x, norm_w, eps, kinds_qkv, ws_qkv, kinds_o, ws_o, tbl, heads, q_norm,  # noqa: ANN001, ANN201, PLR0913
+                    k_norm, rot, neox, kt, v, slot, pos, window, scale, cap, f16, flash,
+                    post_norm, par, threads):
+    """x (T, n_embd) f32 -> (T, n_embd) f32: ``ops.normed_attention``'s steps. ``ws_qkv``/
+    ``kinds_qkv`` the Q, K, V weights and type ids, ``ws_o``/``kinds_o`` the output's
+    (padded as ``kernels.pad_products`` pads them); ``heads`` (H, H_kv, d, d_v);
+    ``q_norm``/``k_norm`` (d,) f32 or empty (none); ``rot`` (T, n_rot/2) c64; ``kt``, ``v``,
+    ``slot``, ``pos``, ``window``, ``scale``, ``cap``, ``f16``, ``flash`` as
+    ``attention.attend`` takes them; ``post_norm`` (n_embd,) f32 or empty: the output
+    RMS-normalized times it (Gemma's post-attention norm); ``par`` whether the QKV
+    products, the attention and the output product run on ``threads`` threads."""
+    n = x.shape[0]
+    n_head, n_kv, d, dv = heads
+    h = np.empty_like(x)
+    rmsnorm_rows(x, norm_w, eps, h)
+    q = np.empty((n, n_head * d), np.float32)
+    k = np.empty((n, n_kv * d), np.float32)
+    vv = np.empty((n, n_kv * dv), np.float32)
+    _products(kinds_qkv, ws_qkv, h, tbl, (q, k, vv), 3, par[0], threads)
+    if q_norm.shape[0]:
+        qh = q.reshape((n * n_head, d))
+        rmsnorm_rows(qh, q_norm, eps, qh)
+    if k_norm.shape[0]:
+        kh = k.reshape((n * n_kv, d))
+        rmsnorm_rows(kh, k_norm, eps, kh)
+    q3 = q.reshape((n, n_head, d))
+    k3 = k.reshape((n, n_kv, d))
+    rope_rows(q3, rot, neox)
+    rope_rows(k3, rot, neox)
+    qr = _prepare(q3, kt, v, slot, pos, k3, vv.reshape((n, n_kv, dv)), f16)
+    a = np.empty((n, n_head, dv), np.float32)
+    if par[1]:
+        for item in prange(n * n_kv):
+            _attend_one(qr, kt, v, slot, pos, window, scale, cap, f16, flash, a, item)
+    else:
+        for item in range(n * n_kv):
+            _attend_one(qr, kt, v, slot, pos, window, scale, cap, f16, flash, a, item)
+    out = np.empty((n, ws_o[0].shape[0]), np.float32)
+    _products(kinds_o, ws_o, a.reshape((n, n_head * dv)), tbl, (out, out, out), 1, par[2],
+              threads)
+    if post_norm.shape[0]:
+        rmsnorm_rows(out, post_norm, eps, out)
+    return out
+
+
+_NO_NORM = matrix.read_only(np.zeros(0, np.float32))
+
+
+def _norm(w: np.ndarray | None) -> np.ndarray:
+    """A norm's weight for a block: float32 and read-only (as a file's weights are: one
+    compiled signature whether the model came from a file or not), or an empty array for
+    none."""
+    return _NO_NORM if w is None else matrix.read_only(np.ascontiguousarray(w, np.float32))
+
+
+def attention(x: np.ndarray, norm_w: np.ndarray, eps: float, plan: Any, batch: Any, il: int,
+              config: Any, rot: np.ndarray, neox: bool, scale: float,
+              q_norm: np.ndarray | None, k_norm: np.ndarray | None, cap: float,
+              window: int, post_norm: np.ndarray | None) -> np.ndarray:
+    """``attention_block`` for x (T, n_embd) with the weights of ``matrix.layer_plan(layer,
+    ATTENTION_GROUPS)``, in layer ``il`` of ``batch``'s caches; each part on all threads
+    from the separate ops' thresholds."""
+    (kinds_qkv, ws_qkv, macs_qkv), (kinds_o, ws_o, macs_o) = plan
+    c = config
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n = len(x)
+    lim = matrix.PARALLEL_MIN_MACS
+    arena = batch.arena
+    work = n * c.n_head * batch.span * (c.head_dim + c.head_dim_v)
+    _check_build()
+    return attention_block(
+        x, _norm(norm_w), np.float32(eps), kinds_qkv, ws_qkv,
+        kinds_o, ws_o, kernels.F16_TABLE, (c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v),
+        _norm(q_norm), _norm(k_norm),
+        np.ascontiguousarray(rot, dtype=np.complex64), neox, arena.k[il], arena.v[il],
+        batch.slot, batch.pos, int(window), np.float32(scale), np.float32(cap), arena.f16,
+        batch.flash, _norm(post_norm), (n * macs_qkv >= lim, work >= _attention.PARALLEL_MIN_MACS,
+                      n * macs_o >= lim), matrix.threads())
+
+
+def ffn(x: np.ndarray, norm_w: np.ndarray, eps: float, plan: Any, glu: int,
+        post_norm: np.ndarray | None) -> np.ndarray:
+    """``ffn_block`` for x (T, n_embd) with the weights of ``matrix.ffn_plan(layer)``;
+    each product on all threads from ``matrix.PARALLEL_MIN_MACS`` multiply-adds, as the
+    separate products decide."""
+    (kinds_gu, ws_gu, macs_gu), (kinds_d, ws_d, macs_d) = plan
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n = len(x)
+    lim = matrix.PARALLEL_MIN_MACS
+    _check_build()
+    return ffn_block(x, _norm(norm_w), np.float32(eps),
+                     kinds_gu, ws_gu, kinds_d, ws_d, kernels.F16_TABLE, glu, _norm(post_norm),
+                     n * macs_gu >= lim, n * macs_d >= lim, matrix.threads())
+
+
+def _sources_key() -> int:
+    """A key of what the blocks inline from other modules: the kernel declarations and
+    the source of the modules whose functions they call."""
+    from gguflm.quant import floatbits, kerneltypes
+
+    from . import rowkernels
+
+    h = hashlib.sha256(str(kernels._TABLE_KEY).encode())
+    for mod in (kernels, kerneltypes, floatbits, _attention, rowkernels):
+        h.update(Path(mod.__file__).read_bytes())
+    return int.from_bytes(h.digest()[:7], "little")
+
+
+_SOURCES_KEY = _sources_key()
+
+
+@njit(cache=True)
+def _built_key() -> int:
+    return _SOURCES_KEY  # frozen into the cached machine code with the blocks'
+
+
+_fresh = False
+
+
+def _check_build() -> None:
+    """numba's disk cache follows this file only, while the blocks inline functions of
+    other files: rebuild them when their cached machine code was built from other
+    sources or kernel declarations (as ``kernels.check_build`` does for the kernels)."""
+    global _fresh
+    if not _fresh:
+        kernels.check_build()
+        kernels.rebuild_if_stale(_built_key, _SOURCES_KEY,
+                                 (ffn_block, attention_block, _built_key))
+        _fresh = True
