@@ -9,6 +9,7 @@ a correct fallback that dequantizes a bounded tile of rows at a time and hands i
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -209,8 +210,16 @@ def read_only(a: np.ndarray) -> np.ndarray:
     return v
 
 
+_THREADS = threading.local()  # set_threads' count per calling thread
+
+
 def threads() -> int:
-    """The threads the kernels run on in this thread (``set_threads``)."""
+    """The threads the kernels run on in this thread: what ``set_threads`` set here (kept:
+    numba's own query costs microseconds, and a token asks twice per layer), else numba's
+    count."""
+    n = getattr(_THREADS, "n", 0)
+    if n:
+        return n
     import numba
 
     return numba.get_num_threads()
@@ -304,6 +313,7 @@ def set_threads(n: int | None = None) -> int:
     n = max(1, min(int(n or 1), numba.config.NUMBA_NUM_THREADS))
     numba.set_num_threads(n)
     numba.set_parallel_chunksize(1)
+    _THREADS.n = n
     return n
 
 
