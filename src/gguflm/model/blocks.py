@@ -6,16 +6,18 @@ call costs as much as the arithmetic: each op's wrapper and numba's dispatch tak
 microseconds, and they run slower still after the products have streamed megabytes of
 weights through the caches the interpreter lives in. ``ffn_block`` runs llama.cpp's
 build_ffn with a parallel gate behind its norm (``rmsnorm``, the gate and up products,
-the gated activation, the down product) as one call with two parallel regions, instead of
-five Python-level steps; ``attention_block`` runs build_attn behind its norm (``rmsnorm``,
-the Q, K and V products, per-head Q/K norms, RoPE, storing K and V, attention, the output
-product) as one call instead of about ten.
+the gated activation, the down product) as one call instead of five Python-level steps;
+``attention_block`` runs build_attn behind its norm (``rmsnorm``, the Q, K and V
+products, per-head Q/K norms, RoPE, storing K and V, attention, the output product) as one
+call instead of about ten.
 
-It computes exactly what the separate ops compute, element for element: the same numba
-functions in the same order (``rowkernels.rmsnorm_rows``/``rope_rows``, the products' row
-kernels on activations quantized once, ``kernels.swiglu``/``kernels.geglu``, the attention
-kernel's ``_prepare`` and ``_attend_one``). So a model gives the
-same logits whichever path runs, and the batch-invariance rule holds.
+They are plain compiled functions calling the compiled kernels the separate ops call
+(``rowkernels.rmsnorm_rows``/``rope_rows``, ``kernels.qmatmul_par``/``qmatmul_serial``,
+``kernels.swiglu``/``geglu``, ``attention._attend_par``/``_attend_serial``), each kernel
+with its own parallel region as before. (A ``prange`` inlined into a block was serialized
+by numba, and the block ran 2-3x slower.) So they compute exactly what the separate ops
+compute, element for element: a model gives the same logits whichever path runs, and the
+batch-invariance rule holds.
 """
 
 from __future__ import annotations
@@ -25,19 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from gguflm.quant import kernels, matrix
-from gguflm.quant.kernels import (
-    _activation_sets,
-    _run_item,
-    _work_items,
-    geglu,
-    swiglu,
-)
+from gguflm.quant.kernels import geglu, qmatmul_par, qmatmul_serial, swiglu
 
 from . import attention as _attention
-from .attention import _attend_one, _prepare
+from .attention import _attend_par, _attend_serial
 from .rowkernels import rmsnorm_rows, rope_rows
 
 # the gated activation, as an integer for the compiled block
@@ -47,19 +43,14 @@ GLU_GELU = 1
 
 @njit(cache=True, nogil=True, inline="always")
 def _products(kinds, ws, x, tbl, outs, count, parallel, threads):  # noqa: ANN001, ANN202
-    """``kernels.qmatmul_par``/``qmatmul_serial``'s products, inlined into the block (a
-    prange must sit in the parallel function itself)."""
-    a32, ak = _activation_sets(kinds, count, x)
-    items = _work_items(ws, count, x.shape[0], threads if parallel else 0)
+    """The products as ``kernels.qmatmul_many`` runs them (the same compiled kernels)."""
     if parallel:
-        for c in prange(items.shape[0]):
-            _run_item(kinds, ws, a32, ak, tbl, outs, items, c)
+        qmatmul_par(kinds, ws, x, tbl, outs, count, threads)
     else:
-        for c in range(items.shape[0]):
-            _run_item(kinds, ws, a32, ak, tbl, outs, items, c)
+        qmatmul_serial(kinds, ws, x, tbl, outs, count)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True)
 def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, glu, post_norm, par_gu,  # noqa: ANN001, ANN201
               par_d, threads):
     """x (T, n_embd) f32 -> (T, n_embd) f32: ``down(glu(gate(h), up(h)))`` with
@@ -87,7 +78,7 @@ def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, glu, post_nor
     return out
 
 
-@njit(cache=True, nogil=True, parallel=True, error_model="numpy")
+@njit(cache=True, nogil=True)
 def attention_block(x, norm_w, eps, kinds_qkv, ws_qkv, kinds_o, ws_o, tbl, heads, q_norm,  # noqa: ANN001, ANN201, PLR0913
                     k_norm, rot, neox, kt, v, slot, pos, window, scale, cap, f16, flash,
                     post_norm, par, threads):
@@ -117,14 +108,12 @@ def attention_block(x, norm_w, eps, kinds_qkv, ws_qkv, kinds_o, ws_o, tbl, heads
     k3 = k.reshape((n, n_kv, d))
     rope_rows(q3, rot, neox)
     rope_rows(k3, rot, neox)
-    qr = _prepare(q3, kt, v, slot, pos, k3, vv.reshape((n, n_kv, dv)), f16)
     a = np.empty((n, n_head, dv), np.float32)
+    v3 = vv.reshape((n, n_kv, dv))
     if par[1]:
-        for item in prange(n * n_kv):
-            _attend_one(qr, kt, v, slot, pos, window, scale, cap, f16, flash, a, item)
+        _attend_par(q3, kt, v, slot, pos, window, scale, cap, f16, flash, a, k3, v3)
     else:
-        for item in range(n * n_kv):
-            _attend_one(qr, kt, v, slot, pos, window, scale, cap, f16, flash, a, item)
+        _attend_serial(q3, kt, v, slot, pos, window, scale, cap, f16, flash, a, k3, v3)
     out = np.empty((n, ws_o[0].shape[0]), np.float32)
     _products(kinds_o, ws_o, a.reshape((n, n_head * dv)), tbl, (out, out, out), 1, par[2],
               threads)
