@@ -16,15 +16,15 @@ import gguflm.quant.kernels, gguflm.quant.matrix, gguflm.model.attention
 changed = sorted(set(os.environ.items()) ^ set(before_env.items()))
 after_import = {"env": changed, "threads": numba.get_num_threads() == before_threads}
 from gguflm.quant import matrix
-matrix.entry_point_defaults(owns_cores=sys.argv[1] == "owns")
+matrix.entry_point_defaults(owns_cores=sys.argv[1] == "owns", serving=sys.argv[1] == "serve")
 print(json.dumps({"import": after_import, "omp": os.environ.get("OMP_WAIT_POLICY"),
                   "spin": os.environ.get("GOMP_SPINCOUNT"),
                   "spin_threshold": matrix.PARALLEL_MIN_MACS == matrix.SPIN_PARALLEL_MIN_MACS}))
 """
 
 
-def _probe(env: dict[str, str], owns_cores: bool = False) -> dict:
-    argv = [sys.executable, "-c", _PROBE, "owns" if owns_cores else "-"]
+def _probe(env: dict[str, str], owns_cores: bool = False, serving: bool = False) -> dict:
+    argv = [sys.executable, "-c", _PROBE, "owns" if owns_cores else "serve" if serving else "-"]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300,
                          check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -40,6 +40,9 @@ def test_import_changes_nothing_and_entry_point_sets_defaults() -> None:
     # one user's command: workers spin a bounded while, and smaller products go parallel
     got = _probe(env, owns_cores=True)
     assert (got["omp"], got["spin"], got["spin_threshold"]) == ("active", "100000", True)
+    # the server: workers spin briefly between one step's products, then sleep
+    got = _probe(env, serving=True)
+    assert (got["omp"], got["spin"], got["spin_threshold"]) == ("active", "20000", False)
 
 
 def test_single_user_commands_own_the_cores_and_the_server_does_not() -> None:
@@ -50,6 +53,7 @@ def test_single_user_commands_own_the_cores_and_the_server_does_not() -> None:
                  ["embed", "-p", "x"]):
         assert parser.parse_args(argv).owns_cores is True, argv
     assert not getattr(parser.parse_args(["serve"]), "owns_cores", False)
+    assert parser.parse_args(["serve"]).serving is True
 
 
 def test_entry_point_leaves_an_explicit_choice_alone() -> None:

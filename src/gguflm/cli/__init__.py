@@ -76,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     from ..quant.matrix import entry_point_defaults
 
     # the command owns the process: OpenMP and BLAS thread habits (spinning workers for one
-    # user's commands, which set owns_cores; sleeping ones for the server)
-    entry_point_defaults(owns_cores=getattr(args, "owns_cores", False))
+    # user's commands, which set owns_cores; briefly spinning ones for the server, serving)
+    entry_point_defaults(owns_cores=getattr(args, "owns_cores", False),
+                         serving=getattr(args, "serving", False))
     try:
         finish_model_argument(args)
         if getattr(args, "ignored_options", None):

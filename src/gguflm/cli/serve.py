@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_access_options(p)
     add_load_options(p)
     add_ignored_options(p)
-    p.set_defaults(func=serve)
+    p.set_defaults(func=serve, serving=True)  # workers spin briefly between products
 
 
 def add_access_options(p: argparse.ArgumentParser) -> None:
