@@ -294,11 +294,11 @@ def process_escapes(text: str) -> str:
 
 def say_if_compiling() -> None:
     """One line on stderr when the kernels are not compiled yet (the first product then
-    compiles them, which takes a minute once), so a silent pause is explained."""
+    compiles them, a few minutes once), so a silent pause is explained."""
     from ..quant import kernels
 
     if not kernels.is_compiled():
-        print("gguflm: compiling the kernels (first run only, may take a minute) ...",
+        print("gguflm: compiling the kernels (first run only, a few minutes) ...",
               file=sys.stderr, flush=True)
 
 
