@@ -75,11 +75,6 @@ class Model:
         projection (and whatever the architecture does after it)."""
         return self.output.matmul(x)
 
-    def apply_rope(self, x: np.ndarray, rot: np.ndarray) -> np.ndarray:
-        """RoPE with this model's pairing (``rope_style``): x (T, H, d), rot from
-        ``ops.rope_table`` -> (T, H, d)."""
-        return ROPE_STYLES[self.rope_style](x, rot)
-
     # -- the interface --------------------------------------------------------------------------
     def new_arena(self, n_ctx: int, n_slots: int = 1) -> KVArena:
         """KV cache memory for ``n_slots`` sequences of up to ``n_ctx`` positions each

@@ -43,7 +43,7 @@ GLU_GELU = 1
 
 @njit(cache=True, nogil=True, inline="always")
 def _products(kinds, ws, x, tbl, outs, count, parallel, threads):  # noqa: ANN001, ANN202
-    """The products as ``kernels.qmatmul_many`` runs them (the same compiled kernels)."""
+    """The products as ``kernels.qmatmul_planned`` runs them (the same compiled kernels)."""
     if parallel:
         qmatmul_par(kinds, ws, x, tbl, outs, count, threads)
     else:
@@ -58,8 +58,7 @@ def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, glu, post_nor
     bytes) u8 and ggml type ids, padded as ``kernels.pad_products`` pads them; ``ws_d``/
     ``kinds_d`` the down weight likewise; ``glu`` GLU_SILU or GLU_GELU; ``post_norm``
     (n_embd,) f32 or empty: the output RMS-normalized times it (Gemma's post-FFN norm);
-    ``par_*``: whether
-    each product runs on ``threads`` threads."""
+    ``par_*``: whether each product runs on ``threads`` threads."""
     n = x.shape[0]
     h = np.empty_like(x)
     rmsnorm_rows(x, norm_w, eps, h)
@@ -147,34 +146,34 @@ def attention(x: np.ndarray, norm_w: np.ndarray, eps: float, plan: Any, batch: A
     arena = batch.arena
     work = n * c.n_head * batch.span * (c.head_dim + c.head_dim_v)
     _check_build()
+    par = (n * macs_qkv >= lim, work >= _attention.PARALLEL_MIN_MACS, n * macs_o >= lim)
     return attention_block(
-        x, _norm(norm_w), np.float32(eps), kinds_qkv, ws_qkv,
-        kinds_o, ws_o, kernels.F16_TABLE, (c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v),
-        _norm(q_norm), _norm(k_norm),
+        x, _norm(norm_w), np.float32(eps), kinds_qkv, ws_qkv, kinds_o, ws_o, kernels.F16_TABLE,
+        (c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v), _norm(q_norm), _norm(k_norm),
         np.ascontiguousarray(rot, dtype=np.complex64), neox, arena.k[il], arena.v[il],
         batch.slot, batch.pos, int(window), np.float32(scale), np.float32(cap), arena.f16,
-        batch.flash, _norm(post_norm), (n * macs_qkv >= lim, work >= _attention.PARALLEL_MIN_MACS,
-                      n * macs_o >= lim), matrix.threads())
+        batch.flash, _norm(post_norm), par, matrix.threads())
 
 
 def ffn(x: np.ndarray, norm_w: np.ndarray, eps: float, plan: Any, glu: int,
         post_norm: np.ndarray | None) -> np.ndarray:
-    """``ffn_block`` for x (T, n_embd) with the weights of ``matrix.ffn_plan(layer)``;
-    each product on all threads from ``matrix.PARALLEL_MIN_MACS`` multiply-adds, as the
-    separate products decide."""
+    """``ffn_block`` for x (T, n_embd) with the weights of ``matrix.layer_plan(layer,
+    FFN_GROUPS)``; each product on all threads from ``matrix.PARALLEL_MIN_MACS``
+    multiply-adds, as the separate products decide."""
     (kinds_gu, ws_gu, macs_gu), (kinds_d, ws_d, macs_d) = plan
     x = np.ascontiguousarray(x, dtype=np.float32)
     n = len(x)
     lim = matrix.PARALLEL_MIN_MACS
     _check_build()
-    return ffn_block(x, _norm(norm_w), np.float32(eps),
-                     kinds_gu, ws_gu, kinds_d, ws_d, kernels.F16_TABLE, glu, _norm(post_norm),
-                     n * macs_gu >= lim, n * macs_d >= lim, matrix.threads())
+    return ffn_block(x, _norm(norm_w), np.float32(eps), kinds_gu, ws_gu, kinds_d, ws_d,
+                     kernels.F16_TABLE, glu, _norm(post_norm), n * macs_gu >= lim,
+                     n * macs_d >= lim, matrix.threads())
 
 
 def _sources_key() -> int:
-    """A key of what the blocks inline from other modules: the kernel declarations and
-    the source of the modules whose functions they call."""
+    """A key of what the blocks' machine code holds from other modules (numba links the
+    callees' code into the caller's): the kernel declarations and the source of the
+    modules whose functions they call."""
     from gguflm.quant import floatbits, kerneltypes
 
     from . import rowkernels
@@ -197,8 +196,8 @@ _fresh = False
 
 
 def _check_build() -> None:
-    """numba's disk cache follows this file only, while the blocks inline functions of
-    other files: rebuild them when their cached machine code was built from other
+    """numba's disk cache follows this file only, while the blocks hold code of functions
+    of other files: rebuild them when their cached machine code was built from other
     sources or kernel declarations (as ``kernels.check_build`` does for the kernels)."""
     global _fresh
     if not _fresh:

@@ -119,27 +119,24 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate) * up: the Llama FFN's gated activation. (T, n_ff) x2 -> (T, n_ff).
 
     One numba pass computing each row as ggml's ggml_vec_swiglu_f32 does (its exp)."""
-    from gguflm.quant import kernels  # numba: imported when a model runs, not at import
-
-    gate = np.ascontiguousarray(gate, dtype=np.float32)
-    up = np.ascontiguousarray(up, dtype=np.float32)
-    out = np.empty(gate.shape, np.float32)  # gate and up: the same (T, n_ff)
-    kernels.swiglu(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]),
-                   out.reshape(-1, out.shape[-1]))
-    return out
+    return _gated("swiglu", gate, up)
 
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """gelu_tanh(gate) * up: the Gemma FFN's gated activation. (T, n_ff) x2 -> (T, n_ff).
 
     One vectorized numba pass (numpy's tanh and temporaries took 10% of a Gemma prompt)."""
+    return _gated("geglu", gate, up)
+
+
+def _gated(kernel: str, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     from gguflm.quant import kernels  # numba: imported when a model runs, not at import
 
     gate = np.ascontiguousarray(gate, dtype=np.float32)
     up = np.ascontiguousarray(up, dtype=np.float32)
     out = np.empty(gate.shape, np.float32)  # gate and up: the same (T, n_ff)
-    kernels.geglu(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]),
-                  out.reshape(-1, out.shape[-1]))
+    getattr(kernels, kernel)(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]),
+                             out.reshape(-1, out.shape[-1]))
     return out
 
 

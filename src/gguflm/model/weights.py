@@ -25,7 +25,12 @@ Shape = tuple[int, ...]
 
 
 class Layer(SimpleNamespace):
-    """One block's tensors as attributes named after their GGUF suffixes."""
+    """One block's tensors as attributes named after their GGUF suffixes (and, under
+    private names, what the kernels work out once from them: ``matrix.layer_plan``)."""
+
+    def __repr__(self) -> str:
+        names = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"Layer({names})"
 
 
 def _ggml_order(shape: Shape) -> str:
