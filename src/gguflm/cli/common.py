@@ -308,10 +308,13 @@ def add_lookup_option(p: argparse.ArgumentParser) -> None:
 
     def lookup(text: str) -> int:
         try:
-            return check_lookup(int(text))
-        except ValueError as e:  # not a number, or out of range
-            raise argparse.ArgumentTypeError(
-                str(e) if "lookup" in str(e) else f"not an integer: {text!r}") from None
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        try:
+            return check_lookup(n)
+        except ValueError as e:  # out of range
+            raise argparse.ArgumentTypeError(str(e)) from None
 
     p.add_argument("--lookup", type=lookup, default=0, metavar="K",
                    help="draft up to K tokens per step from the prompt and the text so far, "

@@ -36,10 +36,6 @@ from . import attention as _attention
 from .attention import _attend_par, _attend_serial
 from .rowkernels import rmsnorm_rows, rope_rows
 
-# the gated activation, as an integer for the compiled block
-GLU_SILU = 0
-GLU_GELU = 1
-
 
 @njit(cache=True, nogil=True, inline="always")
 def _products(kinds, ws, x, tbl, outs, count, parallel, threads):  # noqa: ANN001, ANN202
@@ -51,12 +47,12 @@ def _products(kinds, ws, x, tbl, outs, count, parallel, threads):  # noqa: ANN00
 
 
 @njit(cache=True, nogil=True)
-def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, glu, post_norm, par_gu,  # noqa: ANN001, ANN201
+def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, gelu, post_norm, par_gu,  # noqa: ANN001, ANN201
               par_d, threads):
     """x (T, n_embd) f32 -> (T, n_embd) f32: ``down(glu(gate(h), up(h)))`` with
     ``h = rmsnorm(x) * norm_w``. ``ws_gu``/``kinds_gu``: the gate and up weights (R, row
     bytes) u8 and ggml type ids, padded as ``kernels.pad_products`` pads them; ``ws_d``/
-    ``kinds_d`` the down weight likewise; ``glu`` GLU_SILU or GLU_GELU; ``post_norm``
+    ``kinds_d`` the down weight likewise; ``gelu``: GeGLU, else SwiGLU; ``post_norm``
     (n_embd,) f32 or empty: the output RMS-normalized times it (Gemma's post-FFN norm);
     ``par_*``: whether each product runs on ``threads`` threads."""
     n = x.shape[0]
@@ -66,10 +62,10 @@ def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, glu, post_nor
     g = np.empty((n, n_ff), np.float32)
     u = np.empty((n, n_ff), np.float32)
     _products(kinds_gu, ws_gu, h, tbl, (g, u, g), 2, par_gu, threads)
-    if glu == GLU_SILU:
-        swiglu(g, u, g)
-    else:
+    if gelu:
         geglu(g, u, g)
+    else:
+        swiglu(g, u, g)
     out = np.empty((n, ws_d[0].shape[0]), np.float32)
     _products(kinds_d, ws_d, g, tbl, (out, out, out), 1, par_d, threads)
     if post_norm.shape[0]:
@@ -121,14 +117,14 @@ def attention_block(x, norm_w, eps, kinds_qkv, ws_qkv, kinds_o, ws_o, tbl, heads
     return out
 
 
-_NO_NORM = matrix.read_only(np.zeros(0, np.float32))
+_NO_NORM = kernels.read_only(np.zeros(0, np.float32))
 
 
 def _norm(w: np.ndarray | None) -> np.ndarray:
     """A norm's weight for a block: float32 and read-only (as a file's weights are: one
     compiled signature whether the model came from a file or not), or an empty array for
     none."""
-    return _NO_NORM if w is None else matrix.read_only(np.ascontiguousarray(w, np.float32))
+    return _NO_NORM if w is None else kernels.read_only(np.ascontiguousarray(w, np.float32))
 
 
 def attention(x: np.ndarray, norm_w: np.ndarray, eps: float, plan: Any, batch: Any, il: int,
@@ -155,7 +151,7 @@ def attention(x: np.ndarray, norm_w: np.ndarray, eps: float, plan: Any, batch: A
         batch.flash, _norm(post_norm), par, matrix.threads())
 
 
-def ffn(x: np.ndarray, norm_w: np.ndarray, eps: float, plan: Any, glu: int,
+def ffn(x: np.ndarray, norm_w: np.ndarray, eps: float, plan: Any, gelu: bool,
         post_norm: np.ndarray | None) -> np.ndarray:
     """``ffn_block`` for x (T, n_embd) with the weights of ``matrix.layer_plan(layer,
     FFN_GROUPS)``; each product on all threads from ``matrix.PARALLEL_MIN_MACS``
@@ -166,7 +162,7 @@ def ffn(x: np.ndarray, norm_w: np.ndarray, eps: float, plan: Any, glu: int,
     lim = matrix.PARALLEL_MIN_MACS
     _check_build()
     return ffn_block(x, _norm(norm_w), np.float32(eps), kinds_gu, ws_gu, kinds_d, ws_d,
-                     kernels.F16_TABLE, glu, _norm(post_norm), n * macs_gu >= lim,
+                     kernels.F16_TABLE, gelu, _norm(post_norm), n * macs_gu >= lim,
                      n * macs_d >= lim, matrix.threads())
 
 

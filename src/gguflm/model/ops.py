@@ -194,16 +194,12 @@ def normed_glu_ffn(x: np.ndarray, norm_w: np.ndarray, eps: float, layer: Any,
     ``ffn_up`` and ``ffn_down`` with integer kernels and no biases. x (T, n_embd) ->
     (T, n_embd)."""
     plan = matrix.layer_plan(layer, matrix.FFN_GROUPS)
-    code = _GLU_CODES.get(glu)
-    if plan is None or code is None:
+    if plan is None or glu not in (swiglu, geglu):
         f = glu_ffn(rmsnorm(x, norm_w, eps), layer, glu)
         return f if post_norm is None else rmsnorm(f, post_norm, eps)
     from . import blocks  # numba: compiled or loaded on first use
 
-    return blocks.ffn(x, norm_w, eps, plan, code, post_norm)
-
-
-_GLU_CODES = {swiglu: 0, geglu: 1}  # blocks.GLU_SILU, blocks.GLU_GELU
+    return blocks.ffn(x, norm_w, eps, plan, glu is geglu, post_norm)
 
 
 def normed_attention(x: np.ndarray, norm_w: np.ndarray, eps: float, layer: Any, batch: Any,

@@ -823,7 +823,7 @@ def qmatmul_many(kinds: tuple[int, ...], ws: tuple[np.ndarray, ...], x: np.ndarr
             raise ValueError(f"{kernel_type(kind).type.ggml_name} product: W {w.shape} bytes,"
                              f" x {x.shape}, out {out.shape} do not fit together")
     if len({w.flags.writeable for w in ws}) > 1:  # one tuple type: all read-only then
-        ws = tuple(_read_only(w) for w in ws)
+        ws = tuple(read_only(w) for w in ws)
     kind_arr, ws = pad_products(kinds, ws)
     qmatmul_planned(kind_arr, ws, x, tuple(outs) + (outs[0],) * (MAX_FUSED - count), count,
                     parallel)
@@ -850,8 +850,13 @@ def qmatmul_planned(kinds: np.ndarray, ws: tuple[np.ndarray, ...], x: np.ndarray
         qmatmul_serial(kinds, ws, x, F16_TABLE, outs, count)
 
 
-def _read_only(w: np.ndarray) -> np.ndarray:
-    v = w.view()
+def read_only(a: np.ndarray) -> np.ndarray:
+    """``a`` itself when read-only, else a read-only view of it: a memory-mapped file's
+    weights are read-only, in-memory ones need not be, and one array type means one
+    compiled signature for both."""
+    if not a.flags.writeable:
+        return a
+    v = a.view()
     v.flags.writeable = False
     return v
 

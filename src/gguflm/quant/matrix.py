@@ -188,8 +188,8 @@ def layer_plan(layer: Any, groups: tuple[tuple[str, ...], ...]) -> Any:
                         for g in groups for n in g)):
         parts = [_plan(g) for g in mats]
         if all(p is not None for p in parts):
-            # read-only views throughout (a file's weights are; in-memory ones need not
-            # be): one compiled signature of a block for both
+            from gguflm.quant.kernels import read_only  # one signature, file or in memory
+
             plan = tuple((p[0], tuple(read_only(w) for w in p[1]),
                           sum(m.shape[0] for m in g) * g[0].shape[1])
                          for p, g in zip(parts, mats, strict=True))
@@ -199,15 +199,6 @@ def layer_plan(layer: Any, groups: tuple[tuple[str, ...], ...]) -> Any:
 
 FFN_GROUPS = (("ffn_gate", "ffn_up"), ("ffn_down",))
 ATTENTION_GROUPS = (("attn_q", "attn_k", "attn_v"), ("attn_output",))
-
-
-def read_only(a: np.ndarray) -> np.ndarray:
-    """``a`` itself when read-only, else a read-only view of it."""
-    if not a.flags.writeable:
-        return a
-    v = a.view()
-    v.flags.writeable = False
-    return v
 
 
 _THREADS = threading.local()  # set_threads' count per calling thread
