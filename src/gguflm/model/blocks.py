@@ -62,12 +62,13 @@ def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, gelu, post_no
     g = np.empty((n, n_ff), np.float32)
     u = np.empty((n, n_ff), np.float32)
     _products(kinds_gu, ws_gu, h, tbl, (g, u, g), 2, par_gu, threads)
+    act = np.empty((n, n_ff), np.float32)  # not in place: an aliased loop runs unvectorized
     if gelu:
-        geglu(g, u, g)
+        geglu(g, u, act)
     else:
-        swiglu(g, u, g)
+        swiglu(g, u, act)
     out = np.empty((n, ws_d[0].shape[0]), np.float32)
-    _products(kinds_d, ws_d, g, tbl, (out, out, out), 1, par_d, threads)
+    _products(kinds_d, ws_d, act, tbl, (out, out, out), 1, par_d, threads)
     if post_norm.shape[0]:
         rmsnorm_rows(out, post_norm, eps, out)
     return out
@@ -127,43 +128,68 @@ def _norm(w: np.ndarray | None) -> np.ndarray:
     return _NO_NORM if w is None else kernels.read_only(np.ascontiguousarray(w, np.float32))
 
 
-def attention(x: np.ndarray, norm_w: np.ndarray, eps: float, plan: Any, batch: Any, il: int,
-              config: Any, rot: np.ndarray, neox: bool, scale: float,
+def attention(x: np.ndarray, norm_w: np.ndarray, eps: float, layer: Any, plan: Any,
+              batch: Any, il: int, config: Any, rot: np.ndarray, neox: bool, scale: float,
               q_norm: np.ndarray | None, k_norm: np.ndarray | None, cap: float,
               window: int, post_norm: np.ndarray | None) -> np.ndarray:
-    """``attention_block`` for x (T, n_embd) with the weights of ``matrix.layer_plan(layer,
-    ATTENTION_GROUPS)``, in layer ``il`` of ``batch``'s caches; each part on all threads
-    from the separate ops' thresholds."""
+    """``attention_block`` for x (T, n_embd) with the weights of ``plan`` (``matrix.
+    layer_plan(layer, ATTENTION_GROUPS)``), in layer ``il`` of ``batch``'s caches; each
+    part on all threads from the separate ops' thresholds."""
     (kinds_qkv, ws_qkv, macs_qkv), (kinds_o, ws_o, macs_o) = plan
     c = config
+    norms, fixed = _fixed(layer, (norm_w, q_norm, k_norm, post_norm), (eps, scale, cap), lambda: (
+        (_norm(norm_w), _norm(q_norm), _norm(k_norm), _norm(post_norm)),
+        (np.float32(eps), np.float32(scale), np.float32(cap),
+         (c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v),
+         c.n_head * (c.head_dim + c.head_dim_v))))
+    eps32, scale32, cap32, heads, head_macs = fixed
     x = np.ascontiguousarray(x, dtype=np.float32)
     n = len(x)
     lim = matrix.PARALLEL_MIN_MACS
     arena = batch.arena
-    work = n * c.n_head * batch.span * (c.head_dim + c.head_dim_v)
     _check_build()
-    par = (n * macs_qkv >= lim, work >= _attention.PARALLEL_MIN_MACS, n * macs_o >= lim)
+    par = (n * macs_qkv >= lim, n * head_macs * batch.span >= _attention.PARALLEL_MIN_MACS,
+           n * macs_o >= lim)
     return attention_block(
-        x, _norm(norm_w), np.float32(eps), kinds_qkv, ws_qkv, kinds_o, ws_o, kernels.F16_TABLE,
-        (c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v), _norm(q_norm), _norm(k_norm),
-        np.ascontiguousarray(rot, dtype=np.complex64), neox, arena.k[il], arena.v[il],
-        batch.slot, batch.pos, int(window), np.float32(scale), np.float32(cap), arena.f16,
-        batch.flash, _norm(post_norm), par, matrix.threads())
+        x, norms[0], eps32, kinds_qkv, ws_qkv, kinds_o, ws_o, kernels.F16_TABLE, heads,
+        norms[1], norms[2], np.ascontiguousarray(rot, dtype=np.complex64), neox,
+        arena.k[il], arena.v[il], batch.slot, batch.pos, int(window), scale32, cap32,
+        arena.f16, batch.flash, norms[3], par, matrix.threads())
 
 
-def ffn(x: np.ndarray, norm_w: np.ndarray, eps: float, plan: Any, gelu: bool,
+def ffn(x: np.ndarray, norm_w: np.ndarray, eps: float, layer: Any, plan: Any, gelu: bool,
         post_norm: np.ndarray | None) -> np.ndarray:
-    """``ffn_block`` for x (T, n_embd) with the weights of ``matrix.layer_plan(layer,
-    FFN_GROUPS)``; each product on all threads from ``matrix.PARALLEL_MIN_MACS``
+    """``ffn_block`` for x (T, n_embd) with the weights of ``plan`` (``matrix.layer_plan(
+    layer, FFN_GROUPS)``); each product on all threads from ``matrix.PARALLEL_MIN_MACS``
     multiply-adds, as the separate products decide."""
     (kinds_gu, ws_gu, macs_gu), (kinds_d, ws_d, macs_d) = plan
+    norms, eps32 = _fixed(layer, (norm_w, post_norm), (eps,), lambda: (
+        (_norm(norm_w), _norm(post_norm)), np.float32(eps)))
     x = np.ascontiguousarray(x, dtype=np.float32)
     n = len(x)
     lim = matrix.PARALLEL_MIN_MACS
     _check_build()
-    return ffn_block(x, _norm(norm_w), np.float32(eps), kinds_gu, ws_gu, kinds_d, ws_d,
-                     kernels.F16_TABLE, gelu, _norm(post_norm), n * macs_gu >= lim,
-                     n * macs_d >= lim, matrix.threads())
+    return ffn_block(x, norms[0], eps32, kinds_gu, ws_gu, kinds_d, ws_d, kernels.F16_TABLE,
+                     gelu, norms[1], n * macs_gu >= lim, n * macs_d >= lim, matrix.threads())
+
+
+_FIXED_KEPT = 8  # entries per layer: a caller passing new arrays each time stays bounded
+
+
+def _fixed(layer: Any, arrays: tuple, values: tuple, make: Any) -> Any:
+    """``make()``: a block's arguments that stay the same from token to token (the norm
+    weights as the kernel takes them, float32 scalars), worked out once per layer and kept
+    on it; each token asks for them in every layer, and making them took about half of a
+    block call's Python time. Keyed by the arrays' identity (the entry holds them, so an
+    identity cannot be reused while it is kept) and the values."""
+    kept = layer.__dict__.setdefault("_block_args", {})
+    key = (tuple(map(id, arrays)), values)
+    entry = kept.get(key)
+    if entry is None:
+        if len(kept) >= _FIXED_KEPT:
+            kept.clear()
+        entry = kept[key] = (arrays, make())
+    return entry[1]
 
 
 def _sources_key() -> int:

@@ -199,7 +199,7 @@ def normed_glu_ffn(x: np.ndarray, norm_w: np.ndarray, eps: float, layer: Any,
         return f if post_norm is None else rmsnorm(f, post_norm, eps)
     from . import blocks  # numba: compiled or loaded on first use
 
-    return blocks.ffn(x, norm_w, eps, plan, glu is geglu, post_norm)
+    return blocks.ffn(x, norm_w, eps, layer, plan, glu is geglu, post_norm)
 
 
 def normed_attention(x: np.ndarray, norm_w: np.ndarray, eps: float, layer: Any, batch: Any,
@@ -221,7 +221,7 @@ def normed_attention(x: np.ndarray, norm_w: np.ndarray, eps: float, layer: Any, 
     if plan is not None:
         from . import blocks  # numba: compiled or loaded on first use
 
-        return blocks.attention(x, norm_w, eps, plan, batch, il, config, rot,
+        return blocks.attention(x, norm_w, eps, layer, plan, batch, il, config, rot,
                                 rope_style == "neox", scale, q_norm, k_norm, cap, window,
                                 post_norm)
     c = config
