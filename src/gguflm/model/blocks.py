@@ -179,9 +179,11 @@ _FIXED_KEPT = 8  # entries per layer: a caller passing new arrays each time stay
 def _fixed(layer: Any, arrays: tuple, values: tuple, make: Any) -> Any:
     """``make()``: a block's arguments that stay the same from token to token (the norm
     weights as the kernel takes them, float32 scalars), worked out once per layer and kept
-    on it; each token asks for them in every layer, and making them took about half of a
-    block call's Python time. Keyed by the arrays' identity (the entry holds them, so an
-    identity cannot be reused while it is kept) and the values."""
+    on it. Each token asks for them in every layer: making them took about 4 of the 8
+    microseconds of Python time in an attention block's call, looking them up here takes
+    2. Keyed by the arrays' identity (the entry holds them, so an identity cannot be reused
+    while it is kept) and the values. The norm weights of a model are float32 (a view of
+    them is kept: an edit in place is still seen)."""
     kept = layer.__dict__.setdefault("_block_args", {})
     key = (tuple(map(id, arrays)), values)
     entry = kept.get(key)
