@@ -318,3 +318,20 @@ def test_fused_products_equal_separate_ones(zoo, names: tuple[str, ...]) -> None
                     np.testing.assert_array_equal(got, want)
     finally:
         matrix.PARALLEL_MIN_MACS = saved
+
+
+@pytest.mark.parametrize("name", KERNEL_TYPES)
+def test_batch_tiles_equal_rows_alone(zoo, name: str) -> None:  # noqa: ANN001
+    """Batch invariance at the kernel: each row of a batch (the 1x8 tile with its
+    side-by-side scales, the 1x4 and 1x1 tiles) is bit for bit that row's product alone
+    (the 4x1 decoding stream)."""
+    t = zoo.tensors[f"{name}.q"]
+    w = t.data[:27]
+    for n in (4, 5, 8, 13, 16):
+        x = _x(n, t.shape[0], seed=10 + n)
+        batch = np.empty((n, 27), np.float32)
+        kernels.qmatmul(int(t.type), w, x, batch, parallel=False)
+        for i in range(n):
+            alone = np.empty((1, 27), np.float32)
+            kernels.qmatmul(int(t.type), w, x[i:i + 1], alone, parallel=False)
+            np.testing.assert_array_equal(batch[i], alone[0])
