@@ -148,7 +148,8 @@ def attention(x: np.ndarray, norm_w: np.ndarray, eps: float, layer: Any, plan: A
     lim = matrix.PARALLEL_MIN_MACS
     arena = batch.arena
     _check_build()
-    par = (n * macs_qkv >= lim, n * head_macs * batch.span >= _attention.PARALLEL_MIN_MACS,
+    par = (n * macs_qkv >= lim,
+           _attention.runs_parallel(n, c.n_head_kv, n * head_macs * batch.span),
            n * macs_o >= lim)
     return attention_block(
         x, norms[0], eps32, kinds_qkv, ws_qkv, kinds_o, ws_o, kernels.F16_TABLE, heads,
