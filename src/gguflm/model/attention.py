@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ..quant import matrix
 from ..quant.floatbits import (
     expf_ggml,
     expf_ggml_twin,
@@ -249,7 +250,6 @@ def _attend_par(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, k_new,
         _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item)
 
 
-
 def runs_parallel(rows: int, n_kv: int, macs: int) -> bool:
     """Whether attention over ``rows`` query rows with ``n_kv`` KV heads, ``macs``
     multiply-adds in all, runs on all threads: with two work items (row, KV head) or more,
@@ -257,8 +257,6 @@ def runs_parallel(rows: int, n_kv: int, macs: int) -> bool:
     costs more, spinning ones much less; SmolLM2 decoding at 300 and 1000 cached positions
     with spinning workers, attention 1.9-2.2 against 2.5-2.7 ms per token and 4.5-6.6
     against 6.9-7.5)."""
-    from ..quant import matrix
-
     return rows * n_kv >= 2 and macs >= matrix.PARALLEL_MIN_MACS
 
 

@@ -492,6 +492,7 @@ def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp,  # noqa
     qk, ts = k.block_size, k.type_size
     bld = g.b
     signed = _signed(k)
+    lane_m = lanes is not None and k.offset == "m"  # Q8_1's m * s_act in the lanes
     with cgutils.for_range(bld, nb) as loop:
         b = loop.index
         abase = bld.mul(b, g.c64(qk))
@@ -519,7 +520,7 @@ def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp,  # noqa
                     spread = bld.shuffle_vector(dd8, dd8, ir.Constant(_vt(_I32, 8), [i] * 8))
                     acc = g.call("llvm.fma.v8f32", _vt(_F32, 8), [f, spread, acc])
                 bld.store(acc, accp[j][i])
-                if term is None or (lanes is not None and term[0] == "m"):
+                if term is None or lane_m:
                     continue
                 accs = bld.load(accsp[j][i])
                 if term[0] == "m":  # + m * sum(x), Q8_1's stored block sum
@@ -531,12 +532,11 @@ def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp,  # noqa
                     msum = g.hsum8(bld.fmul(term[2], bld.load(p8, align=4)))
                     accs = bld.fsub(accs, bld.fmul(bld.fmul(dabs[i], term[1]), msum))
                 bld.store(accs, accsp[j][i])
-            if lanes is not None and term is not None and term[0] == "m":
-                # + m * sum(x) for the 8 rows: lane i = row i's scalar fmul and fadd
+            if lane_m:  # + m * sum(x) for the 8 rows: lane i = row i's scalar fmul and fadd
                 accv = bld.load(lanes[2])
                 prod = bld.fmul(g.splatf8(term[1]), g.load_v8(lanes[1], b))
                 bld.store(bld.fadd(accv, prod), lanes[2])
-    if lanes is not None and k.offset == "m":  # the lanes back to the rows' sums
+    if lane_m:  # the lanes back to the rows' sums
         accv = bld.load(lanes[2])
         for i in range(len(acts)):
             bld.store(bld.extract_element(accv, ir.Constant(_I32, i)), accsp[0][i])
