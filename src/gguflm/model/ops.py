@@ -235,3 +235,38 @@ def normed_attention(x: np.ndarray, norm_w: np.ndarray, eps: float, layer: Any, 
     a = batch.attention(il, rope(q, rot), rope(k, rot), v, scale, cap, window)
     o = linear(a, layer.attn_output, getattr(layer, "attn_output_bias", None))
     return o if post_norm is None else rmsnorm(o, post_norm, eps)
+
+
+def decoder_layer(x: np.ndarray, layer: Any, batch: Any, il: int, config: Any,
+                  rot: np.ndarray, rope_style: str, scale: float,
+                  glu: Callable[[np.ndarray, np.ndarray], np.ndarray], *,
+                  rows: np.ndarray | None = None, q_norm: np.ndarray | None = None,
+                  k_norm: np.ndarray | None = None, cap: float = 0.0, window: int = 0,
+                  attn_post_norm: np.ndarray | None = None,
+                  ffn_post_norm: np.ndarray | None = None) -> np.ndarray:
+    """One pre-norm decoder layer: x (T, n_embd) -> (T', n_embd).
+
+    ``x + normed_attention(x, layer.attn_norm, ...)`` (``post_norm=attn_post_norm``), of
+    which only ``rows`` go on when given (llama.cpp's inp_out_ids, in the last layer: T'
+    = len(rows)), then ``+ normed_glu_ffn(., layer.ffn_norm, ..., ffn_post_norm)``.
+    For a few rows that all go on (decoding) and a layer both blocks run compiled, one
+    compiled call whose threads share the whole layer (``team.run_layer``); else block by
+    block. The same numbers either way."""
+    from . import team  # numba: compiled or loaded on first use
+
+    eps = config.norm_eps
+    if len(x) <= team.MAX_ROWS and (rows is None or len(rows) == len(x)) and glu in (
+            swiglu, geglu):
+        plan = team.plans(layer)
+        if plan is not None:
+            return team.run_layer(x, layer, plan, batch, il, config, rot, rope_style == "neox",
+                              scale, window, glu is geglu,
+                              (layer.attn_norm, q_norm, k_norm, attn_post_norm,
+                               layer.ffn_norm, ffn_post_norm), cap)
+    a = normed_attention(x, layer.attn_norm, eps, layer, batch, il, config, rot, rope_style,
+                         scale, q_norm=q_norm, k_norm=k_norm, cap=cap, window=window,
+                         post_norm=attn_post_norm)
+    if rows is not None:
+        a, x = a[rows], x[rows]
+    x = x + a
+    return x + normed_glu_ffn(x, layer.ffn_norm, eps, layer, glu, ffn_post_norm)

@@ -95,26 +95,22 @@ class Gemma2(Model):
                 True: ops.rope_table(pos, c.rope_dim, c.rope_base_swa, c.rope_freq_scale)}
         x = self.token_embd.rows(batch.ids) * np.sqrt(np.float32(c.n_embd))  # float32, as sqrtf
         last = len(self.layers) - 1
-        for il, layer in enumerate(self.layers):
+        for il, layer in enumerate(self.layers):  # only the wanted rows leave the last one
             local = c.swa_layers[il]
-            a = self.attention(il, layer, x, rope[local], c.sliding_window if local else 0,
-                               batch)
-            if il == last:  # only the wanted rows go on (llama.cpp's inp_out_ids)
-                a, x = a[batch.out], x[batch.out]
-            x = x + a
-            x = x + ops.normed_glu_ffn(x, layer.ffn_norm, c.norm_eps, layer, ops.geglu,  # GeGLU
-                                       layer.post_ffw_norm)
+            x = self.layer(il, layer, x, rope[local], c.sliding_window if local else 0, batch,
+                           batch.out if il == last else None)
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
 
     def head(self, x: np.ndarray) -> np.ndarray:
         return ops.softcap(self.token_embd.matmul(x), self.config.final_softcap)  # (rows, n_vocab)
 
-    def attention(self, il: int, layer: Any, x: np.ndarray, rope: np.ndarray, window: int,
-                  batch: Batch) -> np.ndarray:
-        """x (T, n_embd) -> the attention output (T, n_embd) of rmsnorm(x) after its
-        post-attention norm, keys/values stored in the caches; ``window`` > 0:
-        sliding-window attention."""
+    def layer(self, il: int, layer: Any, x: np.ndarray, rope: np.ndarray, window: int,
+              batch: Batch, rows: np.ndarray | None) -> np.ndarray:
+        """x (T, n_embd) -> x + attention(rmsnorm(x)) after its post-attention norm, then
+        + GeGLU FFN(rmsnorm(.)) after its post-FFN norm; keys and values stored in the
+        caches; ``window`` > 0: sliding-window attention."""
         c = self.config
-        return ops.normed_attention(x, layer.attn_norm, c.norm_eps, layer, batch, il, c, rope,
-                                    self.rope_style, c.attn_scale, cap=c.attn_softcap,
-                                    window=window, post_norm=layer.post_attention_norm)
+        return ops.decoder_layer(x, layer, batch, il, c, rope, self.rope_style, c.attn_scale,
+                                 ops.geglu, rows=rows, cap=c.attn_softcap, window=window,
+                                 attn_post_norm=layer.post_attention_norm,
+                                 ffn_post_norm=layer.post_ffw_norm)

@@ -60,18 +60,14 @@ class Llama(Model):
                               self.rope_freqs)
         x = self.token_embd.rows(batch.ids)                      # (T, n_embd)
         last = len(self.layers) - 1
-        for il, layer in enumerate(self.layers):
-            a = self.attention(il, layer, x, rope, batch)
-            if il == last:  # only the wanted rows go on (llama.cpp's inp_out_ids)
-                a, x = a[batch.out], x[batch.out]
-            x = x + a
-            x = x + ops.normed_glu_ffn(x, layer.ffn_norm, c.norm_eps, layer, ops.swiglu)  # SwiGLU
+        for il, layer in enumerate(self.layers):  # only the wanted rows leave the last one
+            x = self.layer(il, layer, x, rope, batch, batch.out if il == last else None)
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd); head: output
 
-    def attention(self, il: int, layer, x: np.ndarray, rope: np.ndarray,
-                  batch: Batch) -> np.ndarray:
-        """x (T, n_embd) -> attention output (T, n_embd) of rmsnorm(x), keys/values stored
-        in the caches. Causal; llama ignores any sliding window."""
+    def layer(self, il: int, layer, x: np.ndarray, rope: np.ndarray, batch: Batch,
+              rows: np.ndarray | None) -> np.ndarray:
+        """x (T, n_embd) -> x + attention(rmsnorm(x)), then + SwiGLU FFN(rmsnorm(.)), keys
+        and values stored in the caches. Causal; llama ignores any sliding window."""
         c = self.config
-        return ops.normed_attention(x, layer.attn_norm, c.norm_eps, layer, batch, il, c, rope,
-                                    self.rope_style, 1.0 / math.sqrt(c.head_dim))
+        return ops.decoder_layer(x, layer, batch, il, c, rope, self.rope_style,
+                                 1.0 / math.sqrt(c.head_dim), ops.swiglu, rows=rows)

@@ -64,12 +64,8 @@ class Qwen2(Model):
         rope = ops.rope_table(batch.pos, c.rope_dim, c.rope_base, c.rope_freq_scale)
         x = self.token_embd.rows(batch.ids)                      # (T, n_embd)
         last = len(self.layers) - 1
-        for il, layer in enumerate(self.layers):
-            a = self.attention(il, layer, x, rope, batch)
-            if il == last:  # only the wanted rows go on (llama.cpp's inp_out_ids)
-                a, x = a[batch.out], x[batch.out]
-            x = x + a
-            x = x + ops.normed_glu_ffn(x, layer.ffn_norm, c.norm_eps, layer, ops.swiglu)  # SwiGLU
+        for il, layer in enumerate(self.layers):  # only the wanted rows leave the last one
+            x = self.layer(il, layer, x, rope, batch, batch.out if il == last else None)
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
 
     def head(self, x: np.ndarray) -> np.ndarray:
@@ -79,12 +75,13 @@ class Qwen2(Model):
         """Per-head RMSNorm weights of Q and K before RoPE: none here (a subclass's hook)."""
         return None, None
 
-    def attention(self, il: int, layer: Any, x: np.ndarray, rope: np.ndarray,
-                  batch: Batch) -> np.ndarray:
-        """x (T, n_embd) -> attention output (T, n_embd) of rmsnorm(x), keys/values stored
-        in the caches (causal only); Q/K/V biases added before RoPE, as llama.cpp."""
+    def layer(self, il: int, layer: Any, x: np.ndarray, rope: np.ndarray, batch: Batch,
+              rows: np.ndarray | None) -> np.ndarray:
+        """x (T, n_embd) -> x + attention(rmsnorm(x)), then + SwiGLU FFN(rmsnorm(.)), keys
+        and values stored in the caches (causal only); Q/K/V biases added before RoPE, as
+        llama.cpp."""
         c = self.config
         q_norm, k_norm = self.qk_norms(layer)
-        return ops.normed_attention(x, layer.attn_norm, c.norm_eps, layer, batch, il, c, rope,
-                                    self.rope_style, 1.0 / math.sqrt(c.head_dim),
-                                    q_norm=q_norm, k_norm=k_norm)
+        return ops.decoder_layer(x, layer, batch, il, c, rope, self.rope_style,
+                                 1.0 / math.sqrt(c.head_dim), ops.swiglu, rows=rows,
+                                 q_norm=q_norm, k_norm=k_norm)

@@ -1,0 +1,77 @@
+"""A decoder layer run by a team of threads (model/team.py) against the separate blocks.
+
+For a few rows a layer runs as one compiled call whose threads take the work items of
+every step and wait for each other at spin barriers; its numbers must be the blocks' bit
+for bit, for every architecture, whether the team has its threads, runs on this thread
+alone, or has more members than numba has threads (members then run one after another,
+and the first must do the whole layer without waiting for the others).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gguflm
+from gguflm.model import team
+from gguflm.quant import matrix
+from test_blocks import TINY, _quantized, _run
+from tinymodel import random_tensors, tiny_metadata, write_model
+
+
+def _counted(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    calls = [0]
+    fn = getattr(team, name)
+
+    def counting(*args):  # noqa: ANN002, ANN202
+        calls[0] += 1
+        return fn(*args)
+
+    monkeypatch.setattr(team, name, counting)
+    return calls
+
+
+@pytest.mark.parametrize("arch", list(TINY))
+def test_team_matches_the_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 arch: str) -> None:
+    md = tiny_metadata(arch, **TINY[arch])
+    model = gguflm.load_model(write_model(tmp_path / "m.gguf", md, random_tensors(md),
+                                          _quantized(md)))
+    with monkeypatch.context() as m:
+        m.setattr(team, "MAX_ROWS", 0)  # every layer through the blocks
+        blocks = _run(model)
+    alone = _counted(monkeypatch, "layer_alone")
+    together = _counted(monkeypatch, "layer_team")
+    got = {"alone": _run(model)}  # the tiny layers are below the parallel threshold
+    monkeypatch.setattr(matrix, "PARALLEL_MIN_MACS", 0)
+    monkeypatch.setattr(matrix, "threads", lambda: 2)
+    got["team"] = _run(model)
+    monkeypatch.setattr(matrix, "threads", lambda: 5)  # more members than threads
+    got["crowded"] = _run(model)
+    if arch == "phi3":  # gate and up in one tensor: no team, the blocks and the ops
+        assert alone[0] == together[0] == 0
+    else:
+        assert alone[0] > 0 and together[0] > 0
+    for how, logits in got.items():
+        assert np.isfinite(logits).all(), how
+        np.testing.assert_array_equal(logits, blocks, err_msg=how)
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+def test_team_matches_the_blocks_on_real_models(request: pytest.FixtureRequest,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                which: str) -> None:
+    model = gguflm.load_model(request.getfixturevalue(f"{which}_path"))
+    together = _counted(monkeypatch, "layer_team")
+    monkeypatch.setattr(matrix, "threads", lambda: 2)
+    got = _run(model)
+    assert together[0] > 0
+    monkeypatch.setattr(team, "MAX_ROWS", 0)
+    np.testing.assert_array_equal(got, _run(model))
+
+
+def test_team_build_key_follows_the_sources() -> None:
+    team._check_build()
+    assert team._built_key() == team._SOURCES_KEY
