@@ -1,10 +1,10 @@
-"""A decoder layer run by a team of threads (model/team.py) against the separate blocks.
+"""The decoder layers run by a team of threads (model/team.py) against the separate blocks.
 
-For a few rows a layer runs as one compiled call whose threads take the work items of
+For a few rows every layer runs in one compiled call whose threads take the work items of
 every step and wait for each other at spin barriers; its numbers must be the blocks' bit
 for bit, for every architecture, whether the team has its threads, runs on this thread
 alone, or has more members than numba has threads (members then run one after another,
-and the first must do the whole layer without waiting for the others).
+and the first must do every layer without waiting for the others).
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ def test_team_matches_the_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     model = gguflm.load_model(write_model(tmp_path / "m.gguf", md, random_tensors(md),
                                           _quantized(md)))
     with monkeypatch.context() as m:
-        m.setattr(team, "MAX_ROWS", 0)  # every layer through the blocks
+        m.setattr(team, "MAX_ROWS", 0)  # layer by layer, through the blocks
         blocks = _run(model)
-    alone = _counted(monkeypatch, "layer_alone")
-    together = _counted(monkeypatch, "layer_team")
+    alone = _counted(monkeypatch, "stack_alone")
+    together = _counted(monkeypatch, "stack_team")
     got = {"alone": _run(model)}  # the tiny layers are below the parallel threshold
     monkeypatch.setattr(matrix, "PARALLEL_MIN_MACS", 0)
     monkeypatch.setattr(matrix, "threads", lambda: 2)
@@ -64,7 +64,7 @@ def test_team_matches_the_blocks_on_real_models(request: pytest.FixtureRequest,
                                                 monkeypatch: pytest.MonkeyPatch,
                                                 which: str) -> None:
     model = gguflm.load_model(request.getfixturevalue(f"{which}_path"))
-    together = _counted(monkeypatch, "layer_team")
+    together = _counted(monkeypatch, "stack_team")
     monkeypatch.setattr(matrix, "threads", lambda: 2)
     got = _run(model)
     assert together[0] > 0

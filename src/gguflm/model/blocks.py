@@ -1,12 +1,11 @@
 """Whole steps of a layer in one compiled call: the attention block and the feed-forward
-block.
+block, for batches too long for the team (``team.py``: prompts).
 
-Generating a token runs each layer's small products over one row. There a Python-level
-call costs as much as the arithmetic: each op's wrapper and numba's dispatch take
-microseconds, and they run slower still after the products have streamed megabytes of
-weights through the caches the interpreter lives in. ``ffn_block`` runs llama.cpp's
-build_ffn with a parallel gate behind its norm (``rmsnorm``, the gate and up products,
-the gated activation, the down product) as one call instead of five Python-level steps;
+Per layer, a Python-level call per op would cost microseconds each, its wrapper and
+numba's dispatch, more still after the products have streamed megabytes of weights
+through the caches the interpreter lives in. ``ffn_block`` runs llama.cpp's build_ffn
+with a parallel gate behind its norm (``rmsnorm``, the gate and up products, the gated
+activation, the down product) as one call instead of five Python-level steps;
 ``attention_block`` runs build_attn behind its norm (``rmsnorm``, the Q, K and V
 products, per-head Q/K norms, RoPE, storing K and V, attention, the output product) as one
 call instead of about ten.

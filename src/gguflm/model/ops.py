@@ -8,7 +8,7 @@ heads, H_kv the key/value heads, S the cached positions (including this batch), 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -248,21 +248,8 @@ def decoder_layer(x: np.ndarray, layer: Any, batch: Any, il: int, config: Any,
 
     ``x + normed_attention(x, layer.attn_norm, ...)`` (``post_norm=attn_post_norm``), of
     which only ``rows`` go on when given (llama.cpp's inp_out_ids, in the last layer: T'
-    = len(rows)), then ``+ normed_glu_ffn(., layer.ffn_norm, ..., ffn_post_norm)``.
-    For a few rows that all go on (decoding) and a layer both blocks run compiled, one
-    compiled call whose threads share the whole layer (``team.run_layer``); else block by
-    block. The same numbers either way."""
-    from . import team  # numba: compiled or loaded on first use
-
+    = len(rows)), then ``+ normed_glu_ffn(., layer.ffn_norm, ..., ffn_post_norm)``."""
     eps = config.norm_eps
-    if len(x) <= team.MAX_ROWS and (rows is None or len(rows) == len(x)) and glu in (
-            swiglu, geglu):
-        plan = team.plans(layer)
-        if plan is not None:
-            return team.run_layer(x, layer, plan, batch, il, config, rot, rope_style == "neox",
-                              scale, window, glu is geglu,
-                              (layer.attn_norm, q_norm, k_norm, attn_post_norm,
-                               layer.ffn_norm, ffn_post_norm), cap)
     a = normed_attention(x, layer.attn_norm, eps, layer, batch, il, config, rot, rope_style,
                          scale, q_norm=q_norm, k_norm=k_norm, cap=cap, window=window,
                          post_norm=attn_post_norm)
@@ -270,3 +257,33 @@ def decoder_layer(x: np.ndarray, layer: Any, batch: Any, il: int, config: Any,
         a, x = a[rows], x[rows]
     x = x + a
     return x + normed_glu_ffn(x, layer.ffn_norm, eps, layer, glu, ffn_post_norm)
+
+
+def decoder_stack(x: np.ndarray, layers: list, batch: Any, config: Any,
+                  ropes: Sequence[np.ndarray], rope_style: str, scale: float,
+                  glu: Callable[[np.ndarray, np.ndarray], np.ndarray],
+                  params: Callable[[int, Any], dict], *, rows: np.ndarray | None = None,
+                  cap: float = 0.0) -> np.ndarray:
+    """Every decoder layer of a model: x (T, n_embd) -> (T', n_embd).
+
+    For each layer, ``decoder_layer(x, layer, batch, il, config, ropes[r], rope_style,
+    scale, glu, cap=cap, **p)`` with ``p = params(il, layer)``: what varies by layer
+    (``q_norm``, ``k_norm``, ``window``, ``attn_post_norm``, ``ffn_post_norm``; ``rope``:
+    r, an index into ``ropes``, default 0), worked out once per model; only ``rows`` leave
+    the last layer. For a few rows that all go on (decoding), one compiled call whose
+    threads share every layer (``team.run_stack``); else layer by layer. The same numbers
+    either way."""
+    from . import team  # numba: compiled or loaded on first use
+
+    if (rows is None or len(rows) == len(x)) and glu in (swiglu, geglu):
+        out = team.run_stack(x, layers, batch, config, tuple(ropes), rope_style == "neox",
+                             scale, glu is geglu, params, cap)
+        if out is not None:
+            return out
+    last = len(layers) - 1
+    for il, layer in enumerate(layers):
+        p = dict(params(il, layer))
+        rot = ropes[p.pop("rope", 0)]
+        x = decoder_layer(x, layer, batch, il, config, rot, rope_style, scale, glu,
+                          rows=rows if il == last else None, cap=cap, **p)
+    return x

@@ -1,27 +1,33 @@
-"""A whole decoder layer as one compiled call, run by a team of threads: how a token is
-decoded when its layer qualifies (``ops.decoder_layer``).
+"""The decoder layers as one compiled call, run by a team of threads: how tokens are
+decoded (``ops.decoder_stack``).
 
-Decoding runs each layer over one row (a few with several sequences). The separate
-blocks (``blocks.py``) open a parallel region for each of the layer's four product steps
-and for attention, and between the two block calls the interpreter boxes their results
-and adds the residuals. Here one call does ``x + attn(x)``, then ``+ ffn(.)``, and opens
-one parallel region. Each of its ``threads`` members takes work items (row ranges of the
-products, (row, KV head) pairs of attention) from shared counters, one at a time, and
-waits at a spin barrier (the count of finished items) before the step that reads their
-results. The small steps between the products (the norms, quantizing the activations,
-the gated activation, the residual adds) each member computes itself into its own arrays
-rather than one computing while the rest wait; storing keys and values, which writes the
-caches, is one item that one member takes. Measured on SmolLM2, 2 threads, the FFN of 30
-layers: 5.1-5.9 against 6.1-7.0 ms per token with the separate block.
+Decoding runs each layer over one row (a few with several sequences). Layer by layer
+(``blocks.py``), each layer costs two Python-level calls, their dispatch and boxing, two
+numpy adds, and a parallel region for each of its four product steps and for attention:
+measured on SmolLM2 with the region's own timer, 80 us per layer outside the arithmetic,
+2.5 ms of a 13 ms token. Here one call runs every layer and opens one parallel region.
+Each of its ``threads`` members takes work items (row ranges of the products, (row, KV
+head) pairs of attention) from shared counters, one at a time, and waits at a spin
+barrier (the count of finished items) before the step that reads their results. The small
+steps between the products (the norms, quantizing the activations, the gated activation,
+the residual adds) each member computes itself, into its own arrays, rather than one
+computing while the rest wait; storing keys and values, which writes the caches, is one
+item that one member takes. Each layer has its own shared arrays (a member running ahead
+never overwrites what a slower one still reads), so a call holds ``n_layer`` times a
+layer's activations: the team takes at most ``MAX_ROWS`` rows and ``MAX_BYTES`` of them.
 
-Members repeat those small steps, which costs a batch of many rows its time: the team
-takes at most ``MAX_ROWS`` rows. The arithmetic is the blocks' kernels, called on the
-same arguments, so a layer's numbers are bit-identical either way (batch invariance).
+Members repeat those small steps, which would cost a batch of many rows its time: long
+prompts run layer by layer. The arithmetic is the blocks' kernels, called on the same
+arguments, so the numbers are bit-identical either way (batch invariance).
 
-No member can wait forever when fewer threads than members run (a busy machine, or
-numba running iterations one after another): a member waits only for items already
-claimed, and whoever claimed one is running it. A member that runs alone does every item
-of the layer itself, and those after it find everything done.
+No member can wait forever when fewer threads than members run (a busy machine, or numba
+running iterations one after another): a member waits only for items already claimed,
+and whoever claimed one is running it. A member that runs alone does every item of every
+layer itself, and those after it find everything done.
+
+The weights reach the compiled code as a table of addresses and shapes (``_stack``): a
+tuple of per-layer arrays would compile once per depth, and numba's typed lists compile
+at every start. The model holds the arrays the addresses point into.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+from numba.np.arrayobj import populate_array
 
 from gguflm.quant import kernels, matrix
 from gguflm.quant.floatbits import to_f16
@@ -43,7 +50,8 @@ from . import blocks
 from .attention import _attend_one, store_rows
 from .rowkernels import rmsnorm_rows, rope_rows
 
-MAX_ROWS = 16  # rows up to which a layer runs as a team (decoding, a few sequences)
+MAX_ROWS = 16  # rows up to which the layers run as a team (decoding, a few sequences)
+MAX_BYTES = 32 << 20  # the most activation memory a team call holds
 
 # -- atomics: numba has none; each is the one LLVM instruction ---------------------------
 
@@ -138,127 +146,303 @@ def _add(x, y, out):  # noqa: ANN001, ANN202
             out[t, i] = x[t, i] + y[t, i]
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _member(m, x, out, norms, eps, kinds, ws, items, tbl, heads, rot, neox, kt, v, slot,  # noqa: ANN001, ANN202, PLR0913
-            pos, window, scale, cap, f16, flash, gelu, shared, sync):
-    """Member ``m``'s part of ``layer``; ``shared`` the arrays every member writes into and
-    reads, ``sync`` the step counters."""
-    attn_norm, q_norm, k_norm, attn_post, ffn_norm, ffn_post = norms
-    kinds_qkv, kinds_o, kinds_gu, kinds_d = kinds
-    ws_qkv, ws_o, ws_gu, ws_d = ws
-    it_qkv, it_o, it_gu, it_d = items
-    q, k, vv, qr, a, o, g, u, o2 = shared
-    n = x.shape[0]
-    n_head, n_kv, d, dv = heads
-    # attention: norm, Q K V, (one member) per-head norms, RoPE, storing K V; attention
-    h = np.empty_like(x)
-    rmsnorm_rows(x, attn_norm, eps, h)
-    a32, ak = _activation_sets(kinds_qkv, 3, h)
-    _products(kinds_qkv, ws_qkv, a32, ak, tbl, (q, k, vv), it_qkv, sync, _QKV)
-    if _fetch_add(sync, _PREP) == 0:
-        if q_norm.shape[0]:
-            qh = q.reshape((n * n_head, d))
-            rmsnorm_rows(qh, q_norm, eps, qh)
-        if k_norm.shape[0]:
-            kh = k.reshape((n * n_kv, d))
-            rmsnorm_rows(kh, k_norm, eps, kh)
-        q3 = q.reshape((n, n_head, d))
-        k3 = k.reshape((n, n_kv, d))
-        rope_rows(q3, rot, neox)
-        rope_rows(k3, rot, neox)
-        store_rows(kt, v, slot, pos, k3, vv.reshape((n, n_kv, dv)))
-        for t in range(n):  # the queries as attention reads them (attention._prepare)
-            for e in range(n_head * d):
-                qr[t, e // d, e % d] = to_f16(q[t, e]) if f16 else q[t, e]
-        _fetch_add(sync, _PREP + _LINE)
-    _wait(sync, _PREP, 1)
-    total = n * n_kv
-    c = _fetch_add(sync, _ATTN)
+# -- the weights as a table: views made in the compiled code from addresses ----------------
+
+
+def _view(dtype: Any, ndim: int):  # noqa: ANN202 - returns a numba intrinsic
+    aryty = types.Array(dtype, ndim, "C", readonly=True)
+
+    @intrinsic
+    def view(typingctx, addr, shape):  # noqa: ANN001, ANN202, ARG001
+        """A read-only C-ordered array of ``shape`` at address ``addr`` (its owner keeps
+        it alive)."""
+        sig = aryty(types.int64, types.UniTuple(types.int64, ndim))
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            ary = context.make_array(aryty)(context, builder)
+            item = context.get_abi_sizeof(context.get_data_type(dtype))
+            dims = cgutils.unpack_tuple(builder, args[1])
+            strides, step = [], ir.Constant(ir.IntType(64), item)
+            for dim in reversed(dims):
+                strides.insert(0, step)
+                step = builder.mul(step, dim)
+            ptr = builder.inttoptr(args[0], context.get_data_type(dtype).as_pointer())
+            populate_array(ary, data=ptr, shape=cgutils.pack_array(builder, dims),
+                           strides=cgutils.pack_array(builder, strides),
+                           itemsize=context.get_constant(types.intp, item), meminfo=None)
+            return ary._getvalue()
+
+        return sig, codegen
+
+    return view
+
+
+_u8_2d = _view(types.uint8, 2)
+_f32_1d = _view(types.float32, 1)
+
+# the table's matrices, in order, and the product groups (padded as
+# ``kernels.pad_products`` pads them)
+_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+_GROUPS = ((0, 1, 2), (3, 3, 3), (4, 5, 4), (6, 6, 6))
+_COUNTS = (3, 1, 2, 1)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _weights(wtab, il, g):  # noqa: ANN001, ANN202
+    """Group g's weights (a MAX_FUSED-tuple of (rows, row bytes) u8) in layer il."""
+    i, j, k = _GROUPS[g]
+    return (_u8_2d(wtab[il, i, 0], (wtab[il, i, 1], wtab[il, i, 2])),
+            _u8_2d(wtab[il, j, 0], (wtab[il, j, 1], wtab[il, j, 2])),
+            _u8_2d(wtab[il, k, 0], (wtab[il, k, 1], wtab[il, k, 2])))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _norm(ntab, il, i):  # noqa: ANN001, ANN202
+    return _f32_1d(ntab[il, i, 0], (ntab[il, i, 1],))
+
+
+@njit(cache=True, nogil=True)
+def stack_items(wtab, n, threads):  # noqa: ANN001, ANN201
+    """(items (4 L, most, 3), counts (4 L,)): ``kernels._work_items`` of each layer's four
+    product groups for n rows on ``threads`` threads (0: one thread)."""
+    n_layer = wtab.shape[0]
+    counts = np.zeros(4 * n_layer, np.int64)
+    for il in range(n_layer):
+        for g in range(4):
+            counts[4 * il + g] = _work_items(_weights(wtab, il, g), _COUNTS[g], n,
+                                            threads).shape[0]
+    items = np.zeros((4 * n_layer, max(1, counts.max()), 3), np.int64)
+    for il in range(n_layer):
+        for g in range(4):
+            it = _work_items(_weights(wtab, il, g), _COUNTS[g], n, threads)
+            items[4 * il + g, :it.shape[0]] = it
+    return items, counts
+
+
+# -- the team -------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _products(kinds, ws, a32, ak, tbl, outs, items, total, sync, k):  # noqa: ANN001, ANN202
+    """Step ``k``: take the products' row ranges ``items[:total]`` until none is left, then
+    wait for the others' to finish."""
+    c = _fetch_add(sync, k)
     while c < total:
-        _attend_one(qr, kt, v, slot, pos, window, scale, cap, f16, flash, a, c)
-        _fetch_add(sync, _ATTN + _LINE)
-        c = _fetch_add(sync, _ATTN)
-    _wait(sync, _ATTN, total)
-    b32, bk = _activation_sets(kinds_o, 1, a.reshape((n, n_head * dv)))
-    _products(kinds_o, ws_o, b32, bk, tbl, (o, o, o), it_o, sync, _OUT)
-    x1 = np.empty_like(x)
-    if attn_post.shape[0]:
-        p = np.empty_like(o)
-        rmsnorm_rows(o, attn_post, eps, p)
-        _add(x, p, x1)
-    else:
-        _add(x, o, x1)
-    # feed-forward: norm, gate and up, the gated activation, down
-    rmsnorm_rows(x1, ffn_norm, eps, h)
-    c32, ck = _activation_sets(kinds_gu, 2, h)
-    _products(kinds_gu, ws_gu, c32, ck, tbl, (g, u, g), it_gu, sync, _GATE_UP)
-    act = np.empty_like(g)
-    if gelu:
-        geglu(g, u, act)
-    else:
-        swiglu(g, u, act)
-    d32, dk = _activation_sets(kinds_d, 1, act)
-    _products(kinds_d, ws_d, d32, dk, tbl, (o2, o2, o2), it_d, sync, _DOWN)
-    if m == 0:  # every member has finished with o2
-        if ffn_post.shape[0]:
-            rmsnorm_rows(o2, ffn_post, eps, o2)
-        _add(x1, o2, out)
+        _run_item(kinds, ws, a32, ak, tbl, outs, items, c)
+        _fetch_add(sync, k + _LINE)
+        c = _fetch_add(sync, k)
+    _wait(sync, k, total)
 
 
-@njit(cache=True, nogil=True)
-def _shared(x, ws, heads):  # noqa: ANN001, ANN202
-    n = x.shape[0]
+@njit(cache=True, nogil=True, error_model="numpy")
+def _member(m, x0, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel,  # noqa: ANN001, ANN202, PLR0913, PLR0915
+            neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs, sync):
+    """Member ``m``'s part of ``stack_team``; ``bufs`` the per-layer arrays every member
+    writes into and reads, ``sync`` each layer's step counters."""
+    q_all, k_all, v_all, qr_all, a_all, o_all, g_all, u_all, o2_all = bufs
+    n = x0.shape[0]
     n_head, n_kv, d, dv = heads
-    n_ff = ws[2][0].shape[0]
-    return (np.empty((n, n_head * d), np.float32), np.empty((n, n_kv * d), np.float32),
-            np.empty((n, n_kv * dv), np.float32), np.empty((n, n_head, d), np.float32),
-            np.empty((n, n_head, dv), np.float32), np.empty_like(x),
-            np.empty((n, n_ff), np.float32), np.empty((n, n_ff), np.float32),
-            np.empty_like(x))
+    x = x0.copy()  # each member's own residual stream: the same numbers in every member
+    h = np.empty_like(x)
+    x1 = np.empty_like(x)
+    p = np.empty_like(x)
+    act = np.empty((n, g_all.shape[2]), np.float32)
+    for il in range(wtab.shape[0]):
+        q, k, vv, qr, a = q_all[il], k_all[il], v_all[il], qr_all[il], a_all[il]
+        o, g, u, o2, s = o_all[il], g_all[il], u_all[il], o2_all[il], sync[il]
+        kt, v, rot, window = k_cache[il], v_cache[il], rots[rot_sel[il]], windows[il]
+        # attention: norm, Q K V, (one member) per-head norms, RoPE, storing K V; attention
+        rmsnorm_rows(x, _norm(ntab, il, 0), eps, h)
+        kinds = ktab[4 * il]
+        a32, ak = _activation_sets(kinds, 3, h)
+        _products(kinds, _weights(wtab, il, 0), a32, ak, tbl, (q, k, vv), itab[4 * il],
+                  icount[4 * il], s, _QKV)
+        if _fetch_add(s, _PREP) == 0:
+            q_norm, k_norm = _norm(ntab, il, 1), _norm(ntab, il, 2)
+            if q_norm.shape[0]:
+                qh = q.reshape((n * n_head, d))
+                rmsnorm_rows(qh, q_norm, eps, qh)
+            if k_norm.shape[0]:
+                kh = k.reshape((n * n_kv, d))
+                rmsnorm_rows(kh, k_norm, eps, kh)
+            q3 = q.reshape((n, n_head, d))
+            k3 = k.reshape((n, n_kv, d))
+            rope_rows(q3, rot, neox)
+            rope_rows(k3, rot, neox)
+            store_rows(kt, v, slot, pos, k3, vv.reshape((n, n_kv, dv)))
+            for t in range(n):  # the queries as attention reads them (attention._prepare)
+                for e in range(n_head * d):
+                    qr[t, e // d, e % d] = to_f16(q[t, e]) if f16 else q[t, e]
+            _fetch_add(s, _PREP + _LINE)
+        _wait(s, _PREP, 1)
+        total = n * n_kv
+        c = _fetch_add(s, _ATTN)
+        while c < total:
+            _attend_one(qr, kt, v, slot, pos, window, scale, cap, f16, flash, a, c)
+            _fetch_add(s, _ATTN + _LINE)
+            c = _fetch_add(s, _ATTN)
+        _wait(s, _ATTN, total)
+        kinds = ktab[4 * il + 1]
+        b32, bk = _activation_sets(kinds, 1, a.reshape((n, n_head * dv)))
+        _products(kinds, _weights(wtab, il, 1), b32, bk, tbl, (o, o, o), itab[4 * il + 1],
+                  icount[4 * il + 1], s, _OUT)
+        post = _norm(ntab, il, 3)
+        if post.shape[0]:
+            rmsnorm_rows(o, post, eps, p)
+            _add(x, p, x1)
+        else:
+            _add(x, o, x1)
+        # feed-forward: norm, gate and up, the gated activation, down
+        rmsnorm_rows(x1, _norm(ntab, il, 4), eps, h)
+        kinds = ktab[4 * il + 2]
+        c32, ck = _activation_sets(kinds, 2, h)
+        _products(kinds, _weights(wtab, il, 2), c32, ck, tbl, (g, u, g), itab[4 * il + 2],
+                  icount[4 * il + 2], s, _GATE_UP)
+        if gelu:
+            geglu(g, u, act)
+        else:
+            swiglu(g, u, act)
+        kinds = ktab[4 * il + 3]
+        d32, dk = _activation_sets(kinds, 1, act)
+        _products(kinds, _weights(wtab, il, 3), d32, dk, tbl, (o2, o2, o2), itab[4 * il + 3],
+                  icount[4 * il + 3], s, _DOWN)
+        post = _norm(ntab, il, 5)
+        if post.shape[0]:
+            rmsnorm_rows(o2, post, eps, p)
+            _add(x1, p, x)
+        else:
+            _add(x1, o2, x)
+    if m == 0:
+        out[:] = x
 
 
 @njit(cache=True, nogil=True)
-def _items(ws, n, threads):  # noqa: ANN001, ANN202
-    return (_work_items(ws[0], 3, n, threads), _work_items(ws[1], 1, n, threads),
-            _work_items(ws[2], 2, n, threads), _work_items(ws[3], 1, n, threads))
+def _buffers(x, wtab, heads):  # noqa: ANN001, ANN202
+    """Each layer's shared arrays: Q, K, V, the queries as attention reads them, attention's
+    output, the output product, gate, up, down."""
+    n_layer, n = wtab.shape[0], x.shape[0]
+    n_head, n_kv, d, dv = heads
+    n_ff = wtab[0, 4, 1]
+    return (np.empty((n_layer, n, n_head * d), np.float32),
+            np.empty((n_layer, n, n_kv * d), np.float32),
+            np.empty((n_layer, n, n_kv * dv), np.float32),
+            np.empty((n_layer, n, n_head, d), np.float32),
+            np.empty((n_layer, n, n_head, dv), np.float32),
+            np.empty((n_layer, n, x.shape[1]), np.float32),
+            np.empty((n_layer, n, n_ff), np.float32), np.empty((n_layer, n, n_ff), np.float32),
+            np.empty((n_layer, n, x.shape[1]), np.float32))
 
 
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy")
-def layer_team(x, norms, eps, kinds, ws, tbl, heads, rot, neox, kt, v, slot, pos, window,  # noqa: ANN001, ANN201, PLR0913
-               scale, cap, f16, flash, gelu, threads):
-    """x (T, n_embd) f32 -> (T, n_embd) f32: ``x + attn(x)``, then ``+ ffn(.)``, on
-    ``threads`` members. ``norms``: the attention norm, Q and K head norms, post-attention
-    norm, FFN norm and post-FFN norm weights, (n,) f32 or empty (none); ``kinds``/``ws``:
-    the type ids and padded weights of Q K V, the output, gate and up, and down (as
-    ``blocks.attention_block``/``ffn_block`` take them); the rest as
-    ``blocks.attention_block`` takes them; ``gelu``: GeGLU, else SwiGLU."""
+def stack_team(x, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel, neox,  # noqa: ANN001, ANN201, PLR0913
+               windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, threads):
+    """x (T, n_embd) f32 -> (T, n_embd) f32 through every layer, on ``threads`` members:
+    ``x + attn(x)``, then ``+ ffn(.)``, in each. ``wtab`` (L, 7, 3) i64: each layer's
+    matrices (``_MATRICES``) as (address, rows, row bytes); ``ktab`` (4 L, MAX_FUSED) i64
+    the product groups' type ids; ``ntab`` (L, 6, 2) i64 the attention, Q-head, K-head,
+    post-attention, FFN and post-FFN norm weights as (address, length; 0: none);
+    ``itab``/``icount`` from ``stack_items``; ``heads`` (H, H_kv, d, d_v); ``rots`` (R, T,
+    n_rot/2) c64 RoPE tables, ``rot_sel`` (L,) i64 each layer's; ``neox``: NEOX pairing;
+    ``windows`` (L,) i64; ``k_cache``/``v_cache`` the arena's (L, ...) keys and
+    values; the rest as ``blocks.attention_block`` takes them; ``gelu``: GeGLU, else
+    SwiGLU."""
     out = np.empty_like(x)
     # the loop body gets plain arrays and flat tuples: numba's parallel loops take no
     # nested or mixed tuples
-    q, k, vv, qr, a, o, g, u, o2 = _shared(x, ws, heads)
-    it_qkv, it_o, it_gu, it_d = _items(ws, x.shape[0], threads)
-    n0, n1, n2, n3, n4, n5 = norms
-    k0, k1, k2, k3 = kinds
-    w0, w1, w2, w3 = ws
-    sync = np.zeros(12 * _LINE, np.int64)
+    q, k, vv, qr, a, o, g, u, o2 = _buffers(x, wtab, heads)
+    sync = np.zeros((wtab.shape[0], 12 * _LINE), np.int64)
     for m in prange(threads):
-        _member(m, x, out, (n0, n1, n2, n3, n4, n5), eps, (k0, k1, k2, k3), (w0, w1, w2, w3),
-                (it_qkv, it_o, it_gu, it_d), tbl, heads, rot, neox, kt, v, slot, pos, window,
-                scale, cap, f16, flash, gelu, (q, k, vv, qr, a, o, g, u, o2), sync)
+        _member(m, x, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel,
+                neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu,
+                (q, k, vv, qr, a, o, g, u, o2), sync)
     return out
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def layer_alone(x, norms, eps, kinds, ws, tbl, heads, rot, neox, kt, v, slot, pos, window,  # noqa: ANN001, ANN201, PLR0913
-                scale, cap, f16, flash, gelu):
-    """``layer_team`` on this thread (a layer too small to share)."""
+def stack_alone(x, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel, neox,  # noqa: ANN001, ANN201, PLR0913
+                windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu):
+    """``stack_team`` on this thread (layers too small to share)."""
     out = np.empty_like(x)
-    shared = _shared(x, ws, heads)
-    items = _items(ws, x.shape[0], 0)
-    sync = np.zeros(12 * _LINE, np.int64)
-    _member(0, x, out, norms, eps, kinds, ws, items, tbl, heads, rot, neox, kt, v, slot,
-            pos, window, scale, cap, f16, flash, gelu, shared, sync)
+    sync = np.zeros((wtab.shape[0], 12 * _LINE), np.int64)
+    _member(0, x, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel,
+            neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu,
+            _buffers(x, wtab, heads), sync)
     return out
+
+
+# -- from Python ----------------------------------------------------------------------------
+
+
+def _address(a: np.ndarray) -> int:
+    return int(a.__array_interface__["data"][0])
+
+
+class _Stack:
+    """A model's layers as ``stack_team`` takes them, worked out once: the tables, the
+    arrays they point into (held here), and the work items per (rows, threads)."""
+
+    def __init__(self, layers: list, params: list[dict], config: Any) -> None:
+        c = config
+        n_layer = len(layers)
+        self.wtab = np.zeros((n_layer, 7, 3), np.int64)
+        self.ktab = np.zeros((4 * n_layer, kernels.MAX_FUSED), np.int64)
+        self.ntab = np.zeros((n_layer, 6, 2), np.int64)
+        self.rot_sel = np.zeros(n_layer, np.int64)
+        self.windows = np.zeros(n_layer, np.int64)
+        self.held: list[np.ndarray] = []
+        self.macs = 0
+        for il, (layer, p) in enumerate(zip(layers, params, strict=True)):
+            mats = [getattr(layer, name) for name in _MATRICES]
+            for i, mat in enumerate(mats):
+                raw = kernels.read_only(np.ascontiguousarray(mat.raw))
+                self.held.append(raw)
+                self.wtab[il, i] = (_address(raw), raw.shape[0], raw.shape[1])
+            for g, idx in enumerate(_GROUPS):
+                self.ktab[4 * il + g] = [mats[i]._kind for i in idx]
+            norms = (layer.attn_norm, p.get("q_norm"), p.get("k_norm"),
+                     p.get("attn_post_norm"), layer.ffn_norm, p.get("ffn_post_norm"))
+            for i, w in enumerate(norms):
+                w = blocks._norm(w)
+                self.held.append(w)
+                self.ntab[il, i] = (_address(w), w.shape[0])
+            self.rot_sel[il] = p.get("rope", 0)
+            self.windows[il] = p.get("window", 0)
+            self.macs += sum(m.shape[0] * m.shape[1] for m in mats)
+        self.heads = (c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
+        self.eps = np.float32(c.norm_eps)
+        # activation floats per row held by a call (``_buffers``)
+        n_ff = self.wtab[0, 4, 1]
+        self.row_bytes = 4 * n_layer * (2 * c.n_head * c.head_dim + c.n_head_kv * (
+            c.head_dim + c.head_dim_v) + c.n_head * c.head_dim_v + 2 * c.n_embd + 2 * n_ff)
+        self.items: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    def work_items(self, n: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
+        key = (n, threads)
+        got = self.items.get(key)
+        if got is None:
+            if len(self.items) >= 64:
+                self.items.clear()
+            got = self.items[key] = stack_items(self.wtab, n, threads)
+        return got
+
+
+def _stack(layers: list, params: Any, config: Any, key: tuple) -> _Stack | None:
+    """The layers' ``_Stack``, kept on the first layer; None unless every layer's
+    attention and FFN run compiled (``plans``) with the same shapes."""
+    kept = layers[0].__dict__.setdefault("_team_stack", {})
+    got = kept.get(key, False)
+    if got is not False:
+        return got
+    got = None
+    if all(plans(layer) is not None for layer in layers):
+        shapes = {tuple(getattr(layer, n).shape for n in _MATRICES) for layer in layers}
+        if len(shapes) == 1:
+            got = _Stack(layers, [params(il, layer) for il, layer in enumerate(layers)],
+                         config)
+    if len(kept) >= 8:
+        kept.clear()
+    kept[key] = got
+    return got
 
 
 def plans(layer: Any) -> Any:
@@ -269,31 +453,33 @@ def plans(layer: Any) -> Any:
     return None if attn is None or ffn is None else (attn, ffn)
 
 
-def run_layer(x: np.ndarray, layer: Any, plan: Any, batch: Any, il: int, config: Any,
-          rot: np.ndarray, neox: bool, scale: float, window: int, gelu: bool,
-          norms: tuple[np.ndarray | None, ...], cap: float) -> np.ndarray:
-    """``layer_team`` (or ``layer_alone`` below ``matrix.PARALLEL_MIN_MACS`` multiply-adds)
-    for x (T <= MAX_ROWS, n_embd) in layer ``il`` of ``batch``'s caches; ``plan`` from
-    ``plans``; ``norms`` as ``layer_team`` takes them, None for none."""
-    c = config
-    fixed = blocks._fixed(layer, norms, (c.norm_eps, scale, cap), lambda: (
-        tuple(blocks._norm(w) for w in norms),
-        np.float32(c.norm_eps), np.float32(scale), np.float32(cap),
-        (c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v),
-        tuple(p[0] for g in plan for p in g), tuple(p[1] for g in plan for p in g),
-        sum(p[2] for g in plan for p in g)))
-    norm_ws, eps32, scale32, cap32, heads, kinds, ws, macs = fixed
+def run_stack(x: np.ndarray, layers: list, batch: Any, config: Any, ropes: tuple,
+              neox: bool, scale: float, gelu: bool, params: Any, cap: float
+              ) -> np.ndarray | None:
+    """Every layer over x (T, n_embd) as one team call (``stack_team``, or ``stack_alone``
+    below ``matrix.PARALLEL_MIN_MACS`` multiply-adds per layer), or None where the team
+    does not apply (more than MAX_ROWS rows or MAX_BYTES of activations, or a layer it
+    cannot run): ``params(il, layer)`` as ``ops.decoder_stack`` takes it."""
+    n = len(x)
+    if n > MAX_ROWS or not layers:
+        return None
+    st = _stack(layers, params, config, (neox, float(scale), float(cap), gelu))
+    if st is None or n * st.row_bytes > MAX_BYTES:
+        return None
     x = np.ascontiguousarray(x, dtype=np.float32)
+    rots = np.ascontiguousarray(np.stack(ropes) if len(ropes) > 1 else ropes[0][None],
+                                dtype=np.complex64)
     arena = batch.arena
     _check_build()
-    args = (x, norm_ws, eps32, kinds, ws, kernels.F16_TABLE, heads,
-            np.ascontiguousarray(rot, dtype=np.complex64), neox, arena.k[il], arena.v[il],
-            batch.slot, batch.pos, int(window), scale32, cap32, arena.f16, batch.flash, gelu)
+    c = config
     threads = matrix.threads()
-    if threads > 1 and len(x) * (macs + c.n_head * (c.head_dim + c.head_dim_v)
-                                 * (batch.span - 1)) >= matrix.PARALLEL_MIN_MACS:
-        return layer_team(*args, threads)
-    return layer_alone(*args)
+    attn_macs = c.n_head * (c.head_dim + c.head_dim_v) * batch.span
+    team = threads > 1 and n * (st.macs // len(layers) + attn_macs) >= matrix.PARALLEL_MIN_MACS
+    itab, icount = st.work_items(n, threads if team else 0)
+    args = (x, st.wtab, st.ktab, st.ntab, itab, icount, kernels.F16_TABLE, st.heads, st.eps,
+            rots, st.rot_sel, neox, st.windows, arena.k, arena.v, batch.slot, batch.pos,
+            np.float32(scale), np.float32(cap), arena.f16, batch.flash, gelu)
+    return stack_team(*args, threads) if team else stack_alone(*args)
 
 
 _SOURCES_KEY = blocks._SOURCES_KEY  # the team calls the same kernels as the blocks
@@ -314,6 +500,6 @@ def _check_build() -> None:
     if not _fresh:
         blocks._check_build()
         kernels.rebuild_if_stale(_built_key, _SOURCES_KEY,
-                                 (_member, _shared, _items, layer_team, layer_alone,
-                                  _built_key))
+                                 (stack_items, _member, _buffers, stack_team,
+                                  stack_alone, _built_key))
         _fresh = True

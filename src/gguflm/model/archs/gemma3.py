@@ -98,11 +98,9 @@ class Gemma3(Model):
         rope = {False: ops.rope_table(pos, c.rope_dim, c.rope_base, c.rope_freq_scale),
                 True: ops.rope_table(pos, c.rope_dim, c.rope_base_swa)}
         x = self.token_embd.rows(batch.ids) * np.sqrt(np.float32(c.n_embd))  # float32, as sqrtf
-        last = len(self.layers) - 1
-        for il, layer in enumerate(self.layers):  # only the wanted rows leave the last one
-            local = c.swa_layers[il]
-            x = self.layer(il, layer, x, rope[local], c.sliding_window if local else 0, batch,
-                           batch.out if il == last else None)
+        x = ops.decoder_stack(x, self.layers, batch, c, (rope[False], rope[True]),
+                              self.rope_style, c.attn_scale, ops.geglu, self.layer_params,
+                              rows=batch.out)  # only the wanted rows leave the last layer
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
 
     def head(self, x: np.ndarray) -> np.ndarray:
@@ -111,15 +109,13 @@ class Gemma3(Model):
             logits = ops.softcap(logits, self.config.final_softcap)
         return logits
 
-    def layer(self, il: int, layer: Any, x: np.ndarray, rope: np.ndarray, window: int,
-              batch: Batch, rows: np.ndarray | None) -> np.ndarray:
-        """x (T, n_embd) -> x + attention(rmsnorm(x)) after its post-attention norm, then
-        + GeGLU FFN(rmsnorm(.)) after its post-FFN norm; keys and values stored in the
-        caches; ``window`` > 0: sliding-window attention."""
-        c = self.config
-        return ops.decoder_layer(x, layer, batch, il, c, rope, self.rope_style, c.attn_scale,
-                                 ops.geglu, rows=rows, q_norm=layer.attn_q_norm,
-                                 k_norm=layer.attn_k_norm, window=window,
-                                 attn_post_norm=layer.post_attention_norm,
-                                 ffn_post_norm=layer.post_ffw_norm)
+    def layer_params(self, il: int, layer: Any) -> dict:
+        """What varies by layer (``ops.decoder_stack``): local (sliding-window) layers
+        take the second RoPE table and the window; every layer's attention and FFN output
+        pass through their post-norms."""
+        local = bool(self.config.swa_layers[il])
+        return {"rope": int(local), "window": self.config.sliding_window if local else 0,
+                "q_norm": layer.attn_q_norm, "k_norm": layer.attn_k_norm,
+                "attn_post_norm": layer.post_attention_norm,
+                "ffn_post_norm": layer.post_ffw_norm}
 

@@ -9,6 +9,7 @@ output tied to the token embedding when ``output.weight`` is absent.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -59,15 +60,12 @@ class Llama(Model):
         rope = ops.rope_table(batch.pos, c.rope_dim, c.rope_base, c.rope_freq_scale,
                               self.rope_freqs)
         x = self.token_embd.rows(batch.ids)                      # (T, n_embd)
-        last = len(self.layers) - 1
-        for il, layer in enumerate(self.layers):  # only the wanted rows leave the last one
-            x = self.layer(il, layer, x, rope, batch, batch.out if il == last else None)
+        x = ops.decoder_stack(x, self.layers, batch, c, (rope,), self.rope_style,
+                              1.0 / math.sqrt(c.head_dim), ops.swiglu, self.layer_params,
+                              rows=batch.out)  # only the wanted rows leave the last layer
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd); head: output
 
-    def layer(self, il: int, layer, x: np.ndarray, rope: np.ndarray, batch: Batch,
-              rows: np.ndarray | None) -> np.ndarray:
-        """x (T, n_embd) -> x + attention(rmsnorm(x)), then + SwiGLU FFN(rmsnorm(.)), keys
-        and values stored in the caches. Causal; llama ignores any sliding window."""
-        c = self.config
-        return ops.decoder_layer(x, layer, batch, il, c, rope, self.rope_style,
-                                 1.0 / math.sqrt(c.head_dim), ops.swiglu, rows=rows)
+    def layer_params(self, il: int, layer: Any) -> dict:
+        """What varies by layer (``ops.decoder_stack``): nothing. Attention is causal;
+        llama ignores any sliding window."""
+        return {}

@@ -94,16 +94,12 @@ class Phi3(Model):
         c = self.config
         rope = self.rope(batch.pos, batch.n_ctx)
         x = self.token_embd.rows(batch.ids)                      # (T, n_embd)
-        last = len(self.layers) - 1
-        for il, layer in enumerate(self.layers):  # only the wanted rows leave the last one
-            x = self.layer(il, layer, x, rope, batch, batch.out if il == last else None)
+        x = ops.decoder_stack(x, self.layers, batch, c, (rope,), self.rope_style,
+                              1.0 / math.sqrt(c.head_dim), ops.swiglu, self.layer_params,
+                              rows=batch.out)  # only the wanted rows leave the last layer
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd); head: output
 
-    def layer(self, il: int, layer: Any, x: np.ndarray, rope: np.ndarray, batch: Batch,
-              rows: np.ndarray | None) -> np.ndarray:
-        """x (T, n_embd) -> x + attention(rmsnorm(x)), then + SwiGLU FFN(rmsnorm(.)) with its
-        gate and up from the fused ffn_up; keys and values stored in the caches (causal:
-        Phi's window is disabled)."""
-        c = self.config
-        return ops.decoder_layer(x, layer, batch, il, c, rope, self.rope_style,
-                                 1.0 / math.sqrt(c.head_dim), ops.swiglu, rows=rows)
+    def layer_params(self, il: int, layer: Any) -> dict:
+        """What varies by layer (``ops.decoder_stack``): nothing. Attention is causal
+        (Phi's window is disabled); the FFN's gate and up come from the fused ffn_up."""
+        return {}

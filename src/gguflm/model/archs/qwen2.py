@@ -63,9 +63,9 @@ class Qwen2(Model):
         c = self.config
         rope = ops.rope_table(batch.pos, c.rope_dim, c.rope_base, c.rope_freq_scale)
         x = self.token_embd.rows(batch.ids)                      # (T, n_embd)
-        last = len(self.layers) - 1
-        for il, layer in enumerate(self.layers):  # only the wanted rows leave the last one
-            x = self.layer(il, layer, x, rope, batch, batch.out if il == last else None)
+        x = ops.decoder_stack(x, self.layers, batch, c, (rope,), self.rope_style,
+                              1.0 / math.sqrt(c.head_dim), ops.swiglu, self.layer_params,
+                              rows=batch.out)  # only the wanted rows leave the last layer
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
 
     def head(self, x: np.ndarray) -> np.ndarray:
@@ -75,13 +75,9 @@ class Qwen2(Model):
         """Per-head RMSNorm weights of Q and K before RoPE: none here (a subclass's hook)."""
         return None, None
 
-    def layer(self, il: int, layer: Any, x: np.ndarray, rope: np.ndarray, batch: Batch,
-              rows: np.ndarray | None) -> np.ndarray:
-        """x (T, n_embd) -> x + attention(rmsnorm(x)), then + SwiGLU FFN(rmsnorm(.)), keys
-        and values stored in the caches (causal only); Q/K/V biases added before RoPE, as
+    def layer_params(self, il: int, layer: Any) -> dict:
+        """What varies by layer (``ops.decoder_stack``): the Q/K head norms of a subclass
+        (``qk_norms``). Attention is causal only; Q/K/V biases are added before RoPE, as
         llama.cpp."""
-        c = self.config
         q_norm, k_norm = self.qk_norms(layer)
-        return ops.decoder_layer(x, layer, batch, il, c, rope, self.rope_style,
-                                 1.0 / math.sqrt(c.head_dim), ops.swiglu, rows=rows,
-                                 q_norm=q_norm, k_norm=k_norm)
+        return {"q_norm": q_norm, "k_norm": k_norm}
