@@ -270,16 +270,16 @@ def decoder_stack(x: np.ndarray, layers: list, batch: Any, config: Any,
     scale, glu, cap=cap, **p)`` with ``p = params(il, layer)``: what varies by layer
     (``q_norm``, ``k_norm``, ``window``, ``attn_post_norm``, ``ffn_post_norm``; ``rope``:
     r, an index into ``ropes``, default 0), worked out once per model; only ``rows`` leave
-    the last layer. For a few rows that all go on (decoding), one compiled call whose
+    the last layer. For a few rows (decoding; a short prompt), one compiled call whose
     threads share every layer (``team.run_stack``); else layer by layer. The same numbers
     either way."""
     from . import team  # numba: compiled or loaded on first use
 
-    if (rows is None or len(rows) == len(x)) and glu in (swiglu, geglu):
+    if glu in (swiglu, geglu):
         out = team.run_stack(x, layers, batch, config, tuple(ropes), rope_style == "neox",
                              scale, glu is geglu, params, cap)
-        if out is not None:
-            return out
+        if out is not None:  # every row through the last layer: the wanted rows' numbers
+            return out if rows is None else out[rows]  # do not depend on the others
     last = len(layers) - 1
     for il, layer in enumerate(layers):
         p = dict(params(il, layer))
