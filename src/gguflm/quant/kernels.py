@@ -547,9 +547,9 @@ def _make_rowdot(nr: int, na: int, lanes: bool = False):  # noqa: ANN202 - a num
     aux (n, .) f32, da8, aux8, tbl, i0, out (n, R) f32)``: ``out[i0+i, r0+j*rs] = W[r0+j*rs]
     . x[i0+i]`` for ``j < nr``, ``i < na``. Several rows share each activation load and give
     the CPU independent accumulator chains; ``kind`` (a ggml type id) selects the block
-    loop. ``da8``/``aux8``: with ``lanes`` (1x8), ``_lanes8(da)``/``_lanes8(aux)``, the
-    scales and sums of activation rows i0..i0+7 side by side (``_emit_type_loop``);
-    otherwise unused."""
+    loop. ``da8``/``aux8``: with ``lanes`` (1x8, 1x4), ``_lanes8(da, na)``/``_lanes8(aux,
+    na)``, the scales and sums of activation rows i0..i0+na-1 side by side
+    (``_emit_type_loop``); otherwise unused."""
 
     @intrinsic
     def rowdot(typingctx, kind, w, r0, rs, qa, da, aux, da8, aux8, tbl, i0, out):  # noqa: ANN001, ANN202, ARG001, PLR0913
@@ -581,7 +581,7 @@ def _make_rowdot(nr: int, na: int, lanes: bool = False):  # noqa: ANN202 - a num
                      for _ in range(nr)]
             lane_ptrs = None
             if lanes:
-                g8 = bld.sdiv(i0_, g.c64(8))
+                g8 = bld.sdiv(i0_, g.c64(na))  # the rows' group in _lanes8(., na)
                 lane_ptrs = (row_ptr(da8s, g8, _F32), row_ptr(aux8s, g8, _F32),
                              cgutils.alloca_once_value(bld, zero))
             done = bld.append_basic_block("rowdot.done")
@@ -626,18 +626,20 @@ _rd_4x1 = _make_rowdot(4, 1)
 _rd_1x1 = _make_rowdot(1, 1)
 _rd_1x8 = _make_rowdot(1, 8, lanes=True)
 _rd_1x4 = _make_rowdot(1, 4)
+_rd_1x4l = _make_rowdot(1, 4, lanes=True)
 
 
 @njit(cache=True, nogil=True)
-def _lanes8(a):  # noqa: ANN001, ANN201
-    """a (n, m) f32 -> (n // 8, 8 m) f32: each group of 8 rows with its columns side by side,
-    ``[g, 8 j + i] = a[8 g + i, j]`` (the 1x8 tile's vector loads of scales and sums)."""
+def _lanes8(a, group):  # noqa: ANN001, ANN201
+    """a (n, m) f32 -> (n // group, 8 m) f32: each group of ``group`` (<= 8) rows with its
+    columns side by side in 8 lanes, ``[g, 8 j + i] = a[group g + i, j]``, the lanes past
+    ``group`` 0 (the 1x8 and 1x4 tiles' vector loads of scales and sums)."""
     n, m = a.shape
-    out = np.empty((n // 8, 8 * m), np.float32)
-    for g in range(n // 8):
+    out = np.zeros((n // group, 8 * m), np.float32)
+    for g in range(n // group):
         for j in range(m):
-            for i in range(8):
-                out[g, 8 * j + i] = a[8 * g + i, j]
+            for i in range(group):
+                out[g, 8 * j + i] = a[group * g + i, j]
     return out
 
 # ======================================================================================
@@ -666,9 +668,13 @@ def qmatmul_rows(kind, w, qa, da, aux, tbl, out, r0, r1):  # noqa: ANN001, ANN20
     """W rows r0:r1 (R, row_bytes) u8 @ activations (n, K) -> out[:, r0:r1] (n, R) f32."""
     n = qa.shape[0]
     if _tiled(n, w):  # a batch: tiles of ROW_CHUNK rows stay hot while activations pass
-        batch8 = kind not in _NO_BATCH8 and n >= 8
-        da8 = _lanes8(da if batch8 else da[:0])
-        aux8 = _lanes8(aux if batch8 else aux[:0])
+        lanes = kind not in _NO_BATCH8
+        batch8 = lanes and n >= 8
+        da8 = _lanes8(da if batch8 else da[:0], 8)
+        aux8 = _lanes8(aux if batch8 else aux[:0], 8)
+        lanes4 = lanes and n % 8 >= 4  # rows left for one 1x4 pass
+        da4 = _lanes8(da if lanes4 else da[:0], 4)
+        aux4 = _lanes8(aux if lanes4 else aux[:0], 4)
         for c0 in range(r0, r1, ROW_CHUNK):
             c1 = min(r1, c0 + ROW_CHUNK)
             i = 0
@@ -678,8 +684,12 @@ def qmatmul_rows(kind, w, qa, da, aux, tbl, out, r0, r1):  # noqa: ANN001, ANN20
                         _rd_1x8(kind, w, r, 1, qa, da, aux, da8, aux8, tbl, i, out)
                     i += 8
             while i + 4 <= n:
-                for r in range(c0, c1):
-                    _rd_1x4(kind, w, r, 1, qa, da, aux, da, aux, tbl, i, out)
+                if lanes4:
+                    for r in range(c0, c1):
+                        _rd_1x4l(kind, w, r, 1, qa, da, aux, da4, aux4, tbl, i, out)
+                else:
+                    for r in range(c0, c1):
+                        _rd_1x4(kind, w, r, 1, qa, da, aux, da, aux, tbl, i, out)
                 i += 4
             while i < n:
                 for r in range(c0, c1):
