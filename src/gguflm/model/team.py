@@ -16,7 +16,7 @@ item that one member takes. Each layer has its own shared arrays (a member runni
 never overwrites what a slower one still reads), so a call holds ``n_layer`` times a
 layer's activations: the team takes at most ``MAX_ROWS`` rows and ``MAX_BYTES`` of them.
 
-Members repeat those small steps, which would cost a batch of many rows its time: long
+Members repeat those small steps, which would cost a batch of many rows its time: longer
 prompts run layer by layer. The arithmetic is the blocks' kernels, called on the same
 arguments, so the numbers are bit-identical either way (batch invariance).
 
@@ -25,9 +25,9 @@ running iterations one after another): a member waits only for items already cla
 and whoever claimed one is running it. A member that runs alone does every item of every
 layer itself, and those after it find everything done.
 
-The weights reach the compiled code as a table of addresses and shapes (``_stack``): a
+The weights reach the compiled code as a table of addresses and shapes (``_Stack``): a
 tuple of per-layer arrays would compile once per depth, and numba's typed lists compile
-at every start. The model holds the arrays the addresses point into.
+at every start. The table's ``_Stack`` holds the arrays the addresses point into.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from . import blocks
 from .attention import _attend_one, store_rows
 from .rowkernels import rmsnorm_rows, rope_rows
 
-MAX_ROWS = 16  # rows up to which the layers run as a team (decoding, a few sequences)
+MAX_ROWS = 16  # rows up to which the layers run as a team (decoding; a short prompt)
 MAX_BYTES = 32 << 20  # the most activation memory a team call holds
 
 # -- atomics: numba has none; each is the one LLVM instruction ---------------------------
