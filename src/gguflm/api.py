@@ -579,12 +579,11 @@ class LLM:
     # --- the rest ----------------------------------------------------------------------------
 
     def warm_up(self) -> float:
-        """Load (or, on a first run, compile) the kernels and touch the weights with one
-        token through the model, so that the first real request does not pay for it.
-        Leaves the slots' caches alone; returns the seconds it took."""
+        """Load (or, on a first run, compile) the kernels and touch the weights with a few
+        tokens through the model (``Model.warm_up``), so that the first real request does
+        not pay for it. Leaves the slots' caches alone; returns the seconds it took."""
         t0 = time.perf_counter()
-        token = self.tokenizer.bos_id if self.tokenizer.bos_id is not None else 0
-        self.engine.call(lambda: self.model.forward([token], self.model.new_cache(1)))
+        self.engine.call(self.model.warm_up)
         return time.perf_counter() - t0
 
     def reset(self) -> None:

@@ -212,12 +212,10 @@ def load_model(name: str, threads: int | None = None,
 
 
 def warm_up(model: Any) -> float:
-    """Run the kernels once (a 2-token batch, then one token) so that the timed work that
-    follows pays neither their compilation (first run) nor their loading; the seconds."""
+    """Run the compiled paths once (``Model.warm_up``) so that the timed work that follows
+    pays neither their compilation (first run) nor their loading; the seconds."""
     t0 = time.perf_counter()
-    ids = [0, min(1, model.config.n_vocab - 1)]
-    model.forward(ids, model.new_cache(4))
-    model.forward(ids[:1], model.new_cache(4))
+    model.warm_up()
     return time.perf_counter() - t0
 
 
@@ -295,9 +293,9 @@ def process_escapes(text: str) -> str:
 def say_if_compiling() -> None:
     """One line on stderr when the kernels are not compiled yet (the first product then
     compiles them, a few minutes once), so a silent pause is explained."""
-    from ..quant import kernels
+    from ..model.base import compiled
 
-    if not kernels.is_compiled():
+    if not compiled():
         print("gguflm: compiling the kernels (first run only, a few minutes) ...",
               file=sys.stderr, flush=True)
 

@@ -129,6 +129,20 @@ class Model:
         """Logits (len(ids), n_vocab) float32 of ``ids`` evaluated from an empty cache."""
         return self.forward(ids, self.new_cache(max(1, len(ids))), all_logits=True)
 
+    def warm_up(self) -> None:
+        """Run the compiled paths once, so that later calls only load their machine code
+        (or, on a first run, compile it now rather than in the middle of a request):
+        decoding (two tokens, then one: the team), and, when the layer-by-layer blocks
+        are not compiled yet, a prompt longer than the team takes."""
+        from . import team  # numba: compiled or loaded on first use
+
+        ids = [0, min(1, self.config.n_vocab - 1)]
+        self.forward(ids, self.new_cache(4))
+        self.forward(ids[:1], self.new_cache(4))
+        if not compiled():
+            n = team.MAX_ROWS + 1
+            self.forward([0] * n, self.new_cache(n))
+
     def _check_ids(self, ids: list[int] | np.ndarray) -> np.ndarray:
         arr = np.asarray(ids)
         if arr.ndim != 1 or arr.size == 0:
@@ -146,3 +160,18 @@ class Model:
         c = self.config
         return (f"{type(self).__name__}({c.arch}, {c.n_layer} layers, n_embd {c.n_embd}, "
                 f"{c.n_head}/{c.n_head_kv} heads, vocab {c.n_vocab})")
+
+
+def compiled() -> bool:
+    """True when the machine code of the kernels, the team (decoding) and the blocks
+    (longer prompts) is cached on disk: a start then takes about a second; otherwise the
+    first calls compile them (minutes, once)."""
+    from ..quant import kernels
+    from . import blocks, team
+
+    try:
+        return kernels.is_compiled() and all(
+            len(fn._cache._cache_file._load_index()) > 0
+            for fn in (team.stack_team, blocks.attention_block, blocks.ffn_block))
+    except Exception:  # noqa: BLE001 - numba internals moved: assume the slow path
+        return False
