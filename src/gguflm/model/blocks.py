@@ -46,6 +46,26 @@ def _products(kinds, ws, x, tbl, outs, count, parallel, threads):  # noqa: ANN00
 
 
 @njit(cache=True, nogil=True)
+def qk_heads(q, k, q_norm, k_norm, eps, rot, neox, heads):  # noqa: ANN001, ANN201
+    """Q (T, H d) and K (T, H_kv d) f32 in place: each head RMS-normalized times
+    ``q_norm``/``k_norm`` (d,) when not empty, then rotated by ``rot`` (``rope_rows``);
+    returned as (T, H, d) and (T, H_kv, d)."""
+    n = q.shape[0]
+    n_head, n_kv, d, _ = heads
+    if q_norm.shape[0]:
+        qh = q.reshape((n * n_head, d))
+        rmsnorm_rows(qh, q_norm, eps, qh)
+    if k_norm.shape[0]:
+        kh = k.reshape((n * n_kv, d))
+        rmsnorm_rows(kh, k_norm, eps, kh)
+    q3 = q.reshape((n, n_head, d))
+    k3 = k.reshape((n, n_kv, d))
+    rope_rows(q3, rot, neox)
+    rope_rows(k3, rot, neox)
+    return q3, k3
+
+
+@njit(cache=True, nogil=True)
 def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, gelu, post_norm, par_gu,  # noqa: ANN001, ANN201
               par_d, threads):
     """x (T, n_embd) f32 -> (T, n_embd) f32: ``down(glu(gate(h), up(h)))`` with
@@ -93,16 +113,7 @@ def attention_block(x, norm_w, eps, kinds_qkv, ws_qkv, kinds_o, ws_o, tbl, heads
     k = np.empty((n, n_kv * d), np.float32)
     vv = np.empty((n, n_kv * dv), np.float32)
     _products(kinds_qkv, ws_qkv, h, tbl, (q, k, vv), 3, par[0], threads)
-    if q_norm.shape[0]:
-        qh = q.reshape((n * n_head, d))
-        rmsnorm_rows(qh, q_norm, eps, qh)
-    if k_norm.shape[0]:
-        kh = k.reshape((n * n_kv, d))
-        rmsnorm_rows(kh, k_norm, eps, kh)
-    q3 = q.reshape((n, n_head, d))
-    k3 = k.reshape((n, n_kv, d))
-    rope_rows(q3, rot, neox)
-    rope_rows(k3, rot, neox)
+    q3, k3 = qk_heads(q, k, q_norm, k_norm, eps, rot, neox, heads)
     a = np.empty((n, n_head, dv), np.float32)
     v3 = vv.reshape((n, n_kv, dv))
     if par[1]:
@@ -227,5 +238,5 @@ def _check_build() -> None:
     if not _fresh:
         kernels.check_build()
         kernels.rebuild_if_stale(_built_key, _SOURCES_KEY,
-                                 (ffn_block, attention_block, _built_key))
+                                 (qk_heads, ffn_block, attention_block, _built_key))
         _fresh = True

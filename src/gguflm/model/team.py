@@ -32,7 +32,9 @@ at every start. The table's ``_Stack`` holds the arrays the addresses point into
 
 from __future__ import annotations
 
+import hashlib
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,7 +50,8 @@ from gguflm.quant.kernels import _activation_sets, _run_item, _work_items, geglu
 
 from . import blocks
 from .attention import _attend_one, store_rows
-from .rowkernels import rmsnorm_rows, rope_rows
+from .blocks import qk_heads
+from .rowkernels import rmsnorm_rows
 
 MAX_ROWS = 16  # rows up to which the layers run as a team (decoding; a short prompt)
 MAX_BYTES = 32 << 20  # the most activation memory a team call holds
@@ -139,8 +142,12 @@ def _products(kinds, ws, a32, ak, tbl, outs, items, sync, k):  # noqa: ANN001, A
 
 
 @njit(cache=True, nogil=True)
-def _add(x, y, out):  # noqa: ANN001, ANN202
-    """out = x + y (T, n) f32, as numpy adds them."""
+def _residual(x, y, post, eps, tmp, out):  # noqa: ANN001, ANN202
+    """out = x + y (T, n) f32 as numpy adds them, y first RMS-normalized times ``post``
+    (into ``tmp``) when ``post`` is not empty (Gemma's post-norms)."""
+    if post.shape[0]:
+        rmsnorm_rows(y, post, eps, tmp)
+        y = tmp
     for t in range(x.shape[0]):
         for i in range(x.shape[1]):
             out[t, i] = x[t, i] + y[t, i]
@@ -258,17 +265,8 @@ def _member(m, x0, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, r
         _products(kinds, _weights(wtab, il, 0), a32, ak, tbl, (q, k, vv), itab[4 * il],
                   icount[4 * il], s, _QKV)
         if _fetch_add(s, _PREP) == 0:
-            q_norm, k_norm = _norm(ntab, il, 1), _norm(ntab, il, 2)
-            if q_norm.shape[0]:
-                qh = q.reshape((n * n_head, d))
-                rmsnorm_rows(qh, q_norm, eps, qh)
-            if k_norm.shape[0]:
-                kh = k.reshape((n * n_kv, d))
-                rmsnorm_rows(kh, k_norm, eps, kh)
-            q3 = q.reshape((n, n_head, d))
-            k3 = k.reshape((n, n_kv, d))
-            rope_rows(q3, rot, neox)
-            rope_rows(k3, rot, neox)
+            _, k3 = qk_heads(q, k, _norm(ntab, il, 1), _norm(ntab, il, 2), eps, rot, neox,
+                             heads)
             store_rows(kt, v, slot, pos, k3, vv.reshape((n, n_kv, dv)))
             for t in range(n):  # the queries as attention reads them (attention._prepare)
                 for e in range(n_head * d):
@@ -286,12 +284,7 @@ def _member(m, x0, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, r
         b32, bk = _activation_sets(kinds, 1, a.reshape((n, n_head * dv)))
         _products(kinds, _weights(wtab, il, 1), b32, bk, tbl, (o, o, o), itab[4 * il + 1],
                   icount[4 * il + 1], s, _OUT)
-        post = _norm(ntab, il, 3)
-        if post.shape[0]:
-            rmsnorm_rows(o, post, eps, p)
-            _add(x, p, x1)
-        else:
-            _add(x, o, x1)
+        _residual(x, o, _norm(ntab, il, 3), eps, p, x1)
         # feed-forward: norm, gate and up, the gated activation, down
         rmsnorm_rows(x1, _norm(ntab, il, 4), eps, h)
         kinds = ktab[4 * il + 2]
@@ -306,12 +299,7 @@ def _member(m, x0, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, r
         d32, dk = _activation_sets(kinds, 1, act)
         _products(kinds, _weights(wtab, il, 3), d32, dk, tbl, (o2, o2, o2), itab[4 * il + 3],
                   icount[4 * il + 3], s, _DOWN)
-        post = _norm(ntab, il, 5)
-        if post.shape[0]:
-            rmsnorm_rows(o2, post, eps, p)
-            _add(x1, p, x)
-        else:
-            _add(x1, o2, x)
+        _residual(x1, o2, _norm(ntab, il, 5), eps, p, x)
     if m == 0:
         out[:] = x
 
@@ -482,7 +470,15 @@ def run_stack(x: np.ndarray, layers: list, batch: Any, config: Any, ropes: tuple
     return stack_team(*args, threads) if team else stack_alone(*args)
 
 
-_SOURCES_KEY = blocks._SOURCES_KEY  # the team calls the same kernels as the blocks
+def _sources_key() -> int:
+    """What the team's machine code holds from other modules: the blocks' key (the
+    kernels, attention, row kernels) and the blocks' own source (``qk_heads``)."""
+    h = hashlib.sha256(str(blocks._SOURCES_KEY).encode())
+    h.update(Path(blocks.__file__).read_bytes())
+    return int.from_bytes(h.digest()[:7], "little")
+
+
+_SOURCES_KEY = _sources_key()
 
 
 @njit(cache=True)
@@ -500,6 +496,6 @@ def _check_build() -> None:
     if not _fresh:
         blocks._check_build()
         kernels.rebuild_if_stale(_built_key, _SOURCES_KEY,
-                                 (stack_items, _member, _buffers, stack_team,
+                                 (stack_items, _residual, _member, _buffers, stack_team,
                                   stack_alone, _built_key))
         _fresh = True
