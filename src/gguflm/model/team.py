@@ -129,19 +129,6 @@ def _wait(sync, k, total):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True)
-def _products(kinds, ws, a32, ak, tbl, outs, items, sync, k):  # noqa: ANN001, ANN202
-    """Step ``k``: take row ranges ``items`` of the products until none is left, then wait
-    for the others' to finish."""
-    total = items.shape[0]
-    c = _fetch_add(sync, k)
-    while c < total:
-        _run_item(kinds, ws, a32, ak, tbl, outs, items, c)
-        _fetch_add(sync, k + _LINE)
-        c = _fetch_add(sync, k)
-    _wait(sync, k, total)
-
-
-@njit(cache=True, nogil=True)
 def _residual(x, y, post, eps, tmp, out):  # noqa: ANN001, ANN202
     """out = x + y (T, n) f32 as numpy adds them, y first RMS-normalized times ``post``
     (into ``tmp``) when ``post`` is not empty (Gemma's post-norms)."""
