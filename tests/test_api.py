@@ -84,6 +84,23 @@ def test_warm_up_leaves_the_context_alone(llm: LLM) -> None:
         len(llm.tokenize(PROMPT)) - 1
 
 
+def test_warm_up_loads_every_path_a_first_request_takes(smollm2_path: Path) -> None:
+    """A server's warm-up loads the prompt path too (a first batch of several prompts runs
+    the layer-by-layer blocks) and builds the tables made on first use, in a fresh process
+    where nothing else has."""
+    code = ("import sys, gguflm; from gguflm.model import blocks\n"
+            "llm = gguflm.LLM(sys.argv[1], parallel=2, threads=1)\n"
+            "assert not blocks.attention_block.overloads and llm._max_token_bytes is None\n"
+            "llm.warm_up()\n"
+            "print(len(blocks.attention_block.overloads), len(blocks.ffn_block.overloads),"
+            " llm._max_token_bytes)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(smollm2_path)], capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    n_attn, n_ffn, longest = out.stdout.split()
+    assert int(n_attn) >= 1 and int(n_ffn) >= 1 and int(longest) >= 4
+
+
 def test_stop_strings(llm: LLM) -> None:
     full = llm.generate(PROMPT, max_tokens=8, temperature=0)["choices"][0]["text"]
     assert "\n" in full  # " Paris.\n\n..." on SmolLM2; the cuts below rely on it

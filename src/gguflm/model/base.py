@@ -129,17 +129,19 @@ class Model:
         """Logits (len(ids), n_vocab) float32 of ``ids`` evaluated from an empty cache."""
         return self.forward(ids, self.new_cache(max(1, len(ids))), all_logits=True)
 
-    def warm_up(self) -> None:
+    def warm_up(self, prompts: bool = False) -> None:
         """Run the compiled paths once, so that later calls only load their machine code
         (or, on a first run, compile it now rather than in the middle of a request):
-        decoding (two tokens, then one: the team), and, when the layer-by-layer blocks
-        are not compiled yet, a prompt longer than the team takes."""
+        decoding (two tokens, then one: the team), and a prompt longer than the team takes
+        (the layer-by-layer blocks) when ``prompts`` or when the blocks are not compiled
+        yet. A command with one short prompt skips loading the blocks (about 0.3 s); a
+        server asks for them, or its first batch of several prompts would load them."""
         from . import team  # numba: compiled or loaded on first use
 
         ids = [0, min(1, self.config.n_vocab - 1)]
         self.forward(ids, self.new_cache(4))
         self.forward(ids[:1], self.new_cache(4))
-        if not compiled():
+        if prompts or not compiled():
             n = team.MAX_ROWS + 1
             self.forward([0] * n, self.new_cache(n))
 
