@@ -28,6 +28,7 @@ from ..quant.floatbits import (
     round_f16,
     to_f16,
 )
+from .attention_ir import tile_scores, weighted_sum
 from .kv_cache import TILE  # key positions per tile of the arena's transposed keys
 
 
@@ -58,11 +59,10 @@ def _soft_max_sum(ex, lo, hi):  # noqa: ANN001, ANN202
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
 def _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g):  # noqa: ANN001, ANN202
     """Query row t, every query head of KV head g (one fixed order of arithmetic per head,
-    whichever loop calls it). The heads sharing a KV head go together so that each key
-    and value is read once for all of them."""
-    d = q.shape[2]
+    whichever loop calls it). The heads sharing a KV head go together, so that the keys
+    and values they share are in cache for the next head; each head's inner loops keep
+    their sums in registers (``attention_ir``)."""
     tile_len = kt.shape[4]
-    d_v = v.shape[3]
     group = q.shape[1] // kt.shape[1]
     h0 = g * group
     s, lo, hi = _span(slot, pos, window, t)
@@ -76,14 +76,7 @@ def _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g):  # n
         kk = kt[s, g, tile]
         # score j of head h: a sum over e in index order, vectorized over a whole tile of
         # keys (a fixed trip count: 4x faster than stopping at n; unused lanes dropped)
-        acc[:] = 0.0
-        for e in range(d):
-            ke = kk[e]
-            for hh in range(group):
-                qe = q[t, h0 + hh, e]
-                ah = acc[hh]
-                for jj in range(TILE):
-                    ah[jj] += qe * kv_load(ke[jj])
+        tile_scores(q[t, h0:h0 + group], kk, acc)
         for hh in range(group):
             for jj in range(n):
                 sc[hh, o + jj] = acc[hh, jj]
@@ -105,16 +98,8 @@ def _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g):  # n
         for j in range(n_vis):
             p = sh[j] * inv
             sh[j] = round_f16(p) if f16 else p
-    for hh in range(group):
-        for c in range(d_v):
-            out[t, h0 + hh, c] = 0.0
-    for j in range(lo, hi + 1):  # the weighted sums in position order, vectorized over c
-        vj = v[s, g, j]
-        for hh in range(group):
-            p = sc[hh, j - base]
-            oh = out[t, h0 + hh]
-            for c in range(d_v):
-                oh[c] += p * kv_load(vj[c])
+    # the weighted sums in position order, vectorized over c
+    weighted_sum(sc[:, lo - base:], v[s, g, lo:hi + 1], out[t, h0:h0 + group])
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
@@ -246,8 +231,15 @@ def _attend_serial(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, k_n
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy")
 def _attend_par(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, k_new, v_new):  # noqa: ANN001, ANN202
     q = _prepare(q, kt, v, slot, pos, k_new, v_new, f16)
-    for item in prange(q.shape[0] * kt.shape[1]):
-        _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item)
+    n_rows, n_kv = q.shape[0], kt.shape[1]
+    for i in prange(n_rows * n_kv):
+        # rows in the order first, last, second, second-to-last, ...: numba hands each
+        # thread one contiguous run of items, and a prompt's later rows attend over more
+        # keys (in order, the thread with the second half had 3/4 of the work)
+        r = i // n_kv
+        row = r // 2 if r % 2 == 0 else n_rows - 1 - r // 2
+        _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out,
+                    row * n_kv + i % n_kv)
 
 
 def runs_parallel(rows: int, n_kv: int, macs: int) -> bool:

@@ -1,0 +1,219 @@
+"""Attention's two inner loops as explicit LLVM vectors: a key tile's scores and the
+weighted sum over values.
+
+The arithmetic is that of the plain loops they replace, element for element: a score is
+the sum over the head dimension, in index order, of separately rounded products (no fused
+multiply-add); an output element is the sum over positions, in order, of separately
+rounded products. What changes is where the running sums live. Written as numba loops over
+arrays, they went to memory and back for every product (a load and a store per 8 lanes);
+here each is an LLVM vector value that stays in a register for the whole loop, and a key or
+value is read (and converted from float16) once per use. Measured on the attention of a
+2,048-token prompt: see ``attention.py``.
+
+Both take a float16 (uint16 bits) or a float32 cache; the arrays must be C-contiguous
+views (the arena's tiles and rows are).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+_F32, _F16, _I64 = ir.FloatType(), ir.HalfType(), ir.IntType(64)
+_LANES = 8
+_V8 = ir.VectorType(_F32, _LANES)
+_ZERO = ir.Constant(_V8, [0.0] * _LANES)
+
+
+def _c(v: int) -> ir.Constant:
+    return ir.Constant(_I64, v)
+
+
+def _rows_type(arr: types.Type, ndim: int) -> bool:
+    """An array the intrinsics read by rows: rows may be strided (any layout), each row's
+    elements contiguous, as every caller's are (the arena's tiles and rows, ``sc``,
+    slices of ``q`` and ``out``)."""
+    return isinstance(arr, types.Array) and arr.ndim == ndim and arr.layout in "CA"
+
+
+def _row(builder: ir.IRBuilder, ary: object, i: ir.Value, elem: ir.Type) -> ir.Value:
+    """Pointer to element 0 of row ``i`` of a 2-D array struct."""
+    stride = cgutils.unpack_tuple(builder, ary.strides)[0]
+    p = builder.gep(builder.bitcast(ary.data, ir.IntType(8).as_pointer()),
+                    [builder.mul(i, stride)])
+    return builder.bitcast(p, elem.as_pointer())
+
+
+def _load8(builder: ir.IRBuilder, base: ir.Value, at: ir.Value, half: bool) -> ir.Value:
+    """<8 x float> of the 8 elements at ``base + at`` (float16 converted exactly)."""
+    p = builder.gep(base, [at])
+    if half:
+        v = builder.load(builder.bitcast(p, ir.VectorType(_F16, _LANES).as_pointer()), align=2)
+        return builder.fpext(v, _V8)
+    return builder.load(builder.bitcast(p, _V8.as_pointer()), align=4)
+
+
+def _load1(builder: ir.IRBuilder, base: ir.Value, at: ir.Value, half: bool) -> ir.Value:
+    v = builder.load(builder.gep(base, [at]))
+    return builder.fpext(v, _F32) if half else v
+
+
+def _splat(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    v = builder.insert_element(ir.Constant(_V8, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), _LANES),
+                                                    [0] * _LANES))
+
+
+def _cache_elem(dtype: types.Type) -> tuple[ir.Type, bool] | None:
+    if dtype == types.uint16:
+        return _F16, True
+    if dtype == types.float32:
+        return _F32, False
+    return None
+
+
+# head-dimension steps per pass over a tile for all heads: a tile of d = 256 is 32 KB,
+# beyond L1 with the rest; 64 steps of it (8 KB) stay there while each head takes them
+E_STEP = 64
+
+
+@intrinsic
+def tile_scores(typingctx, qg, kk, out):  # noqa: ANN001, ANN202, ARG001
+    """``out[h, j] = sum over e of qg[h, e] * kk[e, j]`` for each head h of a group and
+    the 64 keys j of a tile: qg (heads, d) float32, kk (d, 64) the tile's keys (uint16
+    float16 bits or float32), out (heads, 64) float32. Each sum in index order e = 0, 1,
+    ..., from 0.0: the steps go E_STEP at a time for all heads, the partial sums kept in
+    ``out`` between them (exactly: a float32 stored is the float32 loaded)."""
+    if not (_rows_type(qg, 2) and _rows_type(kk, 2) and _rows_type(out, 2)
+            and qg.dtype == types.float32 and out.dtype == types.float32
+            and _cache_elem(kk.dtype) is not None):
+        return None
+    elem, half = _cache_elem(kk.dtype)
+    sig = types.none(qg, kk, out)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+        qa, ka, oa = (context.make_array(t)(context, builder, v)
+                      for t, v in zip(signature.args, args, strict=True))
+        heads, d = cgutils.unpack_tuple(builder, qa.shape)
+        accs = [cgutils.alloca_once_value(builder, _ZERO) for _ in range(_LANES)]
+        with cgutils.for_range_slice(builder, _c(0), d, _c(E_STEP)) as (e0, _):
+            e1 = builder.select(builder.icmp_signed("<", builder.add(e0, _c(E_STEP)), d),
+                                builder.add(e0, _c(E_STEP)), d)
+            first = builder.icmp_signed("==", e0, _c(0))
+            with cgutils.for_range(builder, heads) as hl:
+                h = hl.index
+                q = _row(builder, qa, h, _F32)
+                o = _row(builder, oa, h, _F32)
+                for b, acc in enumerate(accs):
+                    at = builder.bitcast(builder.gep(o, [_c(_LANES * b)]), _V8.as_pointer())
+                    builder.store(builder.select(first, _ZERO, builder.load(at, align=4)), acc)
+                with cgutils.for_range_slice(builder, e0, e1, _c(1)) as (e, _):
+                    qs = _splat(builder, builder.load(builder.gep(q, [e])))
+                    k = _row(builder, ka, e, elem)
+                    for b, acc in enumerate(accs):
+                        kv = _load8(builder, k, _c(_LANES * b), half)
+                        builder.store(builder.fadd(builder.load(acc), builder.fmul(qs, kv)),
+                                      acc)
+                for b, acc in enumerate(accs):
+                    at = builder.bitcast(builder.gep(o, [_c(_LANES * b)]), _V8.as_pointer())
+                    builder.store(builder.load(acc), at, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# positions per pass over the values for all heads and columns: 64 rows of d_v = 256 in
+# float16 are 32 KB, read from L1 by every head and column block (the whole of a long
+# sequence's values would come from L2 or beyond for each)
+J_STEP = 64
+
+
+def _emit_columns(builder: ir.IRBuilder, pa: object, va: object, oa: object, elem: ir.Type,
+                  c0: ir.Value, nvec: int, span: tuple, half: bool) -> None:
+    """``out[h, c0 + c] (+)= sum over j0 <= j < j1 of p[h, j] * vals[j, c0 + c]`` for every
+    head h and the ``nvec`` vectors of 8 columns from c0, in position order, from 0.0 when
+    ``first`` else from the partial sums in ``out``; ``span`` = (j0, j1, first)."""
+    j0, j1, first = span
+    heads = cgutils.unpack_tuple(builder, pa.shape)[0]
+    accs = [cgutils.alloca_once_value(builder, _ZERO) for _ in range(nvec)]
+    with cgutils.for_range(builder, heads) as hl:
+        h = hl.index
+        p = _row(builder, pa, h, _F32)
+        o = _row(builder, oa, h, _F32)
+        ats = [builder.bitcast(builder.gep(o, [builder.add(c0, _c(_LANES * b))]),
+                               _V8.as_pointer()) for b in range(nvec)]
+        for acc, at in zip(accs, ats, strict=True):
+            builder.store(builder.select(first, _ZERO, builder.load(at, align=4)), acc)
+        with cgutils.for_range_slice(builder, j0, j1, _c(1)) as (j, _):
+            ps = _splat(builder, builder.load(builder.gep(p, [j])))
+            v = _row(builder, va, j, elem)
+            for b, acc in enumerate(accs):
+                vv = _load8(builder, v, builder.add(c0, _c(_LANES * b)), half)
+                builder.store(builder.fadd(builder.load(acc), builder.fmul(ps, vv)), acc)
+        for acc, at in zip(accs, ats, strict=True):
+            builder.store(builder.load(acc), at, align=4)
+
+
+def _emit_column(builder: ir.IRBuilder, pa: object, va: object, oa: object, elem: ir.Type,
+                 c: ir.Value, span: tuple, half: bool) -> None:
+    """One column c of ``_emit_columns`` (the columns past the last multiple of 8)."""
+    j0, j1, first = span
+    heads = cgutils.unpack_tuple(builder, pa.shape)[0]
+    acc = cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0))
+    with cgutils.for_range(builder, heads) as hl:
+        h = hl.index
+        p = _row(builder, pa, h, _F32)
+        at = builder.gep(_row(builder, oa, h, _F32), [c])
+        builder.store(builder.select(first, ir.Constant(_F32, 0.0), builder.load(at)), acc)
+        with cgutils.for_range_slice(builder, j0, j1, _c(1)) as (j, _):
+            x = builder.fmul(builder.load(builder.gep(p, [j])),
+                             _load1(builder, _row(builder, va, j, elem), c, half))
+            builder.store(builder.fadd(builder.load(acc), x), acc)
+        builder.store(builder.load(acc), at)
+
+
+@intrinsic
+def weighted_sum(typingctx, pg, vals, out):  # noqa: ANN001, ANN202, ARG001
+    """``out[h, c] = sum over j of pg[h, j] * vals[j, c]``: pg (heads, n) float32 each
+    head's probabilities, vals (n, d_v) the values (uint16 float16 bits or float32), out
+    (heads, d_v) float32. Each sum in position order j = 0, 1, ..., from 0.0: J_STEP
+    positions at a time for all heads and columns, the partial sums kept in ``out``
+    between them (exactly)."""
+    if not (_rows_type(pg, 2) and _rows_type(vals, 2) and _rows_type(out, 2)
+            and pg.dtype == types.float32 and out.dtype == types.float32
+            and _cache_elem(vals.dtype) is not None):
+        return None
+    elem, half = _cache_elem(vals.dtype)
+    sig = types.none(pg, vals, out)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+        pa, va, oa = (context.make_array(t)(context, builder, v)
+                      for t, v in zip(signature.args, args, strict=True))
+        n = cgutils.unpack_tuple(builder, pa.shape)[1]
+        d_v = cgutils.unpack_tuple(builder, va.shape)[1]
+        c0 = cgutils.alloca_once_value(builder, _c(0))
+        # at least one pass, so that out is written (zeros) when there are no positions
+        passes = builder.select(builder.icmp_signed(">", n, _c(0)),
+                                builder.udiv(builder.add(n, _c(J_STEP - 1)), _c(J_STEP)),
+                                _c(1))
+        with cgutils.for_range(builder, passes) as pl:
+            j0 = builder.mul(pl.index, _c(J_STEP))
+            j1 = builder.select(builder.icmp_signed("<", builder.add(j0, _c(J_STEP)), n),
+                                builder.add(j0, _c(J_STEP)), n)
+            span = (j0, j1, builder.icmp_signed("==", j0, _c(0)))
+            # columns in blocks of 64 (8 registers), then 32, then 8, then one at a time
+            builder.store(_c(0), c0)
+            for nvec in (8, 4, 1):
+                width = _c(_LANES * nvec)
+                count = builder.udiv(builder.sub(d_v, builder.load(c0)), width)
+                with cgutils.for_range(builder, count):
+                    at = builder.load(c0)
+                    _emit_columns(builder, pa, va, oa, elem, at, nvec, span, half)
+                    builder.store(builder.add(at, width), c0)
+            with cgutils.for_range_slice(builder, builder.load(c0), d_v, _c(1)) as (c, _):
+                _emit_column(builder, pa, va, oa, elem, c, span, half)
+        return context.get_dummy_value()
+
+    return sig, codegen
