@@ -46,14 +46,42 @@ def _soft_max_sum(ex, lo, hi):  # noqa: ANN001, ANN202
     time from index 0 (a multiple of 8 positions; the keys not visible are 0 there), each
     group reduced in float32 as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), the groups summed in
     float64."""
-    lanes = np.zeros(8, np.float32)
     total = 0.0
+    z = np.float32(0.0)
     for g in range(lo - lo % 8, hi + 1, 8):
-        for i in range(8):
-            lanes[i] = ex[g + i] if lo <= g + i <= hi else np.float32(0.0)
-        total += np.float64(((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
-                            + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7])))
+        if lo <= g and g + 7 <= hi:  # a whole group: plain loads (the lanes are locals,
+            # kept in registers, not an array written and read back)
+            l0, l1, l2, l3 = ex[g], ex[g + 1], ex[g + 2], ex[g + 3]
+            l4, l5, l6, l7 = ex[g + 4], ex[g + 5], ex[g + 6], ex[g + 7]
+        else:
+            l0 = ex[g] if lo <= g <= hi else z
+            l1 = ex[g + 1] if lo <= g + 1 <= hi else z
+            l2 = ex[g + 2] if lo <= g + 2 <= hi else z
+            l3 = ex[g + 3] if lo <= g + 3 <= hi else z
+            l4 = ex[g + 4] if lo <= g + 4 <= hi else z
+            l5 = ex[g + 5] if lo <= g + 5 <= hi else z
+            l6 = ex[g + 6] if lo <= g + 6 <= hi else z
+            l7 = ex[g + 7] if lo <= g + 7 <= hi else z
+        total += np.float64(((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)))
     return total
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _max_of(x, n):  # noqa: ANN001, ANN202
+    """The largest of x[:n] (n >= 1) by 8 running maxima: a maximum does not depend on
+    the order it is taken in, and 8 independent chains run at the loads' pace rather than
+    at one compare's latency per element."""
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.float32(-np.inf)
+    j = 0
+    while j + 8 <= n:
+        m0, m1, m2, m3 = max(m0, x[j]), max(m1, x[j + 1]), max(m2, x[j + 2]), max(m3, x[j + 3])
+        m4, m5, m6, m7 = (max(m4, x[j + 4]), max(m5, x[j + 5]), max(m6, x[j + 6]),
+                          max(m7, x[j + 7]))
+        j += 8
+    while j < n:
+        m0 = max(m0, x[j])
+        j += 1
+    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
@@ -85,13 +113,13 @@ def _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g):  # n
         # the visible keys' scores as a view from index 0: loops over range(n_vis) need no
         # negative-index checks, so they vectorize whatever the window
         sh = sc[hh, lo - base:]
-        m = np.float32(-np.inf)
-        for j in range(n_vis):
-            x = sh[j] * scale
-            if cap > 0:
-                x = np.float32(np.tanh(x * (np.float32(1.0) / cap))) * cap
-            sh[j] = x
-            m = max(m, x)
+        if cap > 0:
+            for j in range(n_vis):
+                sh[j] = np.float32(np.tanh(sh[j] * scale * (np.float32(1.0) / cap))) * cap
+        else:
+            for j in range(n_vis):  # vectorizes
+                sh[j] = sh[j] * scale
+        m = _max_of(sh, n_vis)
         for j in range(n_vis):  # ggml's vector exp: this loop vectorizes
             sh[j] = expf_ggml(sh[j] - m)
         inv = np.float32(1.0 / _soft_max_sum(sc[hh], lo - base, hi - base))
