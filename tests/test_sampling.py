@@ -198,6 +198,21 @@ def test_greedy_sampling_is_argmax_after_penalties() -> None:
     assert s.sample(lg) == 2
 
 
+def test_greedy_shortcut_equals_the_chain_and_keeps_the_stream() -> None:
+    """Greedy without penalties takes the argmax directly: the token the whole chain (copy,
+    temperature 0, draw) gives, ties and NaN included, and one uniform draw per token as
+    before, so that a seeded request's later sampled tokens do not move."""
+    rng = np.random.default_rng(4)
+    cases = [rng.standard_normal(5000).astype(np.float32),
+             np.array([1, 3, 3, 2], np.float32), np.array([1, 3, np.nan, 3], np.float32),
+             np.full(6, -np.inf, np.float32)]
+    s, ref = Sampler(SamplerParams(temp=0.0, seed=9)), Sampler(SamplerParams(temp=0.0, seed=9))
+    for lg in cases:
+        with np.errstate(invalid="ignore"):
+            assert s.sample(lg) == draw(ref.candidates(lg), ref.uniform())
+    assert s.uniform() == ref.uniform()
+
+
 # --- the chain: order and the draw --------------------------------------------------------
 
 def test_min_p_sees_logits_before_temperature() -> None:

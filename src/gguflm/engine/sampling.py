@@ -304,6 +304,13 @@ class Sampler:
 
     def sample(self, logits: np.ndarray) -> int:
         """The next token id for ``logits`` (n_vocab,); does not ``accept`` it."""
+        p = self.params
+        if p.greedy and not p.penalties_on:
+            # the chain would keep the first highest logit and draw it: the same token
+            # without copying the logits and numbering the vocabulary (3 MB a token on
+            # Gemma 3's 262k vocabulary, about 0.5 ms)
+            self.uniform()  # drawn even when greedy, keeping the stream aligned
+            return int(np.argmax(logits))
         c = self.candidates(logits)
         u = self.uniform()  # drawn even when greedy, keeping the stream aligned
         return draw(c, u)
