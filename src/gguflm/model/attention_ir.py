@@ -66,10 +66,17 @@ def _splat(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
                                                     [0] * _LANES))
 
 
-def _cache_elem(dtype: types.Type) -> tuple[ir.Type, bool] | None:
-    if dtype == types.uint16:
+def _operands(rows: types.Type, cache: types.Type, out: types.Type
+              ) -> tuple[ir.Type, bool] | None:
+    """Both intrinsics' operands: 2-D float32 ``rows`` and ``out`` and a 2-D ``cache``
+    array of float16 bits (uint16) or float32. Its element type and whether it is
+    float16, or None (numba then reports no matching signature)."""
+    if not (all(_rows_type(a, 2) for a in (rows, cache, out))
+            and rows.dtype == types.float32 and out.dtype == types.float32):
+        return None
+    if cache.dtype == types.uint16:
         return _F16, True
-    if dtype == types.float32:
+    if cache.dtype == types.float32:
         return _F32, False
     return None
 
@@ -86,11 +93,10 @@ def tile_scores(typingctx, qg, kk, out):  # noqa: ANN001, ANN202, ARG001
     float16 bits or float32), out (heads, 64) float32. Each sum in index order e = 0, 1,
     ..., from 0.0: the steps go E_STEP at a time for all heads, the partial sums kept in
     ``out`` between them (exactly: a float32 stored is the float32 loaded)."""
-    if not (_rows_type(qg, 2) and _rows_type(kk, 2) and _rows_type(out, 2)
-            and qg.dtype == types.float32 and out.dtype == types.float32
-            and _cache_elem(kk.dtype) is not None):
+    cache = _operands(qg, kk, out)
+    if cache is None:
         return None
-    elem, half = _cache_elem(kk.dtype)
+    elem, half = cache
     sig = types.none(qg, kk, out)
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
@@ -181,11 +187,10 @@ def weighted_sum(typingctx, pg, vals, out):  # noqa: ANN001, ANN202, ARG001
     (heads, d_v) float32. Each sum in position order j = 0, 1, ..., from 0.0: J_STEP
     positions at a time for all heads and columns, the partial sums kept in ``out``
     between them (exactly)."""
-    if not (_rows_type(pg, 2) and _rows_type(vals, 2) and _rows_type(out, 2)
-            and pg.dtype == types.float32 and out.dtype == types.float32
-            and _cache_elem(vals.dtype) is not None):
+    cache = _operands(pg, vals, out)
+    if cache is None:
         return None
-    elem, half = _cache_elem(vals.dtype)
+    elem, half = cache
     sig = types.none(pg, vals, out)
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
