@@ -10,8 +10,9 @@ here each is an LLVM vector value that stays in a register for the whole loop, a
 value is read (and converted from float16) once per use. Measured on the attention of a
 2,048-token prompt: see ``attention.py``.
 
-Both take a float16 (uint16 bits) or a float32 cache; the arrays must be C-contiguous
-views (the arena's tiles and rows are).
+Both take a float16 (uint16 bits) or a float32 cache; their arrays' rows may be strided,
+each row's elements contiguous (the arena's tiles and rows, slices of the scores, queries
+and outputs are).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from ..quant.kernels import _Gen
 
 _F32, _F16, _I64 = ir.FloatType(), ir.HalfType(), ir.IntType(64)
 _LANES = 8
@@ -61,9 +64,8 @@ def _load1(builder: ir.IRBuilder, base: ir.Value, at: ir.Value, half: bool) -> i
 
 
 def _splat(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    v = builder.insert_element(ir.Constant(_V8, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), _LANES),
-                                                    [0] * _LANES))
+    """<8 x float> of x (the kernels' IR helper)."""
+    return _Gen(builder, None).splatf8(x)
 
 
 def _operands(rows: types.Type, cache: types.Type, out: types.Type

@@ -169,11 +169,8 @@ def compiled() -> bool:
     (longer prompts) is cached on disk: a start then takes about a second; otherwise the
     first calls compile them (minutes, once)."""
     from ..quant import kernels
+    from ..quant.jitcache import cached
     from . import blocks, team
 
-    try:
-        return kernels.is_compiled() and all(
-            len(fn._cache._cache_file._load_index()) > 0
-            for fn in (team.stack_team, blocks.attention_block, blocks.ffn_block))
-    except Exception:  # noqa: BLE001 - numba internals moved: assume the slow path
-        return False
+    return kernels.is_compiled() and cached(
+        (team.stack_team, blocks.attention_block, blocks.ffn_block))

@@ -40,6 +40,7 @@ from numba.extending import intrinsic
 
 from ..gguf.types import GGMLType
 from .floatbits import expf_ggml, f32_from_bits, round_f16
+from .jitcache import cached
 from .kerneltypes import (
     KERNEL_TYPES,
     KernelType,
@@ -935,11 +936,7 @@ _SIZES = {int(t): (k.block_size, k.type_size) for t, k in KERNEL_TYPES.items()}
 def is_compiled() -> bool:
     """True when the kernels' machine code is cached on disk: starting then takes about a
     second; otherwise the first product compiles them (tens of seconds, once)."""
-    try:
-        return all(len(fn._cache._cache_file._load_index()) > 0
-                   for fn in (qmatmul_serial, qmatmul_par))
-    except Exception:  # noqa: BLE001 - numba internals moved: assume the slow path
-        return False
+    return cached((qmatmul_serial, qmatmul_par))
 
 
 def warm_up() -> float:

@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from .jitcache import cached
+
 F32 = np.float32
 _MAGIC = F32(12582912.0)     # 1.5 * 2**23: adding it rounds a float32 to an integer
 _EPS = F32(1e-15)            # ggml's GROUP_MAX_EPS: a group this small is all zeros
@@ -793,8 +795,5 @@ def is_compiled(types: Iterable[Any] = ()) -> bool:
     """True when the kernels for ``types`` (ggml types or names) are cached on disk; the
     first use of one otherwise compiles it (seconds to a minute, once)."""
     names = {getattr(t, "ggml_name", t) for t in types} & set(_KERNELS)
-    try:
-        return all(len(_KERNELS[n]._cache._cache_file._load_index()) > 0 for n in names)
-    except Exception:  # noqa: BLE001 - numba internals moved: assume the slow path
-        return False
+    return cached(_KERNELS[n] for n in names)
 
