@@ -476,6 +476,9 @@ def _signed(k: KernelType) -> bool:
     return bool(k.bias) or any(p.width == 8 for p in k.planes)
 
 
+SCALE_RUN = 64  # blocks whose scale products the tiles store before their block loop
+
+
 def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp,  # noqa: ANN001
                     lanes=None) -> None:  # noqa: ANN001
     """The block loop of one weight type: ``accp[j][i]`` (<8 x float>) and ``accsp[j][i]``
@@ -490,57 +493,83 @@ def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp,  # noqa
     product for the 8 rows and Q8_1's ``m * s_act`` one vector product and sum, lane i
     doing row i's scalar steps in the same order: the same numbers, with 2 vector
     operations in place of 24 scalar ones per block."""
+    ts = k.type_size
+    bld = g.b
+    if lanes is None:
+        with cgutils.for_range(bld, nb) as loop:
+            _emit_block(g, k, rows, acts, loop.index, accp, accsp, None, None)
+        return
+    # The tiles' scale products d * d_act, 8 rows a block, are worked out for a run of
+    # blocks first and stored; the block loop then takes each row's product with a
+    # broadcast load (a load port, no vector ALU). Spreading lane i of a register instead
+    # took one or two shuffles per row and block: 20-28% of the 1x8 tile's time for the
+    # 32-value types. Two loops, so LLVM cannot forward the stores into shuffles again.
+    scratch = cgutils.alloca_once(bld, _F32, size=ir.Constant(_I64, 8 * SCALE_RUN))
+    d_at = k.format["d"].offset
+    with cgutils.for_range_slice(bld, g.c64(0), nb, g.c64(SCALE_RUN)) as (c0, _):
+        run = bld.select(bld.icmp_signed("<", bld.sub(nb, c0), g.c64(SCALE_RUN)),
+                         bld.sub(nb, c0), g.c64(SCALE_RUN))
+        with cgutils.for_range(bld, run) as loop:
+            b = bld.add(c0, loop.index)
+            d = g.f16(rows[0], bld.add(bld.mul(b, g.c64(ts)), g.c64(d_at)))
+            dd8 = bld.fmul(g.splatf8(d), g.load_v8(lanes[0], b))
+            slot = bld.gep(scratch, [bld.mul(loop.index, g.c64(8))])
+            bld.store(dd8, bld.bitcast(slot, _vt(_F32, 8).as_pointer()), align=4)
+        with cgutils.for_range(bld, run) as loop:
+            slot = bld.gep(scratch, [bld.mul(loop.index, g.c64(8))])
+            _emit_block(g, k, rows, acts, bld.add(c0, loop.index), accp, accsp, lanes, slot)
+    if k.offset == "m":  # Q8_1's m * s_act: the lanes back to the rows' sums
+        accv = bld.load(lanes[2])
+        for i in range(len(acts)):
+            bld.store(bld.extract_element(accv, ir.Constant(_I32, i)), accsp[0][i])
+
+
+def _emit_block(g: _Gen, k: KernelType, rows, acts, b, accp, accsp, lanes, dd) -> None:  # noqa: ANN001
+    """Block ``b`` of ``_emit_type_loop`` (its arguments); with ``lanes``, ``dd`` points
+    to the block's 8 stored scale products ``d * d_act``."""
     qk, ts = k.block_size, k.type_size
     bld = g.b
     signed = _signed(k)
     lane_m = lanes is not None and k.offset == "m"  # Q8_1's m * s_act in the lanes
-    with cgutils.for_range(bld, nb) as loop:
-        b = loop.index
-        abase = bld.mul(b, g.c64(qk))
-        unpacked = [_unpack(g, k, row, bld.mul(b, g.c64(ts))) for row in rows]
-        if lanes is None:
-            dabs = [g.load_f32(da_p, b) for _, da_p, _ in acts]
-        else:
-            da8 = g.load_v8(lanes[0], b)
-            dabs = [bld.extract_element(da8, ir.Constant(_I32, i)) for i in range(len(acts))]
-        a8 = [[g.vload(qa_p, bld.add(abase, g.c64(32 * s)), 32) for s in range(qk // 32)]
-              for qa_p, _, _ in acts]
-        for j, (spans, d, term) in enumerate(unpacked):
-            if lanes is not None:  # d_act * d for the 8 rows at once
-                dd8 = bld.fmul(g.splatf8(d), da8)
-            for i, (_, _, aux_p) in enumerate(acts):
-                isum = None
-                for s, (w8, wu, sc) in enumerate(spans):
-                    p = g.span_dot(w8, wu, a8[i][s], sc, signed)
-                    isum = p if isum is None else bld.add(isum, p)
-                acc = bld.load(accp[j][i])
-                if lanes is None:
-                    acc = g.fma8(acc, isum, bld.fmul(d, dabs[i]))
-                else:  # lane i of dd8 spread: the same product as fmul(d, dabs[i])
-                    f = bld.sitofp(isum, _vt(_F32, 8))
-                    spread = bld.shuffle_vector(dd8, dd8, ir.Constant(_vt(_I32, 8), [i] * 8))
-                    acc = g.call("llvm.fma.v8f32", _vt(_F32, 8), [f, spread, acc])
-                bld.store(acc, accp[j][i])
-                if term is None or lane_m:
-                    continue
-                accs = bld.load(accsp[j][i])
-                if term[0] == "m":  # + m * sum(x), Q8_1's stored block sum
-                    accs = bld.fadd(accs, bld.fmul(term[1], g.load_f32(aux_p, b)))
-                else:
-                    p8 = bld.bitcast(g.at(aux_p, bld.mul(b, g.c64(8))),
-                                     _vt(_F32, 8).as_pointer())
-                    # integers below 2**24 in float: the products and sums are exact
-                    msum = g.hsum8(bld.fmul(term[2], bld.load(p8, align=4)))
-                    accs = bld.fsub(accs, bld.fmul(bld.fmul(dabs[i], term[1]), msum))
-                bld.store(accs, accsp[j][i])
-            if lane_m:  # + m * sum(x) for the 8 rows: lane i = row i's scalar fmul and fadd
-                accv = bld.load(lanes[2])
-                prod = bld.fmul(g.splatf8(term[1]), g.load_v8(lanes[1], b))
-                bld.store(bld.fadd(accv, prod), lanes[2])
-    if lane_m:  # the lanes back to the rows' sums
-        accv = bld.load(lanes[2])
-        for i in range(len(acts)):
-            bld.store(bld.extract_element(accv, ir.Constant(_I32, i)), accsp[0][i])
+    abase = bld.mul(b, g.c64(qk))
+    unpacked = [_unpack(g, k, row, bld.mul(b, g.c64(ts))) for row in rows]
+    if lanes is None:
+        dabs = [g.load_f32(da_p, b) for _, da_p, _ in acts]
+    else:
+        da8 = g.load_v8(lanes[0], b)
+        dabs = [bld.extract_element(da8, ir.Constant(_I32, i)) for i in range(len(acts))]
+    a8 = [[g.vload(qa_p, bld.add(abase, g.c64(32 * s)), 32) for s in range(qk // 32)]
+          for qa_p, _, _ in acts]
+    for j, (spans, d, term) in enumerate(unpacked):
+        for i, (_, _, aux_p) in enumerate(acts):
+            isum = None
+            for s, (w8, wu, sc) in enumerate(spans):
+                p = g.span_dot(w8, wu, a8[i][s], sc, signed)
+                isum = p if isum is None else bld.add(isum, p)
+            acc = bld.load(accp[j][i])
+            if lanes is None:
+                acc = g.fma8(acc, isum, bld.fmul(d, dabs[i]))
+            else:  # row i's d * d_act, the same product as fmul(d, dabs[i])
+                f = bld.sitofp(isum, _vt(_F32, 8))
+                spread = g.splatf8(bld.load(bld.gep(dd, [g.c64(i)])))
+                acc = g.call("llvm.fma.v8f32", _vt(_F32, 8), [f, spread, acc])
+            bld.store(acc, accp[j][i])
+            if term is None or lane_m:
+                continue
+            accs = bld.load(accsp[j][i])
+            if term[0] == "m":  # + m * sum(x), Q8_1's stored block sum
+                accs = bld.fadd(accs, bld.fmul(term[1], g.load_f32(aux_p, b)))
+            else:
+                p8 = bld.bitcast(g.at(aux_p, bld.mul(b, g.c64(8))),
+                                 _vt(_F32, 8).as_pointer())
+                # integers below 2**24 in float: the products and sums are exact
+                msum = g.hsum8(bld.fmul(term[2], bld.load(p8, align=4)))
+                accs = bld.fsub(accs, bld.fmul(bld.fmul(dabs[i], term[1]), msum))
+            bld.store(accs, accsp[j][i])
+        if lane_m:  # + m * sum(x) for the 8 rows: lane i = row i's scalar fmul and fadd
+            accv = bld.load(lanes[2])
+            prod = bld.fmul(g.splatf8(term[1]), g.load_v8(lanes[1], b))
+            bld.store(bld.fadd(accv, prod), lanes[2])
 
 
 def _make_rowdot(nr: int, na: int, lanes: bool = False):  # noqa: ANN202 - a numba intrinsic
