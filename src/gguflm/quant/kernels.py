@@ -487,12 +487,13 @@ def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp,  # noqa
     arithmetic is ggml's: ``(d_act * d) * isum``, ``+ m * s_act`` (Q8_1's block sum),
     ``- (d_act * dmin) * sum(min_s * activation 32-sum_s)``.
 
-    ``lanes`` (one weight row, 8 activation rows): ``(da8, aux8, accv)``, pointers to the 8
-    rows' activation scales and Q8_1 sums interleaved (``_lanes8``: block b's 8 values
-    side by side) and to a <8 x float> accumulator. Then ``d_act * d`` is one vector
-    product for the 8 rows and Q8_1's ``m * s_act`` one vector product and sum, lane i
-    doing row i's scalar steps in the same order: the same numbers, with 2 vector
-    operations in place of 24 scalar ones per block."""
+    ``lanes`` (one weight row, 8 activation rows): ``(da8, aux8, accv, scratch)``, pointers
+    to the 8 rows' activation scales and Q8_1 sums interleaved (``_lanes8``: block b's 8
+    values side by side), to a <8 x float> accumulator and to room for ``SCALE_RUN`` blocks'
+    8 scale products. Then ``d_act * d`` is one vector product for the 8 rows and Q8_1's
+    ``m * s_act`` one vector product and sum, lane i doing row i's scalar steps in the same
+    order: the same numbers, with 2 vector operations in place of 24 scalar ones per
+    block."""
     ts = k.type_size
     bld = g.b
     if lanes is None:
@@ -504,7 +505,7 @@ def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp,  # noqa
     # broadcast load (a load port, no vector ALU). Spreading lane i of a register instead
     # took one or two shuffles per row and block: 20-28% of the 1x8 tile's time for the
     # 32-value types. Two loops, so LLVM cannot forward the stores into shuffles again.
-    scratch = cgutils.alloca_once(bld, _F32, size=ir.Constant(_I64, 8 * SCALE_RUN))
+    scratch = lanes[3]
     d_at = k.format["d"].offset
     with cgutils.for_range_slice(bld, g.c64(0), nb, g.c64(SCALE_RUN)) as (c0, _):
         run = bld.select(bld.icmp_signed("<", bld.sub(nb, c0), g.c64(SCALE_RUN)),
@@ -612,8 +613,11 @@ def _make_rowdot(nr: int, na: int, lanes: bool = False):  # noqa: ANN202 - a num
             lane_ptrs = None
             if lanes:
                 g8 = bld.sdiv(i0_, g.c64(na))  # the rows' group in _lanes8(., na)
+                # one scratch for every type's block loop (each its own would add 2 KB of
+                # stack per type and tile where the tiles are inlined)
                 lane_ptrs = (row_ptr(da8s, g8, _F32), row_ptr(aux8s, g8, _F32),
-                             cgutils.alloca_once_value(bld, zero))
+                             cgutils.alloca_once_value(bld, zero),
+                             cgutils.alloca_once(bld, _F32, size=ir.Constant(_I64, 8 * SCALE_RUN)))
             done = bld.append_basic_block("rowdot.done")
             # a type id without a block loop gives NaN, never a silent 0 (the jitted entry
             # points refuse such ids before they get here)
