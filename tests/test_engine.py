@@ -221,3 +221,62 @@ def test_logits_do_not_depend_on_the_batch(tiny) -> None:
          Part(arena.slots[0], np.array(ids), ALL),
          Part(arena.slots[2], np.array(seqs[2][5:9]), ALL)])
     assert np.array_equal(alone, mixed[1:1 + len(ids)])
+
+
+def test_the_engine_imports_numba_in_the_thread_that_builds_it(reference: Path) -> None:
+    """numba's package breaks when two threads import it at once, so an engine imports it
+    (and the kernels) before its thread starts: a program importing numba right after
+    building one cannot collide with the engine thread's first step. Checked in a fresh
+    interpreter, where nothing has imported numba yet."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, threading\n"
+        "from gguflm import load_model\n"
+        "from gguflm.engine.scheduler import Engine\n"
+        "from gguflm.tokenizer import Tokenizer\n"
+        f"m = load_model({str(reference / 'tiny-llama-f16' / 'tiny-llama-f16.gguf')!r})\n"
+        "assert 'numba' not in sys.modules\n"
+        "started = threading.Thread.start\n"
+        "def start(self):\n"
+        "    if self.name == 'gguflm-engine':\n"
+        "        for mod in ('numba', 'gguflm.quant.kernels', 'gguflm.model.team'):\n"
+        "            assert mod in sys.modules, mod + ' is left to the engine thread'\n"
+        "    started(self)\n"
+        "threading.Thread.start = start\n"
+        "e = Engine(m, Tokenizer.from_gguf(m.gguf), n_ctx=64)\n"
+        "e.close()\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dying_engine_thread_ends_its_callers_instead_of_hanging_them(tiny) -> None:
+    """A bug that kills the engine thread (here: admitting raises) finishes every queued
+    sequence with the error and refuses later work, rather than leaving callers waiting."""
+    _, _, cases = tiny
+    prompt = cases["colors"]["prompt_tokens"]
+    engine = _engine(tiny)
+    gate = threading.Event()
+    admit = engine._admit
+
+    def broken_admit() -> None:
+        gate.wait(60)
+        raise RuntimeError("a bug in admitting")
+
+    engine._admit = broken_admit
+    seqs = [engine.submit(Request(prompt, GREEDY, max_tokens=3)) for _ in range(3)]
+    gate.set()
+    for seq in seqs:
+        assert seq.wait(60), "a queued sequence was left waiting"
+        assert seq.finish_reason == "error" and "a bug in admitting" in str(seq.error)
+    engine._thread.join(60)
+    assert not engine._thread.is_alive()
+    with pytest.raises(RuntimeError, match="engine stopped"):
+        engine.submit(Request(prompt, GREEDY, max_tokens=3))
+    with pytest.raises(RuntimeError, match="engine stopped"):
+        engine.call(lambda: 1)
+    engine._admit = admit

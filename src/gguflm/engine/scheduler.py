@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ..model.base import import_kernels
 from ..model.batch import ALL, LAST, NONE, Part
 from .embed import EmbedRequest, EmbedSequence
 from .sequence import DECODE, DONE, PREFILL, Request, Sequence
@@ -126,6 +127,8 @@ class Engine:
         self._tasks: deque[tuple[Callable[[], Any], list[Any], threading.Event]] = deque()
         self._cv = threading.Condition()
         self._closed = False
+        self._broken: BaseException | None = None  # what killed the engine thread, if anything
+        import_kernels()  # here, not in the engine thread: see its docstring
         self._thread = threading.Thread(target=self._loop, name="gguflm-engine", daemon=True)
         self._thread.start()
 
@@ -149,6 +152,8 @@ class Engine:
         kind = EmbedSequence if isinstance(request, EmbedRequest) else Sequence
         seq = kind(request, self.tokenizer.decoder(special=False), self.eog_ids, notify)
         with self._cv:
+            if self._broken is not None:
+                raise RuntimeError(f"the engine stopped: {self._broken!r}")
             if self._closed:
                 raise RuntimeError("the engine is closed")
             if self.n_running + len(self._waiting) >= self.max_queue:
@@ -195,6 +200,8 @@ class Engine:
         box: list[Any] = []
         done = threading.Event()
         with self._cv:
+            if self._broken is not None:
+                raise RuntimeError(f"the engine stopped: {self._broken!r}")
             self._tasks.append((fn, box, done))
             self._cv.notify()
         done.wait()
@@ -226,6 +233,30 @@ class Engine:
     # --- the engine thread -------------------------------------------------------------------
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # a bug: end every waiting caller rather than hang them
+            self._fail_everything(e)
+            raise
+
+    def _fail_everything(self, error: BaseException) -> None:
+        """The engine thread is dying of ``error``: finish every queued and running sequence
+        and every pending task with it; later submissions raise."""
+        with self._cv:
+            self._broken = error
+            seqs = list(self._waiting) + [s.seq for s in self.slots if s.seq is not None]
+            self._waiting.clear()
+            tasks = list(self._tasks)
+            self._tasks.clear()
+        for s in self.slots:
+            s.seq = None
+        for seq in seqs:
+            seq._finish("error", "error", error)
+        for _, box, done in tasks:
+            box.append(RuntimeError(f"the engine stopped: {error!r}"))
+            done.set()
+
+    def _serve(self) -> None:
         from ..quant.matrix import set_threads
 
         set_threads(self.threads)  # numba's thread count belongs to the calling thread

@@ -164,6 +164,18 @@ class Model:
                 f"{c.n_head}/{c.n_head_kv} heads, vocab {c.n_vocab})")
 
 
+def import_kernels() -> None:
+    """Import numba and the compiled paths' modules in the calling thread.
+
+    numba's package has import cycles that break when two threads import it at once: one of
+    them meets a partly initialised module (``ImportError: cannot import name ...``). An
+    engine calls this in the thread that builds it, before its own thread starts, so that a
+    program importing numba (or something built on it) meanwhile cannot collide with the
+    engine thread's first step."""
+    from ..quant import kernels, matrix  # noqa: F401
+    from . import attention, blocks, rowkernels, team  # noqa: F401
+
+
 def compiled() -> bool:
     """True when the machine code of the kernels, the team (decoding) and the blocks
     (longer prompts) is cached on disk: a start then takes about a second; otherwise the
