@@ -19,6 +19,7 @@ from gguflm import load_model
 from gguflm.engine.sampling import SamplerParams
 from gguflm.engine.scheduler import Engine, QueueFullError
 from gguflm.engine.sequence import Request
+from gguflm.model.batch import ALL, Part
 from gguflm.tokenizer import Tokenizer
 
 GREEDY = SamplerParams(temp=0.0)
@@ -204,7 +205,7 @@ def test_cancel_frees_the_slot_at_once(tiny) -> None:
 def test_logits_do_not_depend_on_the_batch(tiny) -> None:
     """The standing rule on the F16 tiny model (its F16 products and attention): a
     sequence's logits are bit-identical alone, in chunks, and beside others."""
-    from gguflm.model.batch import ALL, LAST, Part
+    from gguflm.model.batch import LAST
 
     model, _, cases = tiny
     seqs = [c["prompt_tokens"] + c["generated_tokens"][:8] for c in cases.values()][:4]
@@ -280,3 +281,59 @@ def test_a_dying_engine_thread_ends_its_callers_instead_of_hanging_them(tiny) ->
     with pytest.raises(RuntimeError, match="engine stopped"):
         engine.call(lambda: 1)
     engine._admit = admit
+
+
+class Recording(Counting):
+    """The real model, keeping every logits array it returns."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.logits = []
+
+    def forward_batch(self, parts):
+        out = super().forward_batch(parts)
+        if len(out):
+            self.logits.append(np.array(out))
+        return out
+
+
+def test_embeddings_and_generation_never_reuse_each_others_cache(tiny) -> None:
+    """An embedding's keys and values are computed with flash attention, whose last bits
+    differ from generation's: a generation after an embedding of the same text, and a
+    last-token embedding after a generation of it, each get exactly what they get from an
+    empty cache (a reused prefix would carry the other arithmetic's rounding)."""
+    from gguflm.engine.embed import EmbedRequest
+
+    model, tok, cases = tiny
+    prompt = cases["colors"]["prompt_tokens"]
+
+    def generated(before=None):
+        rec = Recording(model)
+        engine = Engine(rec, tok, n_ctx=256, n_slots=1)
+        if before is not None:
+            engine.run(before)
+        rec.logits.clear()
+        seq = engine.run(Request(prompt, GREEDY, max_tokens=4))
+        engine.close()
+        return seq.tokens, np.concatenate(rec.logits)
+
+    def embedded(pooling, before=None):
+        engine = _engine(tiny, n_slots=1)
+        if before is not None:
+            engine.run(before)
+        seq = engine.run(EmbedRequest(prompt, pooling=pooling))
+        engine.close()
+        return seq.embedding
+
+    tokens, logits = generated()
+    for pooling in ("last", "mean"):
+        after = generated(EmbedRequest(prompt, pooling=pooling))
+        assert after[0] == tokens and np.array_equal(after[1], logits)
+    alone = embedded("last")
+    after = embedded("last", Request(prompt + [1, 2], GREEDY, max_tokens=2))
+    assert np.array_equal(alone, after)
+    # the two arithmetics do differ here: the test would see a reused prefix
+    flash = model.forward_batch([Part(model.new_cache(64), np.array(prompt), ALL,
+                                      flash=True)])
+    plain = model.forward_batch([Part(model.new_cache(64), np.array(prompt), ALL)])
+    assert not np.array_equal(flash, plain)

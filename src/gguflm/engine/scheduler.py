@@ -75,6 +75,10 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # what the cache holds
     seq: Sequence | None = None
     last_used: float = 0.0
+    # the cache's keys and values were computed with flash attention (embeddings): its
+    # layers past the first differ in the last bits from the plain path's, so a prefix is
+    # reused only by a request computed the same way
+    flash: bool = False
 
 
 @dataclass
@@ -311,20 +315,24 @@ class Engine:
                 return
             self._waiting.popleft()
             prompt = seq.prompt_ids
+            flash = embedding and seq.request.flash_attn
+            shared = {s.index: common_prefix(s.tokens, prompt) if s.flash == flash else 0
+                      for s in free}  # the prefix this request may reuse from each slot
             # the slot sharing the longest prefix, when that prefix is worth keeping (at least
             # half the prompt or 16 tokens, like llama-server's slot similarity); otherwise an
             # empty slot, else the least recently used, so that a shared BOS alone does not
             # evict another conversation's cache
-            slot = max(free, key=lambda s: (common_prefix(s.tokens, prompt), -s.last_used))
-            if common_prefix(slot.tokens, prompt) < min(16, len(prompt) // 2 + 1):
+            slot = max(free, key=lambda s: (shared[s.index], -s.last_used))
+            if shared[slot.index] < min(16, len(prompt) // 2 + 1):
                 empty = [s for s in free if not s.tokens]
                 slot = empty[0] if empty else min(free, key=lambda s: s.last_used)
-            keep = min(common_prefix(slot.tokens, prompt), len(prompt) - 1)
+            keep = min(shared[slot.index], len(prompt) - 1)
             if embedding and seq.request.pooling != "last":
                 keep = 0  # every token's hidden state is needed: the cache has none
             slot.cache.truncate(min(keep, slot.cache.n))
             keep = slot.cache.n
             slot.tokens = slot.tokens[:keep]
+            slot.flash = flash
             slot.seq = seq
             seq.slot = slot
             seq.n_cached = seq.n_prompt_done = keep
