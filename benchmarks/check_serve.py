@@ -7,10 +7,11 @@
    a time and then all at once by 8 concurrent clients: every reply identical token for
    token (the completions' text, compared exactly).
 2. Soak: ``--requests`` requests from ``--clients`` concurrent clients (streaming and not,
-   every fifth streaming one hanging up after its first piece): none lost (every one that
-   did not hang up answered in full), none mixed up (each reply equals that prompt's
-   temperature-0 reply exactly), the server answers /health at the end, and its RSS is
-   back within 10% of what it was after the warm-up.
+   every fifth streaming one hanging up after its first piece; every seventh request an
+   embedding of a prompt the others complete): none lost (every one that did not hang up
+   answered in full), none mixed up (each reply equals that prompt's temperature-0 reply,
+   each embedding that prompt's embedding alone, exactly), the server answers /health at
+   the end, and its RSS is back within 10% of what it was after the warm-up.
 Prints the figures and exits 1 if a bar is missed. Bounded in time; only 127.0.0.1.
 """
 
@@ -60,6 +61,21 @@ def complete(port: int, body: dict, hang_up: bool = False, timeout: float = 600)
         conn.close()
 
 
+def embed(port: int, text: str, timeout: float = 600) -> list[float] | None:
+    """The embedding of ``text`` (``POST /v1/embeddings``); None if the request failed."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/embeddings", json.dumps({"input": text}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        return body["data"][0]["embedding"] if resp.status == 200 else None
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+    finally:
+        conn.close()
+
+
 def prompts(n: int) -> list[str]:
     subjects = ["cats", "the ocean", "a robot", "winter", "bread", "trains", "the moon",
                 "gardens", "music", "mountains", "a clock", "bees", "rivers", "a library",
@@ -101,12 +117,18 @@ def main() -> int:
         ps = prompts(args.clients * 2)
         expected = {p: complete(port, {"prompt": p, "max_tokens": args.max_tokens,
                                        "temperature": 0}) for p in ps}
+        embeddings = {p: embed(port, p) for p in ps}
         rss0 = srv.rss_mib()
-        results: list[tuple[str, str | None, bool]] = []
+        results: list[tuple[str, str | list[float] | None, bool]] = []
         lock = threading.Lock()
 
         def one(i: int) -> None:
             p = ps[i % len(ps)]
+            if i % 7 == 3:
+                vec = embed(port, p)
+                with lock:
+                    results.append((p, vec, False))
+                return
             stream = i % 2 == 0
             hang = stream and i % 10 == 0
             text = complete(port, {"prompt": p, "max_tokens": args.max_tokens,
@@ -120,7 +142,8 @@ def main() -> int:
         wall = time.perf_counter() - t0
         hung = sum(1 for _, _, h in results if h)
         lost = [(p, t) for p, t, h in results if not h and t is None]
-        mixed = [(p, t) for p, t, h in results if not h and t is not None and t != expected[p]]
+        mixed = [(p, t) for p, t, h in results if not h and t is not None
+                 and t != (embeddings[p] if isinstance(t, list) else expected[p])]
         time.sleep(1.0)
         conn = http.client.HTTPConnection(HOST, port, timeout=10)
         t1 = time.perf_counter()
@@ -136,7 +159,8 @@ def main() -> int:
               f"{health_body.get('slots_processing')}; RSS {rss0:.0f} -> {rss1:.0f} MiB "
               f"({(rss1 / rss0 - 1) * 100:+.1f}%)")
         for p, t in mixed[:3]:
-            print(f"  mixed: {p!r}: {t!r} != {expected[p]!r}")
+            what = "embedding" if isinstance(t, list) else f"{t!r} != {expected[p]!r}"
+            print(f"  mixed: {p!r}: {what}")
         ok &= not lost and not mixed and health.status == 200 and rss1 <= 1.10 * rss0
     finally:
         srv.close()
