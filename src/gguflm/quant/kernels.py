@@ -443,7 +443,7 @@ def _unpack(g: _Gen, k: KernelType, row, off):  # noqa: ANN001, ANN202
     def field_at(name: str) -> ir.Value:
         return bld.add(off, g.c64(fmt[name].offset))
 
-    d = g.f16(row, field_at("d"))
+    d = _block_scale(g, k, row, off)
     sc16 = mins = None
     if k.scales == "k4":
         sm8 = _k_scales(g, row, field_at("scales"))
@@ -469,6 +469,11 @@ def _unpack(g: _Gen, k: KernelType, row, off):  # noqa: ANN001, ANN202
     elif k.offset == "dmin":
         term = ("dmin", g.f16(row, field_at("dmin")), mins)
     return spans, d, term
+
+
+def _block_scale(g: _Gen, k: KernelType, row, off):  # noqa: ANN001, ANN202
+    """The float scale ``d`` of the weight block at byte ``off`` of ``row``."""
+    return g.f16(row, g.b.add(off, g.c64(k.format["d"].offset)))
 
 
 def _signed(k: KernelType) -> bool:
@@ -505,14 +510,14 @@ def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp,  # noqa
     # broadcast load (a load port, no vector ALU). Spreading lane i of a register instead
     # took one or two shuffles per row and block: 20-28% of the 1x8 tile's time for the
     # 32-value types. Two loops, so LLVM cannot forward the stores into shuffles again.
+    assert len(rows) == 1, "the 8 stored scale products are one weight row's"
     scratch = lanes[3]
-    d_at = k.format["d"].offset
     with cgutils.for_range_slice(bld, g.c64(0), nb, g.c64(SCALE_RUN)) as (c0, _):
         run = bld.select(bld.icmp_signed("<", bld.sub(nb, c0), g.c64(SCALE_RUN)),
                          bld.sub(nb, c0), g.c64(SCALE_RUN))
         with cgutils.for_range(bld, run) as loop:
             b = bld.add(c0, loop.index)
-            d = g.f16(rows[0], bld.add(bld.mul(b, g.c64(ts)), g.c64(d_at)))
+            d = _block_scale(g, k, rows[0], bld.mul(b, g.c64(ts)))
             dd8 = bld.fmul(g.splatf8(d), g.load_v8(lanes[0], b))
             slot = bld.gep(scratch, [bld.mul(loop.index, g.c64(8))])
             bld.store(dd8, bld.bitcast(slot, _vt(_F32, 8).as_pointer()), align=4)
