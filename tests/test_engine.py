@@ -261,16 +261,14 @@ def test_a_dying_engine_thread_ends_its_callers_instead_of_hanging_them(tiny) ->
     _, _, cases = tiny
     prompt = cases["colors"]["prompt_tokens"]
     engine = _engine(tiny)
-    gate = threading.Event()
     admit = engine._admit
 
-    def broken_admit() -> None:
-        gate.wait(60)
-        raise RuntimeError("a bug in admitting")
+    def broken_admit() -> None:  # runs under the engine's lock: it must not block
+        if len(engine._waiting) == 3:  # fails once all three are queued
+            raise RuntimeError("a bug in admitting")
 
     engine._admit = broken_admit
     seqs = [engine.submit(Request(prompt, GREEDY, max_tokens=3)) for _ in range(3)]
-    gate.set()
     for seq in seqs:
         assert seq.wait(60), "a queued sequence was left waiting"
         assert seq.finish_reason == "error" and "a bug in admitting" in str(seq.error)
