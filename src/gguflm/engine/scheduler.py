@@ -157,7 +157,7 @@ class Engine:
         seq = kind(request, self.tokenizer.decoder(special=False), self.eog_ids, notify)
         with self._cv:
             if self._broken is not None:
-                raise RuntimeError(f"the engine stopped: {self._broken!r}")
+                raise self._stopped()
             if self._closed:
                 raise RuntimeError("the engine is closed")
             if self.n_running + len(self._waiting) >= self.max_queue:
@@ -205,7 +205,7 @@ class Engine:
         done = threading.Event()
         with self._cv:
             if self._broken is not None:
-                raise RuntimeError(f"the engine stopped: {self._broken!r}")
+                raise self._stopped()
             self._tasks.append((fn, box, done))
             self._cv.notify()
         done.wait()
@@ -257,8 +257,12 @@ class Engine:
         for seq in seqs:
             seq._finish("error", "error", error)
         for _, box, done in tasks:
-            box.append(RuntimeError(f"the engine stopped: {error!r}"))
+            box.append(self._stopped())
             done.set()
+
+    def _stopped(self) -> RuntimeError:
+        """What a call gets once the engine thread has died."""
+        return RuntimeError(f"the engine stopped: {self._broken!r}")
 
     def _serve(self) -> None:
         from ..quant.matrix import set_threads
