@@ -75,3 +75,30 @@ def test_team_matches_the_blocks_on_real_models(request: pytest.FixtureRequest,
 def test_team_build_key_follows_the_sources() -> None:
     team._check_build()
     assert team._built_key() == team._SOURCES_KEY
+
+
+def test_team_buffers_are_each_threads_own(smollm2_path: Path) -> None:
+    """The layers' shared arrays are reused call after call (``_Stack.buffers``): forwards
+    of one model on several threads at once must not write into each other's, and a block
+    grown for more rows serves fewer."""
+    import threading
+
+    model = gguflm.load_model(smollm2_path)
+    want = _run(model, steps=4)
+    got: dict[int, list[np.ndarray]] = {i: [] for i in range(4)}
+    gate = threading.Barrier(4)
+
+    def work(i: int) -> None:
+        gate.wait()
+        for _ in range(3):
+            got[i].append(_run(model, steps=4))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    for i, runs in got.items():
+        assert len(runs) == 3, i
+        for logits in runs:
+            np.testing.assert_array_equal(logits, want, err_msg=f"thread {i}")

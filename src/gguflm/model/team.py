@@ -15,6 +15,7 @@ computing while the rest wait; storing keys and values, which writes the caches,
 item that one member takes. Each layer has its own shared arrays (a member running ahead
 never overwrites what a slower one still reads), so a call holds ``n_layer`` times a
 layer's activations: the team takes at most ``MAX_ROWS`` rows and ``MAX_BYTES`` of them.
+Those arrays are one block per thread, kept from call to call (``_Stack.buffers``).
 
 Members repeat those small steps, which would cost a batch of many rows its time: longer
 prompts run layer by layer. The arithmetic is the blocks' kernels, called on the same
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -291,26 +293,10 @@ def _member(m, x0, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, r
         out[:] = x
 
 
-@njit(cache=True, nogil=True)
-def _buffers(x, wtab, heads):  # noqa: ANN001, ANN202
-    """Each layer's shared arrays: Q, K, V, the queries as attention reads them, attention's
-    output, the output product, gate, up, down."""
-    n_layer, n = wtab.shape[0], x.shape[0]
-    n_head, n_kv, d, dv = heads
-    n_ff = wtab[0, 4, 1]
-    return (np.empty((n_layer, n, n_head * d), np.float32),
-            np.empty((n_layer, n, n_kv * d), np.float32),
-            np.empty((n_layer, n, n_kv * dv), np.float32),
-            np.empty((n_layer, n, n_head, d), np.float32),
-            np.empty((n_layer, n, n_head, dv), np.float32),
-            np.empty((n_layer, n, x.shape[1]), np.float32),
-            np.empty((n_layer, n, n_ff), np.float32), np.empty((n_layer, n, n_ff), np.float32),
-            np.empty((n_layer, n, x.shape[1]), np.float32))
-
-
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy")
 def stack_team(x, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel, neox,  # noqa: ANN001, ANN201, PLR0913
-               windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, threads):
+               windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs,
+               threads):
     """x (T, n_embd) f32 -> (T, n_embd) f32 through every layer, on ``threads`` members:
     ``x + attn(x)``, then ``+ ffn(.)``, in each. ``wtab`` (L, 7, 3) i64: each layer's
     matrices (``_MATRICES``) as (address, rows, row bytes); ``ktab`` (4 L, MAX_FUSED) i64
@@ -320,11 +306,11 @@ def stack_team(x, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel
     n_rot/2) c64 RoPE tables, ``rot_sel`` (L,) i64 each layer's; ``neox``: NEOX pairing;
     ``windows`` (L,) i64; ``k_cache``/``v_cache`` the arena's (L, ...) keys and
     values; the rest as ``blocks.attention_block`` takes them; ``gelu``: GeGLU, else
-    SwiGLU."""
+    SwiGLU; ``bufs`` each layer's shared arrays (``_Stack.buffers``)."""
     out = np.empty_like(x)
     # the loop body gets plain arrays and flat tuples: numba's parallel loops take no
     # nested or mixed tuples
-    q, k, vv, qr, a, o, g, u, o2 = _buffers(x, wtab, heads)
+    q, k, vv, qr, a, o, g, u, o2 = bufs
     sync = np.zeros((wtab.shape[0], 12 * _LINE), np.int64)
     for m in prange(threads):
         _member(m, x, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel,
@@ -335,13 +321,13 @@ def stack_team(x, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def stack_alone(x, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel, neox,  # noqa: ANN001, ANN201, PLR0913
-                windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu):
+                windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs):
     """``stack_team`` on this thread (layers too small to share)."""
     out = np.empty_like(x)
     sync = np.zeros((wtab.shape[0], 12 * _LINE), np.int64)
     _member(0, x, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel,
-            neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu,
-            _buffers(x, wtab, heads), sync)
+            neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs,
+            sync)
     return out
 
 
@@ -385,10 +371,14 @@ class _Stack:
             self.macs += sum(m.shape[0] * m.shape[1] for m in mats)
         self.heads = (c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
         self.eps = np.float32(c.norm_eps)
-        # activation floats per row held by a call (``_buffers``)
-        n_ff = self.wtab[0, 4, 1]
-        self.row_bytes = 4 * n_layer * (2 * c.n_head * c.head_dim + c.n_head_kv * (
-            c.head_dim + c.head_dim_v) + c.n_head * c.head_dim_v + 2 * c.n_embd + 2 * n_ff)
+        # each layer's shared arrays (``buffers``): Q, K, V, the queries as attention reads
+        # them, attention's output, the output product, gate, up, down; floats per row
+        n_ff = int(self.wtab[0, 4, 1])
+        self.widths = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim,
+                       c.n_head_kv * c.head_dim_v, (c.n_head, c.head_dim),
+                       (c.n_head, c.head_dim_v), c.n_embd, n_ff, n_ff, c.n_embd)
+        self.row_bytes = 4 * n_layer * sum(int(np.prod(w)) for w in self.widths)
+        self.local = threading.local()
         self.items: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
     def work_items(self, n: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
@@ -399,6 +389,25 @@ class _Stack:
                 self.items.clear()
             got = self.items[key] = stack_items(self.wtab, n, threads)
         return got
+
+    def buffers(self, n: int) -> tuple[np.ndarray, ...]:
+        """Each layer's shared arrays for ``n`` rows ((L, n, width) each), carved from one
+        block that this thread reuses call after call: the block grows to the most rows
+        seen and is kept (``n * row_bytes``, at most ``MAX_BYTES``). Fresh arrays each call
+        came as fresh pages whenever the allocator had given the memory back: SmolLM2 at 8
+        rows took 1,000 page faults a step, 13% of its time. One block per thread, so that
+        forwards of this model on other threads never share it."""
+        n_layer = self.wtab.shape[0]
+        flat = getattr(self.local, "flat", None)
+        if flat is None or flat.nbytes < n * self.row_bytes:
+            flat = self.local.flat = np.empty(n * self.row_bytes // 4, np.float32)
+        out, at = [], 0
+        for w in self.widths:
+            shape = (n_layer, n, *w) if isinstance(w, tuple) else (n_layer, n, w)
+            size = int(np.prod(shape))
+            out.append(flat[at:at + size].reshape(shape))
+            at += size
+        return tuple(out)
 
 
 def _stack(layers: list, params: Any, config: Any, key: tuple) -> _Stack | None:
@@ -453,7 +462,7 @@ def run_stack(x: np.ndarray, layers: list, batch: Any, config: Any, ropes: tuple
     itab, icount = st.work_items(n, threads if team else 0)
     args = (x, st.wtab, st.ktab, st.ntab, itab, icount, kernels.F16_TABLE, st.heads, st.eps,
             rots, st.rot_sel, neox, st.windows, arena.k, arena.v, batch.slot, batch.pos,
-            np.float32(scale), np.float32(cap), arena.f16, batch.flash, gelu)
+            np.float32(scale), np.float32(cap), arena.f16, batch.flash, gelu, st.buffers(n))
     return stack_team(*args, threads) if team else stack_alone(*args)
 
 
@@ -483,6 +492,6 @@ def _check_build() -> None:
     if not _fresh:
         blocks._check_build()
         kernels.rebuild_if_stale(_built_key, _SOURCES_KEY,
-                                 (stack_items, _residual, _member, _buffers, stack_team,
+                                 (stack_items, _residual, _member, stack_team,
                                   stack_alone, _built_key))
         _fresh = True
