@@ -375,9 +375,9 @@ class _Stack:
         # each layer's shared arrays (``buffers``): Q, K, V, the queries as attention reads
         # them, attention's output, the output product, gate, up, down; floats per row
         n_ff = int(self.wtab[0, 4, 1])
-        self.widths = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim,
-                       c.n_head_kv * c.head_dim_v, (c.n_head, c.head_dim),
-                       (c.n_head, c.head_dim_v), c.n_embd, n_ff, n_ff, c.n_embd)
+        self.widths = ((c.n_head * c.head_dim,), (c.n_head_kv * c.head_dim,),
+                       (c.n_head_kv * c.head_dim_v,), (c.n_head, c.head_dim),
+                       (c.n_head, c.head_dim_v), (c.n_embd,), (n_ff,), (n_ff,), (c.n_embd,))
         self.row_bytes = 4 * n_layer * sum(int(np.prod(w)) for w in self.widths)
         self.local = threading.local()
         self.items: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -391,34 +391,36 @@ class _Stack:
             got = self.items[key] = stack_items(self.wtab, n, threads)
         return got
 
-    def buffers(self, n: int) -> tuple[np.ndarray, ...]:
-        """Each layer's shared arrays for ``n`` rows ((L, n, width) each), carved from one
-        block that this thread reuses call after call: the block grows to the most rows
-        seen and is kept (``n * row_bytes``, at most ``MAX_BYTES``). Fresh arrays each call
-        came as fresh pages whenever the allocator had given the memory back: SmolLM2 at 8
-        rows took 1,000 page faults a step, 13% of its time. One block per thread, so that
-        forwards of this model on other threads never share it."""
+    def buffers(self, n: int) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+        """(each layer's shared arrays for ``n`` rows, (L, n, *width) each; the step
+        counters), this thread's own and reused call after call. The arrays are carved from
+        one block that grows to the most rows seen (``n * row_bytes``, at most
+        ``MAX_BYTES``): fresh arrays each call came as fresh pages whenever the allocator
+        had given the memory back (SmolLM2 at 8 rows: 1,000 page faults a step, 13% of its
+        time). The counters have whole cache lines of their own with room on either side:
+        allocated each call, they shared a 64-byte line with the calling thread's own
+        arrays in some processes, every counter update by the other member evicted member
+        0's data, and SmolLM2's 8-row step took 27 ms instead of 21. One set per thread, so
+        that forwards of this model on other threads never share it."""
+        local = self.local
+        got = getattr(local, "views", None)
+        if got is not None and got[0] == n:  # decoding: the same rows step after step
+            return got[1], local.sync
         n_layer = self.wtab.shape[0]
-        flat = getattr(self.local, "flat", None)
+        flat = getattr(local, "flat", None)
         if flat is None or flat.nbytes < n * self.row_bytes:
-            flat = self.local.flat = np.empty(n * self.row_bytes // 4, np.float32)
-        out, at = [], 0
+            flat = local.flat = np.empty(n * self.row_bytes // 4, np.float32)
+        views, at = [], 0
         for w in self.widths:
-            shape = (n_layer, n, *w) if isinstance(w, tuple) else (n_layer, n, w)
-            size = int(np.prod(shape))
-            out.append(flat[at:at + size].reshape(shape))
+            size = n_layer * n * int(np.prod(w))
+            views.append(flat[at:at + size].reshape((n_layer, n, *w)))
             at += size
-        # The step counters: whole cache lines of their own, with room on either side, kept
-        # like the block. Allocated each call, they shared a 64-byte line with the calling
-        # thread's own arrays in some processes: every counter update by the other member
-        # then evicted member 0's data, and SmolLM2's 8-row step took 27 ms instead of 21.
-        sync = getattr(self.local, "sync", None)
-        if sync is None:
+        local.views = (n, tuple(views))
+        if getattr(local, "sync", None) is None:
             raw = np.zeros((n_layer + 2) * 12 * _LINE + _LINE, np.int64)
             lead = (-raw.__array_interface__["data"][0] % 64) // 8 + 12 * _LINE
-            sync = self.local.sync = raw[lead:lead + n_layer * 12 * _LINE].reshape(
-                (n_layer, 12 * _LINE))
-        return tuple(out), sync
+            local.sync = raw[lead:lead + n_layer * 12 * _LINE].reshape((n_layer, 12 * _LINE))
+        return local.views[1], local.sync
 
 
 def _stack(layers: list, params: Any, config: Any, key: tuple) -> _Stack | None:
