@@ -186,6 +186,42 @@ def test_portable_simd_variants(zoo, simd: str, tmp_path) -> None:  # noqa: ANN0
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+
+def test_vnni_same_numbers_as_avx2(zoo, tmp_path) -> None:  # noqa: ANN001
+    """On a CPU with VNNI, ``vpdpbusd`` replaces ``pmaddubsw`` + ``pmaddwd``: every product
+    (one row streaming, the 1x4 and 1x8 tiles and their tails) is bit-identical to the
+    AVX2 build's, so logits do not depend on which CPU feature ran them."""
+    if not kernels.VNNI:
+        pytest.skip("this CPU has no VNNI (the AVX2 path is the one tested)")
+    counts = (1, 3, 4, 8, 13)
+    code = (
+        "import numpy as np, gguflm.gguf as g\n"
+        "from gguflm.quant import kernels as K\n"
+        "assert K.SIMD == 'avx2' and not K.VNNI\n"
+        f"f = g.open({str(zoo.path)!r})\n"
+        "res = {}\n"
+        f"for name in {KERNEL_TYPES!r}:\n"
+        "    t = f.tensors[name + '.q']\n"
+        f"    for n in {counts!r}:\n"
+        "        x = np.random.default_rng(n).standard_normal((n, 1536)).astype(np.float32)\n"
+        "        out = np.empty((n, t.data.shape[0]), np.float32)\n"
+        "        K.qmatmul(int(t.type), t.data, x, out, parallel=False)\n"
+        "        res[f'{name}_{n}'] = out\n"
+        f"np.savez({str(tmp_path / 'avx2.npz')!r}, **res)\n"
+    )
+    env = dict(os.environ, GGUFLM_SIMD="avx2", NUMBA_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ref = np.load(tmp_path / "avx2.npz")
+    for name in KERNEL_TYPES:
+        t = zoo.tensors[name + ".q"]
+        for n in counts:
+            x = np.random.default_rng(n).standard_normal((n, 1536)).astype(np.float32)
+            out = np.empty((n, t.data.shape[0]), np.float32)
+            kernels.qmatmul(int(t.type), t.data, x, out, parallel=False)
+            assert np.array_equal(out, ref[f"{name}_{n}"]), (name, n)
+
 def test_bench_command_json(reference, capsys) -> None:  # noqa: ANN001
     """``gguflm bench --json`` on a small real file: llama-bench's figures, as one object."""
     import json
