@@ -292,7 +292,8 @@ def test_unknown_type_fails_loudly() -> None:
     with pytest.raises(ValueError, match="no integer kernel for ggml type 99"):
         kerneltypes.kernel_type(99)
     qa, da, aux = kernels.quantize_activations(x, int(GGMLType.Q4_K))
-    kernels.qmatmul_rows(int(GGMLType.Q2_K), w, qa, da, aux, kernels.F16_TABLE, out, 0, 3)
+    kernels.qmatmul_rows(int(GGMLType.Q2_K), w, qa, da, aux, np.zeros((0, 8), np.int32),
+                         kernels.F16_TABLE, out, 0, 3)
     assert np.isnan(out).all()
     with pytest.raises(ValueError, match="do not fit"):  # a row length of the wrong type
         kernels.qmatmul(int(GGMLType.Q4_K), np.zeros((3, 18), np.uint8), x, out)

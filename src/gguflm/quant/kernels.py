@@ -29,6 +29,7 @@ here or in ``kerneltypes``) that the tests compare against.
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Sequence
 
 import numba
@@ -102,7 +103,9 @@ F16_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32
 _Q8_0_KINDS = tuple(int(t) for t, k in KERNEL_TYPES.items() if k.act != GGMLType.Q8_K)
 _Q8_K_KINDS = tuple(int(t) for t, k in KERNEL_TYPES.items() if k.act == GGMLType.Q8_K)
 _NO_BATCH8 = tuple(int(t) for t, k in KERNEL_TYPES.items() if not k.batch8) or (-1,)
-_TABLE_KEY = table_key()
+# the declarations and the instruction choices the IR was built with (GGUFLM_SIMD can
+# change the latter for one cache directory)
+_TABLE_KEY = zlib.crc32(f"{table_key()} {SIMD} {VNNI}".encode())
 
 # ======================================================================================
 # 1. Activation quantization (ggml quantize_row_q8_0 / q8_1 (x86) and q8_K)
@@ -461,14 +464,16 @@ def _lanes(g: _Gen, v: ir.Value, idx: list[int]) -> ir.Value:
     return g.b.shuffle_vector(v, v, ir.Constant(_vt(_I32, len(idx)), idx))
 
 
-def _unpack(g: _Gen, k: KernelType, row, off):  # noqa: ANN001, ANN202
+def _unpack(g: _Gen, k: KernelType, row, off, shifted: bool = False):  # noqa: ANN001, ANN202
     """One weight block as (spans, d, offset term): each 32-value span as ``(w8, wu, sc)``
     for ``_Gen.span_dot`` (values <32 x i8> after the bias, their magnitudes when signed,
     the span's integer scales or None); ``d`` the block's float scale; the offset term
-    ("m", m) or ("dmin", dmin, <8 x float> integer mins) or None."""
+    ("m", m) or ("dmin", dmin, <8 x float> integer mins) or None. ``shifted``: the values
+    plus ``vnni_offset(k)`` instead, all unsigned (``w8`` = ``wu``: the bias not taken
+    off, or whole signed bytes plus 128)."""
     bld = g.b
     fmt = k.format
-    signed = _signed(k)
+    signed = _signed(k) and not shifted
 
     def field_at(name: str) -> ir.Value:
         return bld.add(off, g.c64(fmt[name].offset))
@@ -489,7 +494,9 @@ def _unpack(g: _Gen, k: KernelType, row, off):  # noqa: ANN001, ANN202
         for p in k.planes:
             v = _emit_plane(g, k, p, row, off, span)
             w = v if w is None else bld.or_(w, v)
-        if k.bias:
+        if shifted and not k.bias:  # whole signed bytes: + 128 is the top bit flipped
+            w = bld.xor(w, g.splat8(-128, 32))
+        elif k.bias and not shifted:
             w = bld.sub(w, g.splat8(k.bias, 32))
         sc = None if sc16 is None else (sc16, 32 * span // group, (32 * span + 16) // group)
         spans.append((w, g.magnitude(w) if signed and SIMD != "generic" else w, sc))
@@ -515,7 +522,7 @@ SCALE_RUN = 64  # blocks whose scale products the tiles store before their block
 
 
 def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp,  # noqa: ANN001
-                    lanes=None) -> None:  # noqa: ANN001
+                    lanes=None, shifted: bool = False) -> None:  # noqa: ANN001
     """The block loop of one weight type: ``accp[j][i]`` (<8 x float>) and ``accsp[j][i]``
     (float) accumulate weight row j times activation row i. Each weight block is unpacked
     once per row; each activation span is loaded once and used by every row. The float
@@ -533,7 +540,7 @@ def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp,  # noqa
     bld = g.b
     if lanes is None:
         with cgutils.for_range(bld, nb) as loop:
-            _emit_block(g, k, rows, acts, loop.index, accp, accsp, None, None)
+            _emit_block(g, k, rows, acts, loop.index, accp, accsp, None, None, shifted)
         return
     # The tiles' scale products d * d_act, 8 rows a block, are worked out for a run of
     # blocks first and stored; the block loop then takes each row's product with a
@@ -553,34 +560,48 @@ def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp,  # noqa
             bld.store(dd8, bld.bitcast(slot, _vt(_F32, 8).as_pointer()), align=4)
         with cgutils.for_range(bld, run) as loop:
             slot = bld.gep(scratch, [bld.mul(loop.index, g.c64(8))])
-            _emit_block(g, k, rows, acts, bld.add(c0, loop.index), accp, accsp, lanes, slot)
+            _emit_block(g, k, rows, acts, bld.add(c0, loop.index), accp, accsp, lanes, slot,
+                        shifted)
     if k.offset == "m":  # Q8_1's m * s_act: the lanes back to the rows' sums
         accv = bld.load(lanes[2])
         for i in range(len(acts)):
             bld.store(bld.extract_element(accv, ir.Constant(_I32, i)), accsp[0][i])
 
 
-def _emit_block(g: _Gen, k: KernelType, rows, acts, b, accp, accsp, lanes, dd) -> None:  # noqa: ANN001
+def _emit_block(g: _Gen, k: KernelType, rows, acts, b, accp, accsp, lanes, dd,  # noqa: ANN001
+                shifted: bool = False) -> None:
     """Block ``b`` of ``_emit_type_loop`` (its arguments); with ``lanes``, ``dd`` points
-    to the block's 8 stored scale products ``d * d_act``."""
+    to the block's 8 stored scale products ``d * d_act``. ``shifted``: the weights plus
+    their offset (``_unpack``), each lane's integer dot started from the activations'
+    ``-offset * lane sum`` (``_lane_corrections``, the 4th pointer of ``acts``): the same
+    integers without the sign step."""
     qk, ts = k.block_size, k.type_size
     bld = g.b
-    signed = _signed(k)
+    signed = _signed(k) and not shifted
     lane_m = lanes is not None and k.offset == "m"  # Q8_1's m * s_act in the lanes
     abase = bld.mul(b, g.c64(qk))
-    unpacked = [_unpack(g, k, row, bld.mul(b, g.c64(ts))) for row in rows]
+    unpacked = [_unpack(g, k, row, bld.mul(b, g.c64(ts)), shifted) for row in rows]
     if lanes is None:
-        dabs = [g.load_f32(da_p, b) for _, da_p, _ in acts]
+        dabs = [g.load_f32(da_p, b) for _, da_p, _, _ in acts]
     else:
         da8 = g.load_v8(lanes[0], b)
         dabs = [bld.extract_element(da8, ir.Constant(_I32, i)) for i in range(len(acts))]
     a8 = [[g.vload(qa_p, bld.add(abase, g.c64(32 * s)), 32) for s in range(qk // 32)]
-          for qa_p, _, _ in acts]
+          for qa_p, _, _, _ in acts]
+    cor = None
+    if shifted:  # each span's 8 lanes of -offset * (sum of the lane's 4 activations)
+        cbase = bld.mul(b, g.c64(qk // 4))
+        cor = [[bld.load(bld.bitcast(g.at(c_p, bld.add(cbase, g.c64(8 * s))),
+                                     _vt(_I32, 8).as_pointer()), align=4)
+                for s in range(qk // 32)] for _, _, _, c_p in acts]
     for j, (spans, d, term) in enumerate(unpacked):
-        for i, (_, _, aux_p) in enumerate(acts):
+        for i, (_, _, aux_p, _) in enumerate(acts):
             isum = None
             for s, (w8, wu, sc) in enumerate(spans):
-                isum = g.span_dot(w8, wu, a8[i][s], sc, signed, isum)
+                start = isum
+                if cor is not None:
+                    start = cor[i][s] if isum is None else bld.add(isum, cor[i][s])
+                isum = g.span_dot(w8, wu, a8[i][s], sc, signed, start)
             acc = bld.load(accp[j][i])
             if lanes is None:
                 acc = g.fma8(acc, isum, bld.fmul(d, dabs[i]))
@@ -609,19 +630,21 @@ def _emit_block(g: _Gen, k: KernelType, rows, acts, b, accp, accsp, lanes, dd) -
 
 def _make_rowdot(nr: int, na: int, lanes: bool = False):  # noqa: ANN202 - a numba intrinsic
     """Intrinsic ``rowdot(kind, w (R, row_bytes) u8, r0, rs, qa (n, K) i8, da (n, K/QK) f32,
-    aux (n, .) f32, da8, aux8, tbl, i0, out (n, R) f32)``: ``out[i0+i, r0+j*rs] = W[r0+j*rs]
-    . x[i0+i]`` for ``j < nr``, ``i < na``. Several rows share each activation load and give
-    the CPU independent accumulator chains; ``kind`` (a ggml type id) selects the block
-    loop. ``da8``/``aux8``: with ``lanes`` (1x8, 1x4), ``_lanes8(da, na)``/``_lanes8(aux,
-    na)``, the scales and sums of activation rows i0..i0+na-1 side by side
-    (``_emit_type_loop``); otherwise unused."""
+    aux (n, .) f32, cor (n, K/4) i32 or (0, .), da8, aux8, tbl, i0, out (n, R) f32)``:
+    ``out[i0+i, r0+j*rs] = W[r0+j*rs] . x[i0+i]`` for ``j < nr``, ``i < na``. Several rows
+    share each activation load and give the CPU independent accumulator chains; ``kind`` (a
+    ggml type id) selects the block loop. ``da8``/``aux8``: with ``lanes`` (1x8, 1x4),
+    ``_lanes8(da, na)``/``_lanes8(aux, na)``, the scales and sums of activation rows
+    i0..i0+na-1 side by side (``_emit_type_loop``); otherwise unused. ``cor``: the
+    activations' ``_lane_corrections`` for the types with a ``vnni_offset``, or no rows
+    (then those types take the sign step)."""
 
     @intrinsic
-    def rowdot(typingctx, kind, w, r0, rs, qa, da, aux, da8, aux8, tbl, i0, out):  # noqa: ANN001, ANN202, ARG001, PLR0913
-        sig = types.int64(kind, w, r0, rs, qa, da, aux, da8, aux8, tbl, i0, out)
+    def rowdot(typingctx, kind, w, r0, rs, qa, da, aux, cor, da8, aux8, tbl, i0, out):  # noqa: ANN001, ANN202, ARG001, PLR0913
+        sig = types.int64(kind, w, r0, rs, qa, da, aux, cor, da8, aux8, tbl, i0, out)
 
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            kind_, ws, r0_, rs_, qas, das, auxs, da8s, aux8s, tbls, i0_, outs = (
+            kind_, ws, r0_, rs_, qas, das, auxs, cors, da8s, aux8s, tbls, i0_, outs = (
                 context.make_array(t)(context, builder, v) if isinstance(t, types.Array) else v
                 for t, v in zip(signature.args, args, strict=True))
             g = _Gen(builder, tbls.data)
@@ -639,7 +662,7 @@ def _make_rowdot(nr: int, na: int, lanes: bool = False):  # noqa: ANN202 - a num
             for i in range(na):
                 ii = bld.add(i0_, g.c64(i))
                 acts.append((row_ptr(qas, ii, _I8), row_ptr(das, ii, _F32),
-                             row_ptr(auxs, ii, _F32)))
+                             row_ptr(auxs, ii, _F32), row_ptr(cors, ii, _I32)))
             zero = ir.Constant(_vt(_F32, 8), [0.0] * 8)
             accp = [[cgutils.alloca_once_value(bld, zero) for _ in range(na)] for _ in range(nr)]
             accsp = [[cgutils.alloca_once_value(bld, ir.Constant(_F32, 0.0)) for _ in range(na)]
@@ -662,7 +685,20 @@ def _make_rowdot(nr: int, na: int, lanes: bool = False):  # noqa: ANN202 - a num
                 sw.add_case(ir.Constant(_I64, int(t)), blk)
                 bld.position_at_end(blk)
                 nb = bld.udiv(nbytes, g.c64(k.type_size))
-                _emit_type_loop(g, k, rows, acts, nb, accp, accsp, lane_ptrs)
+                # with the activations' lane corrections: no sign step. Not in the 1x8 tile,
+                # where the corrections' loads (a third load per row and block) cost more
+                # than the sign step they save: Gemma's Q8_0 output product 0.85x there,
+                # 1.09-1.11x at 4 rows; its Q5_0 products 1.07-1.16x at 1 and 4 rows
+                if vnni_offset(k) and na < 8:
+                    have = bld.icmp_signed("!=", cgutils.unpack_tuple(bld, cors.shape)[0],
+                                           g.c64(0))
+                    with bld.if_else(have) as (shifted, plain):
+                        with shifted:
+                            _emit_type_loop(g, k, rows, acts, nb, accp, accsp, lane_ptrs, True)
+                        with plain:
+                            _emit_type_loop(g, k, rows, acts, nb, accp, accsp, lane_ptrs)
+                else:
+                    _emit_type_loop(g, k, rows, acts, nb, accp, accsp, lane_ptrs)
                 bld.branch(done)
             bld.position_at_end(unknown)
             for row_accs in accsp:
@@ -732,8 +768,9 @@ def _tiled(n, w):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True)
-def qmatmul_rows(kind, w, qa, da, aux, tbl, out, r0, r1):  # noqa: ANN001, ANN201
-    """W rows r0:r1 (R, row_bytes) u8 @ activations (n, K) -> out[:, r0:r1] (n, R) f32."""
+def qmatmul_rows(kind, w, qa, da, aux, cor, tbl, out, r0, r1):  # noqa: ANN001, ANN201
+    """W rows r0:r1 (R, row_bytes) u8 @ activations (n, K) -> out[:, r0:r1] (n, R) f32;
+    ``cor`` the activations' ``_lane_corrections`` or an array of no rows."""
     n = qa.shape[0]
     if _tiled(n, w):  # a batch: tiles of ROW_CHUNK rows stay hot while activations pass
         lanes = kind not in _NO_BATCH8
@@ -749,19 +786,19 @@ def qmatmul_rows(kind, w, qa, da, aux, tbl, out, r0, r1):  # noqa: ANN001, ANN20
             if batch8:
                 while i + 8 <= n:
                     for r in range(c0, c1):
-                        _rd_1x8(kind, w, r, 1, qa, da, aux, da8, aux8, tbl, i, out)
+                        _rd_1x8(kind, w, r, 1, qa, da, aux, cor, da8, aux8, tbl, i, out)
                     i += 8
             while i + 4 <= n:
                 if lanes4:
                     for r in range(c0, c1):
-                        _rd_1x4l(kind, w, r, 1, qa, da, aux, da4, aux4, tbl, i, out)
+                        _rd_1x4l(kind, w, r, 1, qa, da, aux, cor, da4, aux4, tbl, i, out)
                 else:
                     for r in range(c0, c1):
-                        _rd_1x4(kind, w, r, 1, qa, da, aux, da, aux, tbl, i, out)
+                        _rd_1x4(kind, w, r, 1, qa, da, aux, cor, da, aux, tbl, i, out)
                 i += 4
             while i < n:
                 for r in range(c0, c1):
-                    _rd_1x1(kind, w, r, 1, qa, da, aux, da, aux, tbl, i, out)
+                    _rd_1x1(kind, w, r, 1, qa, da, aux, cor, da, aux, tbl, i, out)
                 i += 1
         return
     # token by token: the weights stream from memory once. Four rows per pass, taken from
@@ -771,10 +808,10 @@ def qmatmul_rows(kind, w, qa, da, aux, tbl, out, r0, r1):  # noqa: ANN001, ANN20
     quarter = (r1 - r0) // 4
     for k in range(quarter):
         for i in range(n):
-            _rd_4x1(kind, w, r0 + k, quarter, qa, da, aux, da, aux, tbl, i, out)
+            _rd_4x1(kind, w, r0 + k, quarter, qa, da, aux, cor, da, aux, tbl, i, out)
     for r in range(r0 + 4 * quarter, r1):
         for i in range(n):
-            _rd_1x1(kind, w, r, 1, qa, da, aux, da, aux, tbl, i, out)
+            _rd_1x1(kind, w, r, 1, qa, da, aux, cor, da, aux, tbl, i, out)
 
 
 STREAM_CHUNK = 2048  # weight rows per parallel work item when decoding (long streams)
@@ -805,11 +842,53 @@ def quantize_activations(x, kind):  # noqa: ANN001, ANN201
 MAX_FUSED = 3  # products of one input run as one call: Q, K and V; gate and up
 
 
+def vnni_offset(k: KernelType) -> int:
+    """What makes type ``k``'s values unsigned for ``vpdpbusd`` (its bias; 128 for whole
+    signed bytes), where the CPU has VNNI and the type has no integer scales; else 0 (the
+    sign step stays). ``sum((w + o) a) - o sum(a)`` is the same integer as ``sum(w a)``."""
+    if not VNNI or k.scales:
+        return 0
+    if k.bias:
+        return k.bias
+    return 128 if any(p.width == 8 for p in k.planes) else 0
+
+
+_OFFSET_KINDS = tuple(int(t) for t, k in KERNEL_TYPES.items() if vnni_offset(k)) or (-1,)
+_OFFSET_VALUES = tuple(vnni_offset(k) for k in KERNEL_TYPES.values() if vnni_offset(k)) or (0,)
+
+
+@njit(cache=True, nogil=True)
+def _shared_offset(kinds, count):  # noqa: ANN001, ANN201
+    """The ``vnni_offset`` the products' types share (0: none has one, or they differ)."""
+    off = 0
+    for m in range(count):
+        for j in range(len(_OFFSET_KINDS)):
+            if _OFFSET_KINDS[j] == kinds[m]:
+                if off and off != _OFFSET_VALUES[j]:
+                    return 0
+                off = _OFFSET_VALUES[j]
+    return off
+
+
+@njit(cache=True, nogil=True)
+def _lane_corrections(qa, off):  # noqa: ANN001, ANN201
+    """qa (n, K) i8 -> (n, K/4) i32: ``-off`` times the sum of each 4 activations (one
+    ``vpdpbusd`` lane), the start of the shifted weights' integer dots."""
+    n, k = qa.shape
+    cor = np.empty((n, k // 4), np.int32)
+    for i in range(n):
+        for j in range(k // 4):
+            t = (np.int32(qa[i, 4 * j]) + np.int32(qa[i, 4 * j + 1])
+                 + np.int32(qa[i, 4 * j + 2]) + np.int32(qa[i, 4 * j + 3]))
+            cor[i, j] = -off * t
+    return cor
+
+
 @njit(cache=True, nogil=True)
 def _no_activations(k):  # noqa: ANN001, ANN201
     """Empty activation arrays of ``quantize_activations``' types (an unused set)."""
     return (np.empty((0, k), np.int8), np.empty((0, 1), np.float32),
-            np.empty((0, 1), np.float32))
+            np.empty((0, 1), np.float32), np.empty((0, 8), np.int32))
 
 
 @njit(cache=True, nogil=True)
@@ -848,7 +927,9 @@ def _work_items(ws, count, n, threads):  # noqa: ANN001, ANN201
 @njit(cache=True, nogil=True)
 def _activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
     """``x`` quantized once per activation type the ``count`` weight types need: the
-    Q8_0/Q8_1 set and the Q8_K set (an empty set where none needs it)."""
+    Q8_0/Q8_1 set and the Q8_K set (an empty set where none needs it), each as ``(qa, da,
+    aux, cor)``; ``cor`` the lane corrections when the products' types share one
+    ``vnni_offset``, else no rows."""
     k32 = kk = -1
     for m in range(count):
         if kinds[m] in _Q8_K_KINDS:
@@ -857,8 +938,16 @@ def _activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
             k32 = kinds[m]
         else:
             raise ValueError("no integer kernel for this ggml type id")
-    a32 = quantize_activations(x, k32) if k32 >= 0 else _no_activations(x.shape[1])
-    ak = quantize_activations(x, kk) if kk >= 0 else _no_activations(x.shape[1])
+    a32 = _no_activations(x.shape[1])
+    if k32 >= 0:
+        qa, da, aux = quantize_activations(x, k32)
+        off = _shared_offset(kinds, count)
+        cor = _lane_corrections(qa, off) if off else a32[3]
+        a32 = (qa, da, aux, cor)
+    ak = _no_activations(x.shape[1])
+    if kk >= 0:
+        qa, da, aux = quantize_activations(x, kk)
+        ak = (qa, da, aux, ak[3])
     return a32, ak
 
 
@@ -866,8 +955,8 @@ def _activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
 def _run_item(kinds, ws, a32, ak, tbl, outs, items, c):  # noqa: ANN001, ANN201
     m = items[c, 0]
     kind = kinds[m]
-    qa, da, aux = ak if kind in _Q8_K_KINDS else a32
-    qmatmul_rows(kind, ws[m], qa, da, aux, tbl, outs[m], items[c, 1], items[c, 2])
+    qa, da, aux, cor = ak if kind in _Q8_K_KINDS else a32
+    qmatmul_rows(kind, ws[m], qa, da, aux, cor, tbl, outs[m], items[c, 1], items[c, 2])
 
 
 @njit(cache=True, nogil=True)
@@ -896,8 +985,9 @@ def _built_table_key() -> int:
     return _TABLE_KEY  # frozen into the cached machine code with everything else
 
 
-_CACHED = (quantize_activations, qmatmul_rows, _no_activations, _work_items, _activation_sets,
-           _run_item, qmatmul_serial, qmatmul_par, _built_table_key)
+_CACHED = (quantize_activations, qmatmul_rows, _no_activations, _shared_offset,
+           _lane_corrections, _work_items, _activation_sets, _run_item, qmatmul_serial,
+           qmatmul_par, _built_table_key)
 _fresh = False
 
 
