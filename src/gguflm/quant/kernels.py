@@ -54,19 +54,24 @@ from .kerneltypes import (
 # -- which SIMD flavour the IR uses (decided once; numba's cache is keyed by CPU features) --
 
 
-def _simd_kind() -> str:
-    forced = os.environ.get("GGUFLM_SIMD", "")
-    if forced in ("avx512", "avx2", "generic"):
-        return forced
+def _host_features() -> dict:
+    """The host CPU's features as LLVM names them; none for a portable build for another
+    CPU (no host intrinsics) or where probing fails."""
     cpu = numba.config.CPU_NAME
-    if cpu and cpu != "host":  # a portable build for another CPU: no host intrinsics
-        return "generic"
+    if cpu and cpu != "host":
+        return {}
     try:
         import llvmlite.binding as llvm
 
-        feats = llvm.get_host_cpu_features()
+        return dict(llvm.get_host_cpu_features())
     except Exception:  # noqa: BLE001 - feature probing is best effort
-        return "generic"
+        return {}
+
+
+def _simd_kind(feats: dict) -> str:
+    forced = os.environ.get("GGUFLM_SIMD", "")
+    if forced in ("avx512", "avx2", "generic"):
+        return forced
     if feats.get("avx512bw"):
         return "avx512"
     if feats.get("avx2"):
@@ -74,26 +79,14 @@ def _simd_kind() -> str:
     return "generic"
 
 
-SIMD = _simd_kind()
-
-
-def _has_vnni() -> bool:
-    """Whether the CPU has ``vpdpbusd`` on 256-bit vectors (AVX512-VNNI with AVX512-VL, or
-    AVX-VNNI): one instruction for ``pmaddubsw`` then ``pmaddwd`` by 1, giving the same
-    integers (see ``_Gen.span_dot``). ``GGUFLM_SIMD`` set to ``avx2`` or ``generic``
-    turns it off."""
-    if SIMD == "generic" or os.environ.get("GGUFLM_SIMD", "") in ("avx2", "generic"):
-        return False
-    try:
-        import llvmlite.binding as llvm
-
-        feats = llvm.get_host_cpu_features()
-    except Exception:  # noqa: BLE001 - feature probing is best effort
-        return False
-    return bool((feats.get("avx512vnni") and feats.get("avx512vl")) or feats.get("avxvnni"))
-
-
-VNNI = _has_vnni()
+_FEATURES = _host_features()
+SIMD = _simd_kind(_FEATURES)
+# ``vpdpbusd`` on 256-bit vectors (AVX512-VNNI with AVX512-VL, or AVX-VNNI): one
+# instruction for ``pmaddubsw`` then ``pmaddwd`` by 1, the same integers (``_Gen.span_dot``);
+# off with ``GGUFLM_SIMD=avx2`` or ``generic``
+VNNI = (SIMD != "generic" and os.environ.get("GGUFLM_SIMD", "") not in ("avx2", "generic")
+        and bool((_FEATURES.get("avx512vnni") and _FEATURES.get("avx512vl"))
+                 or _FEATURES.get("avxvnni")))
 
 # float16 bit pattern -> float32, for block scales read straight from the weight bytes
 F16_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
@@ -853,8 +846,9 @@ def vnni_offset(k: KernelType) -> int:
     return 128 if any(p.width == 8 for p in k.planes) else 0
 
 
-_OFFSET_KINDS = tuple(int(t) for t, k in KERNEL_TYPES.items() if vnni_offset(k)) or (-1,)
-_OFFSET_VALUES = tuple(vnni_offset(k) for k in KERNEL_TYPES.values() if vnni_offset(k)) or (0,)
+_OFFSETS = [(int(t), vnni_offset(k)) for t, k in KERNEL_TYPES.items() if vnni_offset(k)]
+_OFFSET_KINDS = tuple(t for t, _ in _OFFSETS) or (-1,)  # constant tuples for numba
+_OFFSET_VALUES = tuple(o for _, o in _OFFSETS) or (0,)
 
 
 @njit(cache=True, nogil=True)
@@ -938,16 +932,18 @@ def _activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
             k32 = kinds[m]
         else:
             raise ValueError("no integer kernel for this ggml type id")
-    a32 = _no_activations(x.shape[1])
+    no_cor = np.empty((0, 8), np.int32)
     if k32 >= 0:
         qa, da, aux = quantize_activations(x, k32)
         off = _shared_offset(kinds, count)
-        cor = _lane_corrections(qa, off) if off else a32[3]
-        a32 = (qa, da, aux, cor)
-    ak = _no_activations(x.shape[1])
+        a32 = (qa, da, aux, _lane_corrections(qa, off) if off else no_cor)
+    else:
+        a32 = _no_activations(x.shape[1])
     if kk >= 0:
         qa, da, aux = quantize_activations(x, kk)
-        ak = (qa, da, aux, ak[3])
+        ak = (qa, da, aux, no_cor)
+    else:
+        ak = _no_activations(x.shape[1])
     return a32, ak
 
 
