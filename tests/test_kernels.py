@@ -293,7 +293,7 @@ def test_unknown_type_fails_loudly() -> None:
         kerneltypes.kernel_type(99)
     qa, da, aux = kernels.quantize_activations(x, int(GGMLType.Q4_K))
     kernels.qmatmul_rows(int(GGMLType.Q2_K), w, qa, da, aux, np.zeros((0, 8), np.int32),
-                         kernels.F16_TABLE, out, 0, 3)
+                         qa[:0], kernels.F16_TABLE, out, 0, 3)
     assert np.isnan(out).all()
     with pytest.raises(ValueError, match="do not fit"):  # a row length of the wrong type
         kernels.qmatmul(int(GGMLType.Q4_K), np.zeros((3, 18), np.uint8), x, out)
@@ -364,7 +364,7 @@ def test_batch_tiles_equal_rows_alone(zoo, name: str) -> None:  # noqa: ANN001
     (the 4x1 decoding stream)."""
     t = zoo.tensors[f"{name}.q"]
     w = t.data[:27]
-    for n in (4, 5, 8, 13, 16):
+    for n in (4, 5, 6, 7, 8, 13, 16):
         x = _x(n, t.shape[0], seed=10 + n)
         batch = np.empty((n, 27), np.float32)
         kernels.qmatmul(int(t.type), w, x, batch, parallel=False)

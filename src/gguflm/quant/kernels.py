@@ -511,11 +511,16 @@ def _signed(k: KernelType) -> bool:
     return bool(k.bias) or any(p.width == 8 for p in k.planes)
 
 
+# Bytes ahead of the block in hand at which the tiles prefetch their weight row (and the
+# next ones: a tile's rows lie one after another). The hardware's prefetchers left the
+# tiles waiting on memory: SmolLM2 decoding steps (2 threads, same-process A/B) 1.14x
+# faster at 4 rows and 1.20x at 8 with 2 KB ahead, 1.09x/1.16x with 1 KB.
+PREFETCH = 2048
 SCALE_RUN = 64  # blocks whose scale products the tiles store before their block loop
 
 
 def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp,  # noqa: ANN001
-                    lanes=None, shifted: bool = False) -> None:  # noqa: ANN001
+                    lanes=None, shift: str = "") -> None:  # noqa: ANN001
     """The block loop of one weight type: ``accp[j][i]`` (<8 x float>) and ``accsp[j][i]``
     (float) accumulate weight row j times activation row i. Each weight block is unpacked
     once per row; each activation span is loaded once and used by every row. The float
@@ -533,7 +538,7 @@ def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp,  # noqa
     bld = g.b
     if lanes is None:
         with cgutils.for_range(bld, nb) as loop:
-            _emit_block(g, k, rows, acts, loop.index, accp, accsp, None, None, shifted)
+            _emit_block(g, k, rows, acts, loop.index, accp, accsp, None, None, shift)
         return
     # The tiles' scale products d * d_act, 8 rows a block, are worked out for a run of
     # blocks first and stored; the block loop then takes each row's product with a
@@ -554,7 +559,7 @@ def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp,  # noqa
         with cgutils.for_range(bld, run) as loop:
             slot = bld.gep(scratch, [bld.mul(loop.index, g.c64(8))])
             _emit_block(g, k, rows, acts, bld.add(c0, loop.index), accp, accsp, lanes, slot,
-                        shifted)
+                        shift)
     if k.offset == "m":  # Q8_1's m * s_act: the lanes back to the rows' sums
         accv = bld.load(lanes[2])
         for i in range(len(acts)):
@@ -562,35 +567,54 @@ def _emit_type_loop(g: _Gen, k: KernelType, rows, acts, nb, accp, accsp,  # noqa
 
 
 def _emit_block(g: _Gen, k: KernelType, rows, acts, b, accp, accsp, lanes, dd,  # noqa: ANN001
-                shifted: bool = False) -> None:
+                shift: str = "") -> None:
     """Block ``b`` of ``_emit_type_loop`` (its arguments); with ``lanes``, ``dd`` points
-    to the block's 8 stored scale products ``d * d_act``. ``shifted``: the weights plus
-    their offset (``_unpack``), each lane's integer dot started from the activations'
-    ``-offset * lane sum`` (``_lane_corrections``, the 4th pointer of ``acts``): the same
-    integers without the sign step."""
+    to the block's 8 stored scale products ``d * d_act``. ``shift`` (types with a
+    ``vnni_offset``, on VNNI) skips the sign step with the same integers: "w" the weights
+    plus their offset (``_unpack``), each lane's integer dot started from the activations'
+    ``-offset * lane sum`` (``_lane_corrections``, the 4th pointer of ``acts``); "a" the
+    activations plus 128, unsigned (the 5th pointer of ``acts``), times the signed weights,
+    each lane started from ``-128 *`` the weights' lane sum, worked out once per weight
+    block for all the activation rows (the tiles)."""
     qk, ts = k.block_size, k.type_size
     bld = g.b
-    signed = _signed(k) and not shifted
+    shifted = shift == "w"
+    signed = _signed(k) and not shift
     lane_m = lanes is not None and k.offset == "m"  # Q8_1's m * s_act in the lanes
     abase = bld.mul(b, g.c64(qk))
+    if len(rows) == 1 and len(acts) >= 4:  # a tile: see PREFETCH
+        pf = g.at(rows[0], bld.add(bld.mul(b, g.c64(ts)), g.c64(PREFETCH)))
+        g.call("llvm.prefetch.p0", ir.VoidType(), [pf, ir.Constant(_I32, 0),
+                                                   ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
     unpacked = [_unpack(g, k, row, bld.mul(b, g.c64(ts)), shifted) for row in rows]
     if lanes is None:
-        dabs = [g.load_f32(da_p, b) for _, da_p, _, _ in acts]
+        dabs = [g.load_f32(da_p, b) for _, da_p, _, _, _ in acts]
     else:
         da8 = g.load_v8(lanes[0], b)
         dabs = [bld.extract_element(da8, ir.Constant(_I32, i)) for i in range(len(acts))]
-    a8 = [[g.vload(qa_p, bld.add(abase, g.c64(32 * s)), 32) for s in range(qk // 32)]
-          for qa_p, _, _, _ in acts]
+    a8 = [[g.vload(qu_p if shift == "a" else qa_p, bld.add(abase, g.c64(32 * s)), 32)
+           for s in range(qk // 32)] for qa_p, _, _, _, qu_p in acts]
     cor = None
     if shifted:  # each span's 8 lanes of -offset * (sum of the lane's 4 activations)
         cbase = bld.mul(b, g.c64(qk // 4))
         cor = [[bld.load(bld.bitcast(g.at(c_p, bld.add(cbase, g.c64(8 * s))),
                                      _vt(_I32, 8).as_pointer()), align=4)
-                for s in range(qk // 32)] for _, _, _, c_p in acts]
+                for s in range(qk // 32)] for _, _, _, c_p, _ in acts]
     for j, (spans, d, term) in enumerate(unpacked):
-        for i, (_, _, aux_p, _) in enumerate(acts):
+        if shift == "a":  # each span's 8 lanes of -128 * (sum of the lane's 4 weights)
+            v32 = _vt(_I32, 8)
+            zero = ir.Constant(v32, [0] * 8)
+            cor = [bld.sub(zero, g.call("llvm.x86.avx512.vpdpbusd.256", v32, [
+                zero, bld.bitcast(g.splat8(-128, 32), v32), bld.bitcast(w8, v32)]))
+                for w8, _, _ in spans]
+        for i, (_, _, aux_p, _, _) in enumerate(acts):
             isum = None
             for s, (w8, wu, sc) in enumerate(spans):
+                if shift == "a":
+                    start = cor[s] if isum is None else bld.add(isum, cor[s])
+                    isum = g.call("llvm.x86.avx512.vpdpbusd.256", v32, [
+                        start, bld.bitcast(a8[i][s], v32), bld.bitcast(w8, v32)])
+                    continue
                 start = isum
                 if cor is not None:
                     start = cor[i][s] if isum is None else bld.add(isum, cor[i][s])
@@ -623,21 +647,23 @@ def _emit_block(g: _Gen, k: KernelType, rows, acts, b, accp, accsp, lanes, dd,  
 
 def _make_rowdot(nr: int, na: int, lanes: bool = False):  # noqa: ANN202 - a numba intrinsic
     """Intrinsic ``rowdot(kind, w (R, row_bytes) u8, r0, rs, qa (n, K) i8, da (n, K/QK) f32,
-    aux (n, .) f32, cor (n, K/4) i32 or (0, .), da8, aux8, tbl, i0, out (n, R) f32)``:
+    aux (n, .) f32, cor (n, K/4) i32 or (0, .), qu (n, K) i8 or (0, .), da8, aux8, tbl, i0,
+    out (n, R) f32)``:
     ``out[i0+i, r0+j*rs] = W[r0+j*rs] . x[i0+i]`` for ``j < nr``, ``i < na``. Several rows
     share each activation load and give the CPU independent accumulator chains; ``kind`` (a
     ggml type id) selects the block loop. ``da8``/``aux8``: with ``lanes`` (1x8, 1x4),
     ``_lanes8(da, na)``/``_lanes8(aux, na)``, the scales and sums of activation rows
     i0..i0+na-1 side by side (``_emit_type_loop``); otherwise unused. ``cor``: the
     activations' ``_lane_corrections`` for the types with a ``vnni_offset``, or no rows
-    (then those types take the sign step)."""
+    (then those types take the sign step). ``qu``: the activations plus 128
+    (``_activation_sets``), which the lanes tiles use for those types instead, or no rows."""
 
     @intrinsic
-    def rowdot(typingctx, kind, w, r0, rs, qa, da, aux, cor, da8, aux8, tbl, i0, out):  # noqa: ANN001, ANN202, ARG001, PLR0913
-        sig = types.int64(kind, w, r0, rs, qa, da, aux, cor, da8, aux8, tbl, i0, out)
+    def rowdot(typingctx, kind, w, r0, rs, qa, da, aux, cor, qu, da8, aux8, tbl, i0, out):  # noqa: ANN001, ANN202, ARG001, PLR0913
+        sig = types.int64(kind, w, r0, rs, qa, da, aux, cor, qu, da8, aux8, tbl, i0, out)
 
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            kind_, ws, r0_, rs_, qas, das, auxs, cors, da8s, aux8s, tbls, i0_, outs = (
+            kind_, ws, r0_, rs_, qas, das, auxs, cors, qus, da8s, aux8s, tbls, i0_, outs = (
                 context.make_array(t)(context, builder, v) if isinstance(t, types.Array) else v
                 for t, v in zip(signature.args, args, strict=True))
             g = _Gen(builder, tbls.data)
@@ -655,7 +681,8 @@ def _make_rowdot(nr: int, na: int, lanes: bool = False):  # noqa: ANN202 - a num
             for i in range(na):
                 ii = bld.add(i0_, g.c64(i))
                 acts.append((row_ptr(qas, ii, _I8), row_ptr(das, ii, _F32),
-                             row_ptr(auxs, ii, _F32), row_ptr(cors, ii, _I32)))
+                             row_ptr(auxs, ii, _F32), row_ptr(cors, ii, _I32),
+                             row_ptr(qus, ii, _I8)))
             zero = ir.Constant(_vt(_F32, 8), [0.0] * 8)
             accp = [[cgutils.alloca_once_value(bld, zero) for _ in range(na)] for _ in range(nr)]
             accsp = [[cgutils.alloca_once_value(bld, ir.Constant(_F32, 0.0)) for _ in range(na)]
@@ -678,16 +705,20 @@ def _make_rowdot(nr: int, na: int, lanes: bool = False):  # noqa: ANN202 - a num
                 sw.add_case(ir.Constant(_I64, int(t)), blk)
                 bld.position_at_end(blk)
                 nb = bld.udiv(nbytes, g.c64(k.type_size))
-                # with the activations' lane corrections: no sign step. Not in the 1x8 tile,
-                # where the corrections' loads (a third load per row and block) cost more
-                # than the sign step they save: Gemma's Q8_0 output product 0.85x there,
-                # 1.09-1.11x at 4 rows; its Q5_0 products 1.07-1.16x at 1 and 4 rows
-                if vnni_offset(k) and na < 8:
-                    have = bld.icmp_signed("!=", cgutils.unpack_tuple(bld, cors.shape)[0],
+                # no sign step (``_emit_block``'s ``shift``): the lanes tiles (one weight
+                # row, 4 or 8 activation rows) take the activations plus 128 and each
+                # weight block's lane corrections, the rest the weights plus their offset
+                # and the activations' lane corrections. In the 1x8 tile those (a third
+                # load per row and block) cost more than the sign step they save: Gemma's
+                # Q8_0 output product 0.85x there, 1.09-1.11x at 4 rows; its Q5_0 products
+                # 1.07-1.16x at 1 and 4 rows
+                if vnni_offset(k):
+                    src, shift = (qus, "a") if lanes else (cors, "w")
+                    have = bld.icmp_signed("!=", cgutils.unpack_tuple(bld, src.shape)[0],
                                            g.c64(0))
                     with bld.if_else(have) as (shifted, plain):
                         with shifted:
-                            _emit_type_loop(g, k, rows, acts, nb, accp, accsp, lane_ptrs, True)
+                            _emit_type_loop(g, k, rows, acts, nb, accp, accsp, lane_ptrs, shift)
                         with plain:
                             _emit_type_loop(g, k, rows, acts, nb, accp, accsp, lane_ptrs)
                 else:
@@ -747,9 +778,11 @@ ROW_CHUNK = 16  # weight rows per parallel work item (kept hot while all activat
 # Activation rows from which a product runs in tiles (1x8, 1x4) over ROW_CHUNK weight rows
 # kept hot; fewer stream the weights as when decoding (four sequential streams, each weight
 # row used by every activation row while in L1). From 4 rows tiles are faster, except for a
-# matrix of STREAM_MIN_BYTES or more, where one stream per thread is bound by memory
-# latency: measured at 4 rows, Gemma's 262144-row Q8_0 output product 21.9 -> 19.7 ms and
-# SmolLM2's 4.4 -> 3.4 ms streamed, while its 1-4 MB layer products were up to 1.8x slower.
+# matrix of STREAM_MIN_BYTES or more at 5-7 rows, whose 1-3 rows past the 1x4 tile would
+# take slow 1x1 passes, while one stream per thread keeps up with memory. (Before the
+# tiles' prefetch, PREFETCH, streams were faster for such a matrix at 4 rows too; with it
+# tiles are, at 2 threads: Gemma 3's 262144-row Q8_0 output product 14.2 -> 10.0 ms, and
+# SmolLM2's 49152-row one equal.)
 BATCH_MIN_ROWS = 4
 STREAM_MIN_BYTES = 16 << 20
 
@@ -757,13 +790,15 @@ STREAM_MIN_BYTES = 16 << 20
 @njit(cache=True, nogil=True, inline="always")
 def _tiled(n, w):  # noqa: ANN001, ANN202
     """Whether n activation rows times weights ``w`` (R, row_bytes) run in tiles."""
-    return n >= 8 or (n >= BATCH_MIN_ROWS and w.shape[0] * w.shape[1] < STREAM_MIN_BYTES)
+    return n >= 8 or n == BATCH_MIN_ROWS or (
+        n > BATCH_MIN_ROWS and w.shape[0] * w.shape[1] < STREAM_MIN_BYTES)
 
 
 @njit(cache=True, nogil=True)
-def qmatmul_rows(kind, w, qa, da, aux, cor, tbl, out, r0, r1):  # noqa: ANN001, ANN201
+def qmatmul_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1):  # noqa: ANN001, ANN201
     """W rows r0:r1 (R, row_bytes) u8 @ activations (n, K) -> out[:, r0:r1] (n, R) f32;
-    ``cor`` the activations' ``_lane_corrections`` or an array of no rows."""
+    ``cor`` the activations' ``_lane_corrections`` and ``qu`` the activations plus 128, or
+    arrays of no rows (``_activation_sets``)."""
     n = qa.shape[0]
     if _tiled(n, w):  # a batch: tiles of ROW_CHUNK rows stay hot while activations pass
         lanes = kind not in _NO_BATCH8
@@ -779,19 +814,19 @@ def qmatmul_rows(kind, w, qa, da, aux, cor, tbl, out, r0, r1):  # noqa: ANN001, 
             if batch8:
                 while i + 8 <= n:
                     for r in range(c0, c1):
-                        _rd_1x8(kind, w, r, 1, qa, da, aux, cor, da8, aux8, tbl, i, out)
+                        _rd_1x8(kind, w, r, 1, qa, da, aux, cor, qu, da8, aux8, tbl, i, out)
                     i += 8
             while i + 4 <= n:
                 if lanes4:
                     for r in range(c0, c1):
-                        _rd_1x4l(kind, w, r, 1, qa, da, aux, cor, da4, aux4, tbl, i, out)
+                        _rd_1x4l(kind, w, r, 1, qa, da, aux, cor, qu, da4, aux4, tbl, i, out)
                 else:
                     for r in range(c0, c1):
-                        _rd_1x4(kind, w, r, 1, qa, da, aux, cor, da, aux, tbl, i, out)
+                        _rd_1x4(kind, w, r, 1, qa, da, aux, cor, qu, da, aux, tbl, i, out)
                 i += 4
             while i < n:
                 for r in range(c0, c1):
-                    _rd_1x1(kind, w, r, 1, qa, da, aux, cor, da, aux, tbl, i, out)
+                    _rd_1x1(kind, w, r, 1, qa, da, aux, cor, qu, da, aux, tbl, i, out)
                 i += 1
         return
     # token by token: the weights stream from memory once. Four rows per pass, taken from
@@ -801,10 +836,10 @@ def qmatmul_rows(kind, w, qa, da, aux, cor, tbl, out, r0, r1):  # noqa: ANN001, 
     quarter = (r1 - r0) // 4
     for k in range(quarter):
         for i in range(n):
-            _rd_4x1(kind, w, r0 + k, quarter, qa, da, aux, cor, da, aux, tbl, i, out)
+            _rd_4x1(kind, w, r0 + k, quarter, qa, da, aux, cor, qu, da, aux, tbl, i, out)
     for r in range(r0 + 4 * quarter, r1):
         for i in range(n):
-            _rd_1x1(kind, w, r, 1, qa, da, aux, cor, da, aux, tbl, i, out)
+            _rd_1x1(kind, w, r, 1, qa, da, aux, cor, qu, da, aux, tbl, i, out)
 
 
 STREAM_CHUNK = 2048  # weight rows per parallel work item when decoding (long streams)
@@ -865,6 +900,16 @@ def _shared_offset(kinds, count):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True)
+def _any_offset(kinds, count):  # noqa: ANN001, ANN201
+    """Whether some of the products' types has a ``vnni_offset``."""
+    for m in range(count):
+        for j in range(len(_OFFSET_KINDS)):
+            if _OFFSET_KINDS[j] == kinds[m] and _OFFSET_VALUES[j]:
+                return True
+    return False
+
+
+@njit(cache=True, nogil=True)
 def _lane_corrections(qa, off):  # noqa: ANN001, ANN201
     """qa (n, K) i8 -> (n, K/4) i32: ``-off`` times the sum of each 4 activations (one
     ``vpdpbusd`` lane), the start of the shifted weights' integer dots."""
@@ -879,10 +924,23 @@ def _lane_corrections(qa, off):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True)
+def _plus_128(qa):  # noqa: ANN001, ANN201
+    """qa (n, K) i8 -> (n, K) i8 holding the unsigned bytes ``qa + 128`` (the top bit
+    flipped), what the lanes tiles multiply the signed weights by (``_emit_block``)."""
+    n, k = qa.shape
+    qu = np.empty((n, k), np.int8)
+    for i in range(n):
+        for j in range(k):
+            qu[i, j] = qa[i, j] ^ np.int8(-128)
+    return qu
+
+
+@njit(cache=True, nogil=True)
 def _no_activations(k):  # noqa: ANN001, ANN201
     """Empty activation arrays of ``quantize_activations``' types (an unused set)."""
     return (np.empty((0, k), np.int8), np.empty((0, 1), np.float32),
-            np.empty((0, 1), np.float32), np.empty((0, 8), np.int32))
+            np.empty((0, 1), np.float32), np.empty((0, 8), np.int32),
+            np.empty((0, k), np.int8))
 
 
 @njit(cache=True, nogil=True)
@@ -922,8 +980,10 @@ def _work_items(ws, count, n, threads):  # noqa: ANN001, ANN201
 def _activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
     """``x`` quantized once per activation type the ``count`` weight types need: the
     Q8_0/Q8_1 set and the Q8_K set (an empty set where none needs it), each as ``(qa, da,
-    aux, cor)``; ``cor`` the lane corrections when the products' types share one
-    ``vnni_offset``, else no rows."""
+    aux, cor, qu)``; ``cor`` the lane corrections when the products' types share one
+    ``vnni_offset``, else no rows; ``qu`` the activations plus 128 when some type has a
+    ``vnni_offset`` and the rows are enough for the lanes tiles (BATCH_MIN_ROWS), else no
+    rows."""
     k32 = kk = -1
     for m in range(count):
         if kinds[m] in _Q8_K_KINDS:
@@ -936,12 +996,14 @@ def _activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
     if k32 >= 0:
         qa, da, aux = quantize_activations(x, k32)
         off = _shared_offset(kinds, count)
-        a32 = (qa, da, aux, _lane_corrections(qa, off) if off else no_cor)
+        tiles = x.shape[0] >= BATCH_MIN_ROWS and _any_offset(kinds, count)
+        a32 = (qa, da, aux, _lane_corrections(qa, off) if off else no_cor,
+               _plus_128(qa) if tiles else qa[:0])
     else:
         a32 = _no_activations(x.shape[1])
     if kk >= 0:
         qa, da, aux = quantize_activations(x, kk)
-        ak = (qa, da, aux, no_cor)
+        ak = (qa, da, aux, no_cor, qa[:0])
     else:
         ak = _no_activations(x.shape[1])
     return a32, ak
@@ -951,8 +1013,8 @@ def _activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
 def _run_item(kinds, ws, a32, ak, tbl, outs, items, c):  # noqa: ANN001, ANN201
     m = items[c, 0]
     kind = kinds[m]
-    qa, da, aux, cor = ak if kind in _Q8_K_KINDS else a32
-    qmatmul_rows(kind, ws[m], qa, da, aux, cor, tbl, outs[m], items[c, 1], items[c, 2])
+    qa, da, aux, cor, qu = ak if kind in _Q8_K_KINDS else a32
+    qmatmul_rows(kind, ws[m], qa, da, aux, cor, qu, tbl, outs[m], items[c, 1], items[c, 2])
 
 
 @njit(cache=True, nogil=True)
@@ -981,8 +1043,8 @@ def _built_table_key() -> int:
     return _TABLE_KEY  # frozen into the cached machine code with everything else
 
 
-_CACHED = (quantize_activations, qmatmul_rows, _no_activations, _shared_offset,
-           _lane_corrections, _work_items, _activation_sets, _run_item, qmatmul_serial,
+_CACHED = (quantize_activations, qmatmul_rows, _plus_128, _no_activations, _shared_offset,
+           _any_offset, _lane_corrections, _work_items, _activation_sets, _run_item, qmatmul_serial,
            qmatmul_par, _built_table_key)
 _fresh = False
 
