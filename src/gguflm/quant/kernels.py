@@ -276,8 +276,12 @@ class _Gen:
         """i32 ``qh`` -> <32 x i8>: bit e of qh moved to bit ``shift_to`` of element e.
 
         Byte e/8 of qh is broadcast to element e and tested against 1 << (e%8): a byte
-        shuffle and a compare, instead of 32 variable shifts."""
+        shuffle and a compare, instead of 32 variable shifts. With AVX-512 the 32 bits are
+        a mask register as they stand (``kmovd``), and the result one masked move."""
         b = self.b
+        if SIMD == "avx512":
+            return b.select(b.bitcast(qh, _vt(ir.IntType(1), 32)),
+                            self.splat8(1 << shift_to, 32), self.splat8(0, 32))
         v = b.bitcast(qh, _vt(_I8, 4))
         v = b.shuffle_vector(v, v, ir.Constant(_vt(_I32, 32), [e // 8 for e in range(32)]))
         hit = b.icmp_unsigned("!=", b.and_(v, ir.Constant(_vt(_I8, 32),
