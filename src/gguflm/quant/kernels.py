@@ -207,6 +207,7 @@ def _vt(t: ir.Type, n: int) -> ir.VectorType:
 
 
 _CAT = ir.Constant(_vt(_I32, 32), list(range(32)))
+_CAT_SAME = ir.Constant(_vt(_I32, 32), list(range(16)) * 2)  # 16 lanes, twice
 
 
 class _Gen:
@@ -259,7 +260,18 @@ class _Gen:
 
     # unpacking
     def nibbles(self, ptr: ir.Value, off: ir.Value) -> ir.Value:
-        """16 bytes -> <32 x i8>: the 16 low nibbles, then the 16 high nibbles (0..15)."""
+        """16 bytes -> <32 x i8>: the 16 low nibbles, then the 16 high nibbles (0..15).
+
+        On x86 the 16 bytes are loaded into both halves (``vbroadcasti128``), the upper
+        half's 64-bit lanes shifted right by 4 (``vpsrlvq``; a byte then holds its own
+        high nibble below the next byte's low one) and all masked: two operations, not
+        four (two masks, a shift, the halves joined)."""
+        if SIMD != "generic":
+            v = self.vload(ptr, off, 16)
+            both = self.b.shuffle_vector(v, v, _CAT_SAME)
+            q = self.b.lshr(self.b.bitcast(both, _vt(_I64, 4)),
+                            ir.Constant(_vt(_I64, 4), [0, 0, 4, 4]))
+            return self.b.and_(self.b.bitcast(q, _vt(_I8, 32)), self.splat8(15, 32))
         v = self.vload(ptr, off, 16)
         lo = self.b.and_(v, self.splat8(15, 16))
         hi = self.b.lshr(v, self.splat8(4, 16))
