@@ -801,12 +801,15 @@ ROW_CHUNK = 16  # weight rows per parallel work item (kept hot while all activat
 # SmolLM2's 49152-row one equal.)
 BATCH_MIN_ROWS = 4
 STREAM_MIN_BYTES = 16 << 20
+# Rows past the 1x8 tiles from which one more 1x8 tile runs, padded with copies of the last
+# row, in place of a 1x4 tile and 1x1 passes (a 1x1 pass costs nearly half a 1x8 tile)
+PAD8_MIN = 6
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _tiled(n, w):  # noqa: ANN001, ANN202
     """Whether n activation rows times weights ``w`` (R, row_bytes) run in tiles."""
-    return n >= 8 or n == BATCH_MIN_ROWS or (
+    return n >= 8 or n == BATCH_MIN_ROWS or n >= PAD8_MIN or (
         n > BATCH_MIN_ROWS and w.shape[0] * w.shape[1] < STREAM_MIN_BYTES)
 
 
@@ -821,7 +824,18 @@ def qmatmul_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1):  # noqa: ANN0
         batch8 = lanes and n >= 8
         da8 = _lanes8(da if batch8 else da[:0], 8)
         aux8 = _lanes8(aux if batch8 else aux[:0], 8)
-        lanes4 = lanes and n % 8 >= 4  # rows left for one 1x4 pass
+        # PAD8_MIN or more rows left past the 1x8 tiles: one more 1x8 tile, over those
+        # rows and copies of the last (its results for the copies dropped)
+        n8 = n // 8 * 8
+        pad = lanes and n - n8 >= PAD8_MIN
+        sel = np.minimum(np.arange(n8, n8 + 8), n - 1) if pad else np.arange(0)
+        qa_p, da_p, aux_p = qa[sel], da[sel], aux[sel]
+        cor_p = cor[sel] if pad and cor.shape[0] else np.empty((0, cor.shape[1]), np.int32)
+        qu_p = qu[sel] if pad and qu.shape[0] else np.empty((0, qu.shape[1]), np.int8)
+        da8_p, aux8_p = _lanes8(da_p, 8), _lanes8(aux_p, 8)
+        w_p = w[r0:r1]
+        out_p = np.empty((8 if pad else 0, r1 - r0), np.float32)
+        lanes4 = lanes and not pad and n % 8 >= 4  # rows left for one 1x4 pass
         da4 = _lanes8(da if lanes4 else da[:0], 4)
         aux4 = _lanes8(aux if lanes4 else aux[:0], 4)
         for c0 in range(r0, r1, ROW_CHUNK):
@@ -832,6 +846,11 @@ def qmatmul_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1):  # noqa: ANN0
                     for r in range(c0, c1):
                         _rd_1x8(kind, w, r, 1, qa, da, aux, cor, qu, da8, aux8, tbl, i, out)
                     i += 8
+            if pad:
+                for r in range(c0, c1):
+                    _rd_1x8(kind, w_p, r - r0, 1, qa_p, da_p, aux_p, cor_p, qu_p, da8_p,
+                            aux8_p, tbl, 0, out_p)
+                continue
             while i + 4 <= n:
                 if lanes4:
                     for r in range(c0, c1):
@@ -844,6 +863,8 @@ def qmatmul_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1):  # noqa: ANN0
                 for r in range(c0, c1):
                     _rd_1x1(kind, w, r, 1, qa, da, aux, cor, qu, da, aux, tbl, i, out)
                 i += 1
+        if pad:
+            out[n8:, r0:r1] = out_p[:n - n8]
         return
     # token by token: the weights stream from memory once. Four rows per pass, taken from
     # four quarters of the range, so that each quarter is one long sequential stream for
