@@ -747,17 +747,14 @@ def _make_rowdot(nr: int, na: int, lanes: bool = False):  # noqa: ANN202 - a num
             bld.branch(done)
             bld.position_at_end(done)
             out_stride = cgutils.unpack_tuple(bld, outs.strides)
-            out_rows = cgutils.unpack_tuple(bld, outs.shape)[0]
             for j in range(nr):
                 rr = ridx[j]
                 for i in range(na):
+                    res = bld.fadd(g.hsum8(bld.load(accp[j][i])), bld.load(accsp[j][i]))
                     ii = bld.add(i0_, g.c64(i))
-                    # activation rows past out's are padding (_activation_sets): dropped
-                    with bld.if_then(bld.icmp_signed("<", ii, out_rows), likely=True):
-                        res = bld.fadd(g.hsum8(bld.load(accp[j][i])), bld.load(accsp[j][i]))
-                        off = bld.add(bld.mul(ii, out_stride[0]), bld.mul(rr, out_stride[1]))
-                        p = bld.gep(bld.bitcast(outs.data, _I8.as_pointer()), [off])
-                        bld.store(res, bld.bitcast(p, _F32.as_pointer()))
+                    off = bld.add(bld.mul(ii, out_stride[0]), bld.mul(rr, out_stride[1]))
+                    p = bld.gep(bld.bitcast(outs.data, _I8.as_pointer()), [off])
+                    bld.store(res, bld.bitcast(p, _F32.as_pointer()))
             return context.get_constant(types.int64, 0)
 
         return sig, codegen
@@ -804,18 +801,12 @@ ROW_CHUNK = 16  # weight rows per parallel work item (kept hot while all activat
 # SmolLM2's 49152-row one equal.)
 BATCH_MIN_ROWS = 4
 STREAM_MIN_BYTES = 16 << 20
-# Rows past a multiple of 8 from which the activations are padded to the next multiple
-# with copies of the last row (``_activation_sets``, once per product), so that they run
-# as one more 1x8 tile whose extra rows are dropped, instead of a 1x4 tile and 1x1 passes
-# (a 1x1 pass costs nearly half a 1x8 tile). Gemma 3, 1 thread: gate products at 7 rows
-# 1.40x, 6 rows equal; the output product at 2 threads 1.47x at 7 rows, 1.23x at 6.
-PAD8_MIN = 6
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _tiled(n, w):  # noqa: ANN001, ANN202
     """Whether n activation rows times weights ``w`` (R, row_bytes) run in tiles."""
-    return n >= 8 or n == BATCH_MIN_ROWS or n >= PAD8_MIN or (
+    return n >= 8 or n == BATCH_MIN_ROWS or (
         n > BATCH_MIN_ROWS and w.shape[0] * w.shape[1] < STREAM_MIN_BYTES)
 
 
@@ -823,8 +814,7 @@ def _tiled(n, w):  # noqa: ANN001, ANN202
 def qmatmul_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1):  # noqa: ANN001, ANN201
     """W rows r0:r1 (R, row_bytes) u8 @ activations (n, K) -> out[:, r0:r1] (n, R) f32;
     ``cor`` the activations' ``_lane_corrections`` and ``qu`` the activations plus 128, or
-    arrays of no rows (``_activation_sets``). Activation rows past out's (padding) are
-    computed and dropped."""
+    arrays of no rows (``_activation_sets``)."""
     n = qa.shape[0]
     if _tiled(n, w):  # a batch: tiles of ROW_CHUNK rows stay hot while activations pass
         lanes = kind not in _NO_BATCH8
@@ -1009,8 +999,7 @@ def _activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
     aux, cor, qu)``; ``cor`` the lane corrections when the products' types share one
     ``vnni_offset``, else no rows; ``qu`` the activations plus 128 when some type has a
     ``vnni_offset`` and the rows are enough for the lanes tiles (BATCH_MIN_ROWS), else no
-    rows. Rows past a multiple of 8 from PAD8_MIN on are padded to the next multiple with
-    copies of the last (the products drop their results)."""
+    rows."""
     k32 = kk = -1
     for m in range(count):
         if kinds[m] in _Q8_K_KINDS:
@@ -1020,11 +1009,6 @@ def _activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
         else:
             raise ValueError("no integer kernel for this ggml type id")
     no_cor = np.empty((0, 8), np.int32)
-    n = x.shape[0]
-    if n % 8 >= PAD8_MIN:  # see PAD8_MIN
-        x = x[np.minimum(np.arange(n + 8 - n % 8), n - 1)]
-    else:  # (one array type for both)
-        x = np.ascontiguousarray(x)
     if k32 >= 0:
         qa, da, aux = quantize_activations(x, k32)
         off = _shared_offset(kinds, count)
