@@ -325,10 +325,8 @@ class _Gen:
         if SIMD != "generic":
             a = self.call("llvm.x86.avx2.psign.b", _vt(_I8, 32), [a8, w8]) if signed else a8
             if VNNI and sc is None:
-                v32 = _vt(_I32, 8)
-                src = acc if acc is not None else ir.Constant(v32, [0] * 8)
-                return self.call("llvm.x86.avx512.vpdpbusd.256", v32,
-                                 [src, b.bitcast(wu, v32), b.bitcast(a, v32)])
+                src = acc if acc is not None else ir.Constant(_vt(_I32, 8), [0] * 8)
+                return self.dpbusd(src, wu, a)
             s16 = self.call("llvm.x86.avx2.pmadd.ub.sw", _vt(_I16, 16), [wu, a])
             if sc is None:
                 m = ir.Constant(_vt(_I16, 16), [1] * 16)
@@ -349,6 +347,13 @@ class _Gen:
             od = ir.Constant(_vt(_I32, width), list(range(1, 2 * width, 2)))
             p = b.add(b.shuffle_vector(p, p, ev), b.shuffle_vector(p, p, od))
         return p if acc is None else b.add(acc, p)
+
+    def dpbusd(self, acc: ir.Value, u8: ir.Value, s8: ir.Value) -> ir.Value:
+        """``vpdpbusd``: <8 x i32> ``acc`` plus, in lane j, the four products of unsigned
+        bytes ``u8[4j..4j+3]`` and signed bytes ``s8[4j..4j+3]`` (<32 x i8> each)."""
+        v32 = _vt(_I32, 8)
+        return self.call("llvm.x86.avx512.vpdpbusd.256", v32,
+                         [acc, self.b.bitcast(u8, v32), self.b.bitcast(s8, v32)])
 
     def magnitude(self, w8: ir.Value) -> ir.Value:
         """|w| of <32 x i8> (pabsb; -128 gives 128 read as unsigned)."""
@@ -618,18 +623,14 @@ def _emit_block(g: _Gen, k: KernelType, rows, acts, b, accp, accsp, lanes, dd,  
                 for s in range(qk // 32)] for _, _, _, c_p, _ in acts]
     for j, (spans, d, term) in enumerate(unpacked):
         if shift == "a":  # each span's 8 lanes of -128 * (sum of the lane's 4 weights)
-            v32 = _vt(_I32, 8)
-            zero = ir.Constant(v32, [0] * 8)
-            cor = [bld.sub(zero, g.call("llvm.x86.avx512.vpdpbusd.256", v32, [
-                zero, bld.bitcast(g.splat8(-128, 32), v32), bld.bitcast(w8, v32)]))
-                for w8, _, _ in spans]
+            zero = ir.Constant(_vt(_I32, 8), [0] * 8)
+            cor = [bld.sub(zero, g.dpbusd(zero, g.splat8(-128, 32), w8)) for w8, _, _ in spans]
         for i, (_, _, aux_p, _, _) in enumerate(acts):
             isum = None
             for s, (w8, wu, sc) in enumerate(spans):
                 if shift == "a":
                     start = cor[s] if isum is None else bld.add(isum, cor[s])
-                    isum = g.call("llvm.x86.avx512.vpdpbusd.256", v32, [
-                        start, bld.bitcast(a8[i][s], v32), bld.bitcast(w8, v32)])
+                    isum = g.dpbusd(start, a8[i][s], w8)
                     continue
                 start = isum
                 if cor is not None:
@@ -919,9 +920,8 @@ def _shared_offset(kinds, count):  # noqa: ANN001, ANN201
 def _any_offset(kinds, count):  # noqa: ANN001, ANN201
     """Whether some of the products' types has a ``vnni_offset``."""
     for m in range(count):
-        for j in range(len(_OFFSET_KINDS)):
-            if _OFFSET_KINDS[j] == kinds[m] and _OFFSET_VALUES[j]:
-                return True
+        if kinds[m] in _OFFSET_KINDS:
+            return True
     return False
 
 
@@ -997,9 +997,10 @@ def _activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
     """``x`` quantized once per activation type the ``count`` weight types need: the
     Q8_0/Q8_1 set and the Q8_K set (an empty set where none needs it), each as ``(qa, da,
     aux, cor, qu)``; ``cor`` the lane corrections when the products' types share one
-    ``vnni_offset``, else no rows; ``qu`` the activations plus 128 when some type has a
-    ``vnni_offset`` and the rows are enough for the lanes tiles (BATCH_MIN_ROWS), else no
-    rows."""
+    ``vnni_offset`` and some rows run outside the lanes tiles (fewer than BATCH_MIN_ROWS,
+    or not a multiple of 4), else no rows; ``qu`` the activations plus 128 when some type
+    has a ``vnni_offset`` and the rows are enough for the lanes tiles, else no rows.
+    Without them the products take the sign step: the same numbers."""
     k32 = kk = -1
     for m in range(count):
         if kinds[m] in _Q8_K_KINDS:
@@ -1011,8 +1012,9 @@ def _activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
     no_cor = np.empty((0, 8), np.int32)
     if k32 >= 0:
         qa, da, aux = quantize_activations(x, k32)
-        off = _shared_offset(kinds, count)
-        tiles = x.shape[0] >= BATCH_MIN_ROWS and _any_offset(kinds, count)
+        n = x.shape[0]
+        off = _shared_offset(kinds, count) if n < BATCH_MIN_ROWS or n % 4 else 0
+        tiles = n >= BATCH_MIN_ROWS and _any_offset(kinds, count)
         a32 = (qa, da, aux, _lane_corrections(qa, off) if off else no_cor,
                _plus_128(qa) if tiles else qa[:0])
     else:
