@@ -18,7 +18,7 @@ from gguflm import load_model
 from gguflm.engine.sampling import SamplerParams
 from gguflm.engine.scheduler import Engine
 from gguflm.engine.sequence import Request
-from gguflm.model.batch import ALL, LAST, Part
+from gguflm.model.batch import ALL, LAST, Part, Pause
 from gguflm.tokenizer import Tokenizer
 
 PROMPTS = [
@@ -87,3 +87,33 @@ def test_batched_with_seven_others_and_after_a_cache_hit(setup) -> None:
         cache.truncate(keep)
         rest = model.forward(ids[keep:], cache, all_logits=True)
         assert np.array_equal(alone[keep:], rest), f"prompt {i}: after a cache hit"
+
+
+def test_a_batch_paused_between_its_layers_for_other_batches(setup) -> None:
+    """The serving engine lets a newcomer's prompt run in a pause of a decoding step
+    (``forward_batch(..., pause)``, between two layers and before the output product):
+    the paused batch's logits and the newcomers' are those computed alone."""
+    model, full = setup
+    arena = model.new_arena(64, 12)
+    others = full[:7]
+    cut = [len(o) - 1 for o in others]
+    model.forward_batch([Part(arena.slots[k], np.array(o[:c]), LAST)
+                         for k, (o, c) in enumerate(zip(others, cut, strict=True))])
+    step = [Part(arena.slots[k], np.array(o[c:c + 1]), LAST)
+            for k, (o, c) in enumerate(zip(others, cut, strict=True))]
+    newcomers = full[7:11]
+    got: list[np.ndarray] = []
+
+    def pause() -> None:
+        k = len(got)
+        if k < len(newcomers):
+            got.append(model.forward_batch([Part(arena.slots[7 + k], np.array(newcomers[k]),
+                                                 ALL)]))
+
+    paused = model.forward_batch(step, Pause(pause, np.ones(2, np.int64)))  # every layer
+    assert len(got) == len(newcomers), "the batch paused between its layers too"
+    for ids, logits in zip(newcomers, got, strict=False):
+        assert np.array_equal(logits, model.forward(ids, model.new_cache(64), True))
+    for k, c in enumerate(cut):
+        arena.slots[k].truncate(c)
+    assert np.array_equal(paused, model.forward_batch(step))

@@ -42,9 +42,9 @@ class Counting:
     def new_arena(self, n_ctx: int, n_slots: int = 1):
         return self.model.new_arena(n_ctx, n_slots)
 
-    def forward_batch(self, parts):
+    def forward_batch(self, parts, pause=None):
         self.batches.append([len(p.ids) for p in parts])
-        return self.model.forward_batch(parts)
+        return self.model.forward_batch(parts, pause)
 
 
 def _engine(tiny, **kw) -> Engine:
@@ -140,6 +140,47 @@ def test_sequences_batched_together_give_their_solo_tokens(tiny) -> None:
     assert max(len(b) for b in counting.batches) == 4      # at most n_slots sequences
     # prompts were chunked (at most 5 prompt rows beside decoding rows)
     assert any(len(b) > 1 and sum(b) - b.count(1) <= 5 for b in counting.batches)
+    engine.close()
+
+
+class Arriving(Counting):
+    """The real model; before the first decoding step that may be paused, ``request`` is
+    submitted, so that it is waiting when the step pauses."""
+
+    def __init__(self, model, request: Request) -> None:
+        super().__init__(model)
+        self.request, self.engine, self.newcomer = request, None, None
+        self.during: list[list[int]] = []  # the batches evaluated inside the paused step
+
+    def forward_batch(self, parts, pause=None):
+        if pause is None or self.newcomer is not None:
+            return super().forward_batch(parts, pause)
+        self.newcomer = self.engine.submit(self.request)
+        before = len(self.batches)
+        out = super().forward_batch(parts, pause)
+        self.during = self.batches[before + 1:]
+        return out
+
+
+def test_a_newcomer_cuts_into_the_step_in_flight_and_changes_nobodys_tokens(tiny) -> None:
+    """A short request arriving while others decode is evaluated in a pause of the step in
+    flight (its first token does not wait for the whole step), once per step; every
+    sequence's tokens are what it gets alone."""
+    model, tok, cases = tiny
+    a, b = cases["colors"]["prompt_tokens"], cases["fib"]["prompt_tokens"]
+    solo = _engine(tiny, n_slots=1)
+    want_a = solo.run(Request(a, GREEDY, max_tokens=8)).tokens
+    want_b = solo.run(Request(b, GREEDY, max_tokens=8)).tokens
+    solo.close()
+    arriving = Arriving(model, Request(b, GREEDY, max_tokens=8))
+    engine = Engine(arriving, tok, n_ctx=256, n_slots=2)
+    arriving.engine = engine
+    first = engine.submit(Request(a, GREEDY, max_tokens=8))
+    assert first.wait(120)
+    assert arriving.newcomer is not None and arriving.newcomer.wait(120)
+    assert arriving.during == [[len(b)]]  # the newcomer's whole prompt, in the pause
+    assert first.tokens == want_a and arriving.newcomer.tokens == want_b
+    assert engine.stats.steps == len(arriving.batches)
     engine.close()
 
 
@@ -288,8 +329,8 @@ class Recording(Counting):
         super().__init__(model)
         self.logits = []
 
-    def forward_batch(self, parts):
-        out = super().forward_batch(parts)
+    def forward_batch(self, parts, pause=None):
+        out = super().forward_batch(parts, pause)
         if len(out):
             self.logits.append(np.array(out))
         return out

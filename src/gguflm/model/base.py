@@ -15,7 +15,7 @@ import numpy as np
 
 from ..gguf.reader import GGUFFile
 from . import ops
-from .batch import ALL, LAST, NONE, Batch, Part
+from .batch import ALL, LAST, NONE, Batch, Part, Pause
 from .config import ModelConfig
 from .kv_cache import KVArena, KVCache
 from .weights import Weights
@@ -87,15 +87,21 @@ class Model:
         """An empty KV cache with room for ``n_ctx`` positions (an arena of one slot)."""
         return self.new_arena(n_ctx).slots[0]
 
-    def forward_batch(self, parts: list[Part]) -> np.ndarray:
+    def forward_batch(self, parts: list[Part], pause: Pause | None = None) -> np.ndarray:
         """Evaluate several sequences in one batch (each ``Part``: a cache, its new ids,
         and which logits it wants) and append each one's ids to its cache. Returns the
         wanted logits (rows, n_vocab) in part order. A sequence's logits are bit-identical
-        to evaluating it alone. The caller keeps the batch small (see MAX_BATCH)."""
+        to evaluating it alone. The caller keeps the batch small (see MAX_BATCH).
+
+        ``pause``, if given, lets other batches of the arena run before the output product
+        and, when asked, between two layers (``batch.Pause``)."""
         for p in parts:
             p.ids = self._check_ids(p.ids)
         batch = Batch(parts)
+        batch.pause = pause
         x = self._forward(batch)                           # (len(batch.out), n_embd)
+        if pause is not None:
+            pause.run()
         batch.advance()
         for p, rows in batch.hidden_rows:
             p.hidden_states = x[rows]

@@ -8,7 +8,7 @@ batch-invariant, so a sequence's logits do not depend on what else is in the bat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +45,19 @@ def _rows(want: str, row: int, n: int) -> np.ndarray:
     return np.zeros(0, np.int64)
 
 
+@dataclass
+class Pause:
+    """How a batch in flight lets other batches of its arena run inside its forward pass
+    (``Model.forward_batch``): ``run()`` is called before the output product and, where
+    the layers run as team calls (``team.run_stack``), between two layers when
+    ``flag[0]`` is nonzero then (any thread may set it; ``run`` clears it as it sees
+    fit). ``run`` may evaluate other sequences (``forward_batch`` without a pause), not
+    the paused batch's. ``flag[1]`` is where the team calls stopped."""
+
+    run: Callable[[], None]
+    flag: np.ndarray = field(default_factory=lambda: np.zeros(2, np.int64))
+
+
 class Batch:
     """Rows of several sequences. ``ids``, ``pos`` and ``slot`` are (T,); ``out`` holds the
     rows that go through the last layer (their logits or hidden states are wanted), in row
@@ -61,6 +74,7 @@ class Batch:
             raise ValueError("a sequence may appear only once in a batch")
         self.arena = arena
         self.parts = list(parts)
+        self.pause: Pause | None = None  # Model.forward_batch
         ids, pos, slot, out, logit_rows, flash = [], [], [], [], [], []
         self.hidden_rows: list[tuple[Part, np.ndarray]] = []  # (part, its rows of ``out``)
         row = n_out = 0

@@ -116,9 +116,11 @@ def _spin_pause(typingctx, rounds):  # noqa: ANN001, ANN202, ARG001
     return sig, codegen
 
 
-# counters: each step's next item and its finished items, a cache line apart
+# counters: each step's next item and its finished items, a cache line apart; _STOP's
+# second word holds the decision whether to stop before the layer (``_member``)
 _LINE = 8
-_QKV, _PREP, _ATTN, _OUT, _GATE_UP, _DOWN = range(0, 12 * _LINE, 2 * _LINE)
+_QKV, _PREP, _ATTN, _OUT, _GATE_UP, _DOWN, _STOP = range(0, 14 * _LINE, 2 * _LINE)
+_SYNC_WIDTH = 14 * _LINE
 
 
 @njit(cache=True, nogil=True)
@@ -232,9 +234,11 @@ def _products(kinds, ws, a32, ak, tbl, outs, items, total, sync, k):  # noqa: AN
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _member(m, x0, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel,  # noqa: ANN001, ANN202, PLR0913, PLR0915
-            neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs, sync):
-    """Member ``m``'s part of ``stack_team``; ``bufs`` the per-layer arrays every member
-    writes into and reads, ``sync`` each layer's step counters."""
+            neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs, sync,
+            stop, l0, l1):
+    """Member ``m``'s part of ``stack_team`` (layers l0:l1, or fewer: ``stop``); ``bufs``
+    the per-layer arrays every member writes into and reads, ``sync`` each layer's step
+    counters."""
     q_all, k_all, v_all, qr_all, a_all, o_all, g_all, u_all, o2_all = bufs
     n = x0.shape[0]
     n_head, n_kv, d, dv = heads
@@ -243,9 +247,18 @@ def _member(m, x0, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, r
     x1 = np.empty_like(x)
     p = np.empty_like(x)
     act = np.empty((n, g_all.shape[2]), np.float32)
-    for il in range(wtab.shape[0]):
+    reached = l1
+    for il in range(l0, l1):
         q, k, vv, qr, a = q_all[il], k_all[il], v_all[il], qr_all[il], a_all[il]
         o, g, u, o2, s = o_all[il], g_all[il], u_all[il], o2_all[il], sync[il]
+        if stop.shape[0] and il > l0:  # stop here when asked: the first member decides
+            if _fetch_add(s, _STOP) == 0:
+                s[_STOP + 1] = 1 if _load_acquire(stop, 0) else 0
+                _fetch_add(s, _STOP + _LINE)
+            _wait(s, _STOP, 1)
+            if s[_STOP + 1]:
+                reached = il
+                break
         kt, v, rot, window = k_cache[il], v_cache[il], rots[rot_sel[il]], windows[il]
         # attention: norm, Q K V, (one member) per-head norms, RoPE, storing K V; attention
         rmsnorm_rows(x, _norm(ntab, il, 0), eps, h)
@@ -291,13 +304,17 @@ def _member(m, x0, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, r
         _residual(x1, o2, _norm(ntab, il, 5), eps, p, x)
     if m == 0:
         out[:] = x
+        if stop.shape[0]:
+            stop[1] = reached
 
 
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy")
 def stack_team(x, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel, neox,  # noqa: ANN001, ANN201, PLR0913
                windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs,
-               sync, threads):
-    """x (T, n_embd) f32 -> (T, n_embd) f32 through every layer, on ``threads`` members:
+               sync, stop, l0, l1, threads):
+    """x (T, n_embd) f32 -> (T, n_embd) f32 through layers l0:l1, on ``threads`` members,
+    or up to the layer ``stop[1]`` where they stopped (``stop``: ``batch.Pause.flag``, or
+    empty: no stops):
     ``x + attn(x)``, then ``+ ffn(.)``, in each. ``wtab`` (L, 7, 3) i64: each layer's
     matrices (``_MATRICES``) as (address, rows, row bytes); ``ktab`` (4 L, MAX_FUSED) i64
     the product groups' type ids; ``ntab`` (L, 6, 2) i64 the attention, Q-head, K-head,
@@ -315,20 +332,20 @@ def stack_team(x, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel
     for m in prange(threads):
         _member(m, x, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel,
                 neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu,
-                (q, k, vv, qr, a, o, g, u, o2), sync)
+                (q, k, vv, qr, a, o, g, u, o2), sync, stop, l0, l1)
     return out
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def stack_alone(x, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel, neox,  # noqa: ANN001, ANN201, PLR0913
                 windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs,
-                sync):
+                sync, stop, l0, l1):
     """``stack_team`` on this thread (layers too small to share)."""
     out = np.empty_like(x)
     sync[:, :] = 0
     _member(0, x, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel,
             neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs,
-            sync)
+            sync, stop, l0, l1)
     return out
 
 
@@ -417,9 +434,10 @@ class _Stack:
             at += size
         local.views = (n, tuple(views))
         if getattr(local, "sync", None) is None:
-            raw = np.zeros((n_layer + 2) * 12 * _LINE + _LINE, np.int64)
-            lead = (-raw.__array_interface__["data"][0] % 64) // 8 + 12 * _LINE
-            local.sync = raw[lead:lead + n_layer * 12 * _LINE].reshape((n_layer, 12 * _LINE))
+            raw = np.zeros((n_layer + 2) * _SYNC_WIDTH + _LINE, np.int64)
+            lead = (-raw.__array_interface__["data"][0] % 64) // 8 + _SYNC_WIDTH
+            local.sync = raw[lead:lead + n_layer * _SYNC_WIDTH].reshape((n_layer,
+                                                                        _SYNC_WIDTH))
         return local.views[1], local.sync
 
 
@@ -454,7 +472,9 @@ def run_stack(x: np.ndarray, layers: list, batch: Any, config: Any, ropes: tuple
               neox: bool, scale: float, gelu: bool, params: Any, cap: float
               ) -> np.ndarray | None:
     """Every layer over x (T, n_embd) as one team call (``stack_team``, or ``stack_alone``
-    below ``matrix.PARALLEL_MIN_MACS`` multiply-adds per layer), or None where the team
+    below ``matrix.PARALLEL_MIN_MACS`` multiply-adds per layer; with ``batch.pause``,
+    stopping between two layers when its flag asks, for ``pause.run()``, then going on
+    with another call), or None where the team
     does not apply (more than MAX_ROWS rows or MAX_BYTES of activations, or a layer it
     cannot run): ``params(il, layer)`` as ``ops.decoder_stack`` takes it."""
     n = len(x)
@@ -473,10 +493,23 @@ def run_stack(x: np.ndarray, layers: list, batch: Any, config: Any, ropes: tuple
     attn_macs = c.n_head * (c.head_dim + c.head_dim_v) * batch.span
     team = threads > 1 and n * (st.macs // len(layers) + attn_macs) >= matrix.PARALLEL_MIN_MACS
     itab, icount = st.work_items(n, threads if team else 0)
-    args = (x, st.wtab, st.ktab, st.ntab, itab, icount, kernels.F16_TABLE, st.heads, st.eps,
+    args = (st.wtab, st.ktab, st.ntab, itab, icount, kernels.F16_TABLE, st.heads, st.eps,
             rots, st.rot_sel, neox, st.windows, arena.k, arena.v, batch.slot, batch.pos,
-            np.float32(scale), np.float32(cap), arena.f16, batch.flash, gelu, *st.buffers(n))
-    return stack_team(*args, threads) if team else stack_alone(*args)
+            np.float32(scale), np.float32(cap), arena.f16, batch.flash, gelu)
+    pause = batch.pause
+    stop = _NO_STOPS if pause is None else pause.flag
+    n_layer, l0 = len(layers), 0
+    while True:
+        bufs = st.buffers(n)  # (again after a pause: another batch may have carved them)
+        x = (stack_team(x, *args, *bufs, stop, l0, n_layer, threads) if team
+             else stack_alone(x, *args, *bufs, stop, l0, n_layer))
+        if pause is None or stop[1] >= n_layer:
+            return x
+        l0 = int(stop[1])
+        pause.run()
+
+
+_NO_STOPS = np.zeros(0, np.int64)
 
 
 def _sources_key() -> int:
