@@ -161,6 +161,21 @@ def test_qmatrix_real_model_embedding_and_output(smollm2_path) -> None:  # noqa:
         del wf, m, t
 
 
+def test_qmatrix_padded_rows_change_no_number(smollm2_path) -> None:  # noqa: ANN001
+    """QMatrix.matmul pads 6-7 rows past a multiple of 8 (then runs 1x8 tiles): each row's
+    products are still bit for bit that row's alone, into a given ``out`` too."""
+    with gguf.open(smollm2_path) as f:
+        m = QMatrix.from_tensor(f.tensors["token_embd.weight"])  # 49152 x 576 Q8_0
+        for n in (5, 6, 7, 15):
+            x = _x(n, m.shape[1], seed=20 + n)
+            alone = np.concatenate([m.matmul(x[i:i + 1]) for i in range(n)])
+            got = m.matmul(x)
+            assert got.shape == (n, m.shape[0]) and got.flags.c_contiguous
+            np.testing.assert_array_equal(got, alone)
+            np.testing.assert_array_equal(m.matmul(x, np.empty_like(alone)), alone)
+        del m
+
+
 @pytest.mark.parametrize("simd", ["generic", "avx2"])
 def test_portable_simd_variants(zoo, simd: str, tmp_path) -> None:  # noqa: ANN001
     """The IR for CPUs without AVX-512 (or without x86) computes the same numbers."""

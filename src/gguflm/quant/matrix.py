@@ -69,20 +69,28 @@ class QMatrix:
 
     # -- products --------------------------------------------------------------------------
     def matmul(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """``x (n, d_in) f32 @ W.T -> (n, d_out) f32``; writes into ``out`` when given."""
+        """``x (n, d_in) f32 @ W.T -> (n, d_out) f32``; writes into ``out`` when given.
+
+        Without ``out``, 6 or 7 rows past a multiple of 8 are padded with copies of the
+        last row for the integer kernels (PAD_ROWS_FROM; the result is a view of the
+        padded product's first n rows): each row's products are its own either way."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != self.shape[1]:
             raise ValueError(f"{self!r}: matmul wants (n, {self.shape[1]}), got {x.shape}")
         n = x.shape[0]
-        if out is None:
-            out = np.empty((n, self.shape[0]), dtype=np.float32)
+        res = out
+        if res is None:
+            pad = 8 - n % 8 if n % 8 >= PAD_ROWS_FROM and self._fast is _quantized_kernel else 0
+            if pad:
+                x = np.concatenate((x, np.repeat(x[-1:], pad, axis=0)))
+            res = np.empty((n + pad, self.shape[0]), dtype=np.float32)
         if n == 0:
-            return out
+            return res
         if self._round is not None:  # ggml converts x to the weight's type first
             x = self._round(x)
-        if self._fast is None or not self._fast(self, x, out):
-            self._matmul_tiles(x, out)
-        return out
+        if self._fast is None or not self._fast(self, x, res):
+            self._matmul_tiles(x, res)
+        return res if len(res) == n else res[:n]
 
     def matvec(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """``W (d_out, d_in) @ x (d_in,) -> (d_out,)`` f32."""
@@ -127,6 +135,11 @@ class QMatrix:
             f32_matmul(x, w, part[:, :r1 - r0], parallel)
             out[:, r0:r1] = part[:, :r1 - r0]
 
+
+# Rows past a multiple of 8 from which a product's rows are padded to the next multiple
+# (``QMatrix.matmul``): they then run as 1x8 tiles instead of a 1x4 tile and 1x1 passes,
+# or, for a big matrix, a stream. Gemma 3's output product at 7 rows: 21.7 ms, at 8: 16.2.
+PAD_ROWS_FROM = 6
 
 # Below this many multiply-adds a product runs on one thread: waking the pool costs more
 # (much less when its workers spin: entry_point_defaults(owns_cores=True))
