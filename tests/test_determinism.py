@@ -92,7 +92,8 @@ def test_batched_with_seven_others_and_after_a_cache_hit(setup) -> None:
 def test_a_batch_paused_between_its_layers_for_other_batches(setup) -> None:
     """The serving engine lets a newcomer's prompt run in a pause of a decoding step
     (``forward_batch(..., pause)``, between two layers and before the output product):
-    the paused batch's logits and the newcomers' are those computed alone."""
+    the paused batch's logits (7 rows: padded to 8 in the team) and the newcomers' are
+    those computed alone."""
     model, full = setup
     arena = model.new_arena(64, 12)
     others = full[:7]
@@ -117,3 +118,6 @@ def test_a_batch_paused_between_its_layers_for_other_batches(setup) -> None:
     for k, c in enumerate(cut):
         arena.slots[k].truncate(c)
     assert np.array_equal(paused, model.forward_batch(step))
+    # 7 rows run padded to 8 (a copy of the last row, dropped): each row is still its own
+    for k, o in enumerate(others):
+        assert np.array_equal(paused[k], model.forward(o, model.new_cache(64))), f"row {k}"

@@ -481,30 +481,39 @@ def run_stack(x: np.ndarray, layers: list, batch: Any, config: Any, ropes: tuple
     if n > MAX_ROWS or not layers:
         return None
     st = _stack(layers, params, config, (neox, float(scale), float(cap), gelu))
-    if st is None or n * st.row_bytes > MAX_BYTES:
+    rows = n + (8 - n % 8 if n % 8 >= matrix.PAD_ROWS_FROM else 0)
+    if st is None or rows * st.row_bytes > MAX_BYTES:
         return None
     x = np.ascontiguousarray(x, dtype=np.float32)
     rots = np.ascontiguousarray(np.stack(ropes) if len(ropes) > 1 else ropes[0][None],
                                 dtype=np.complex64)
+    slot, pos, flash = batch.slot, batch.pos, batch.flash
+    if rows > n:
+        # 6 or 7 rows past a multiple of 8: the last row again, to make 8 (its products
+        # then run as 1x8 tiles, as in QMatrix.matmul). The copy stores the same keys and
+        # values at the same place in the cache as the row it copies, and is dropped.
+        copy = np.minimum(np.arange(rows), n - 1)
+        x, slot, pos, flash = x[copy], slot[copy], pos[copy], flash[copy]
+        rots = np.ascontiguousarray(rots[:, copy])  # (R, T, n_rot/2): each row's RoPE
     arena = batch.arena
     _check_build()
     c = config
     threads = matrix.threads()
     attn_macs = c.n_head * (c.head_dim + c.head_dim_v) * batch.span
     team = threads > 1 and n * (st.macs // len(layers) + attn_macs) >= matrix.PARALLEL_MIN_MACS
-    itab, icount = st.work_items(n, threads if team else 0)
+    itab, icount = st.work_items(rows, threads if team else 0)
     args = (st.wtab, st.ktab, st.ntab, itab, icount, kernels.F16_TABLE, st.heads, st.eps,
-            rots, st.rot_sel, neox, st.windows, arena.k, arena.v, batch.slot, batch.pos,
-            np.float32(scale), np.float32(cap), arena.f16, batch.flash, gelu)
+            rots, st.rot_sel, neox, st.windows, arena.k, arena.v, slot, pos,
+            np.float32(scale), np.float32(cap), arena.f16, flash, gelu)
     pause = batch.pause
     stop = _NO_STOPS if pause is None else pause.flag
     n_layer, l0 = len(layers), 0
     while True:
-        bufs = st.buffers(n)  # (again after a pause: another batch may have carved them)
+        bufs = st.buffers(rows)  # (again after a pause: another batch may have carved them)
         x = (stack_team(x, *args, *bufs, stop, l0, n_layer, threads) if team
              else stack_alone(x, *args, *bufs, stop, l0, n_layer))
         if pause is None or stop[1] >= n_layer:
-            return x
+            return x[:n]
         l0 = int(stop[1])
         pause.run()
 
