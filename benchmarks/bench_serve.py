@@ -2,14 +2,17 @@
 (and llama.cpp's ``llama-server`` in the same run, when given), on loopback only.
 
     .venv/bin/python benchmarks/bench_serve.py [--model smollm2-135m] [--clients 1,2,4,8]
-        [--max-tokens 128] [-t 2] [--llama-server PATH] [--latency] [--json]
+        [--max-tokens 128] [-t 2] [-r 3] [--llama-server PATH] [--latency] [--json]
 
 For each N a server is started with N slots (``gguflm serve -np N -t T``; llama-server
 ``-np N -cb -t T -c N*1024``), N clients (the official ``openai`` client, one thread each)
 stream ``--max-tokens``-token completions of different prompts at temperature 0, all at
 once, and the script prints aggregate generated tokens/s (all tokens / wall time from the
-first request to the last token) and p50/p95 time to first token. Ratios to gguflm's N = 1
-and to llama-server at the same N follow.
+first request to the last token) and p50/p95 time to first token. ``-r`` such runs (new
+prompts each, so that no cache holds them) per server, as llama-bench repeats its tests:
+the run with the median tokens/s is shown, with the range (single runs of a few seconds
+swung 1.5x on shared machines). Ratios to gguflm's N = 1 and to llama-server at the same N
+follow.
 
 ``--latency`` adds the two latency bars of the serving issue: the time to first token of a
 request arriving while 7 others stream, against the same request on an idle server; and the
@@ -38,8 +41,14 @@ TOPICS = ["the sea", "a small town", "winter", "machines", "a garden", "the moon
           "a lighthouse", "clocks"]
 
 
+OPENINGS = ["Write a long story about", "Tell me a long tale about",
+            "Compose a long story about", "Narrate a long story about"]
+
+
 def prompt(i: int) -> str:
-    return f"Write a long story about {TOPICS[i % len(TOPICS)]}. Once upon a time,"
+    """Prompt i: each run of ``-r`` takes the next 16 (another opening: no shared start)."""
+    opening = OPENINGS[i // len(TOPICS) % len(OPENINGS)]
+    return f"{opening} {TOPICS[i % len(TOPICS)]}. Once upon a time,"
 
 
 class Server:
@@ -228,6 +237,8 @@ def main() -> int:
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-r", "--repetitions", type=int, default=3,
+                    help="runs per server; the median run's figures are shown")
     ap.add_argument("--llama-server", metavar="PATH", help="llama-server binary to compare")
     ap.add_argument("--latency", action="store_true", help="also the latency bars")
     ap.add_argument("--json", action="store_true")
@@ -249,7 +260,13 @@ def main() -> int:
                          env=dict(args.gguflm_env) if kind == "gguflm" else None)
             try:
                 run_clients(srv.url, args.model, 1, 8, offset=99)  # warm up
-                r = run_clients(srv.url, args.model, n, args.max_tokens)
+                runs = sorted((run_clients(srv.url, args.model, n, args.max_tokens,
+                                           offset=k * len(TOPICS))
+                               for k in range(max(1, args.repetitions))),
+                              key=lambda r: r["tokens_per_second"])
+                r = dict(runs[len(runs) // 2])
+                r["runs_tokens_per_second"] = [x["tokens_per_second"] for x in runs]
+                r["errors"] = [e for x in runs for e in x["errors"]]
                 r["rss_mib"] = srv.rss_mib()
                 if kind == "gguflm" and args.latency and n == max(ns):
                     results["latency"] = latency(srv.url, args.model)
@@ -258,8 +275,11 @@ def main() -> int:
             results[kind][n] = r
             if not args.json:
                 errors = f"  ERRORS: {r['errors']}" if r["errors"] else ""
-                print(f"{kind:12s} N={n}: {r['tokens_per_second']:7.1f} tokens/s aggregate "
-                      f"({r['tokens']} tokens in {r['seconds']:.1f} s), TTFT p50 "
+                spread = r["runs_tokens_per_second"]
+                runs_text = (f" (runs {spread[0]:.1f}-{spread[-1]:.1f})" if len(spread) > 1
+                             else "")
+                print(f"{kind:12s} N={n}: {r['tokens_per_second']:7.1f} tokens/s aggregate"
+                      f"{runs_text} ({r['tokens']} tokens in {r['seconds']:.1f} s), TTFT p50 "
                       f"{r['ttft_p50']:.2f} s p95 {r['ttft_p95']:.2f} s, RSS "
                       f"{r['rss_mib']:.0f} MiB{errors}", flush=True)
     g = results["gguflm"]

@@ -161,18 +161,29 @@ def test_qmatrix_real_model_embedding_and_output(smollm2_path) -> None:  # noqa:
         del wf, m, t
 
 
-def test_qmatrix_padded_rows_change_no_number(smollm2_path) -> None:  # noqa: ANN001
-    """QMatrix.matmul pads 6-7 rows past a multiple of 8 (then runs 1x8 tiles): each row's
-    products are still bit for bit that row's alone, into a given ``out`` too."""
+def test_qmatrix_padded_rows_and_paused_halves_change_no_number(smollm2_path,  # noqa: ANN001
+                                                                 monkeypatch) -> None:
+    """QMatrix.matmul pads 6-7 rows past a multiple of 8 (then runs 1x8 tiles) and, given a
+    pause, runs a big matrix in two halves with the pause run between them when its flag
+    is set: each row's products are still bit for bit that row's alone."""
+    from gguflm.model.batch import Pause
+    from gguflm.quant import matrix
+
     with gguf.open(smollm2_path) as f:
         m = QMatrix.from_tensor(f.tensors["token_embd.weight"])  # 49152 x 576 Q8_0
-        for n in (5, 6, 7, 15):
+        monkeypatch.setattr(matrix, "PAUSE_BYTES", m.nbytes // 2)
+        runs: list[int] = []
+        for n in (1, 5, 6, 7, 15):
             x = _x(n, m.shape[1], seed=20 + n)
             alone = np.concatenate([m.matmul(x[i:i + 1]) for i in range(n)])
             got = m.matmul(x)
             assert got.shape == (n, m.shape[0]) and got.flags.c_contiguous
             np.testing.assert_array_equal(got, alone)
             np.testing.assert_array_equal(m.matmul(x, np.empty_like(alone)), alone)
+            for flag in (0, 1):
+                pause = Pause(lambda: runs.append(1), np.array([flag, 0], np.int64))
+                np.testing.assert_array_equal(m.matmul(x, pause=pause), alone)
+        assert len(runs) == 5  # once per product whose flag was set
         del m
 
 

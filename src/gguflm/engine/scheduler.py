@@ -396,12 +396,14 @@ class Engine:
         if decoding or prefill_only:  # keep the running streams flowing: a bounded chunk
             budget = min(budget, chunk)
         self._add_prompts(prefilling, budget, parts, owners)
-        # while running streams decode, a newcomer may cut in between layers (_cut_in)
+        # while running streams decode and a slot is free, a newcomer may cut in (_cut_in)
         self._in_step = {s.index for s, _, _ in owners}
         self._cut_seconds = 0.0
         self._cut_done = False
+        free = any(s.seq is None for s in self.slots)
         try:
-            logits = self.model.forward_batch(parts, self._pause if decoding else None)
+            logits = self.model.forward_batch(parts, self._pause if decoding and free
+                                              else None)
         finally:
             self._in_step = set()
         self._settle(parts, owners, logits)

@@ -70,10 +70,11 @@ class Model:
         ``batch.out`` lists."""
         raise NotImplementedError
 
-    def head(self, x: np.ndarray) -> np.ndarray:
+    def head(self, x: np.ndarray, pause: Pause | None = None) -> np.ndarray:
         """Logits (rows, n_vocab) of final hidden states x (rows, n_embd): the output
-        projection (and whatever the architecture does after it)."""
-        return self.output.matmul(x)
+        projection (and whatever the architecture does after it); ``pause`` as
+        ``QMatrix.matmul`` takes it."""
+        return self.output.matmul(x, pause=pause)
 
     # -- the interface --------------------------------------------------------------------------
     def new_arena(self, n_ctx: int, n_slots: int = 1) -> KVArena:
@@ -109,7 +110,7 @@ class Model:
             x = x[batch.logit_rows]
         if not len(x):
             return np.zeros((0, self.config.n_vocab), np.float32)
-        return self.head(x)
+        return self.head(x, pause)
 
     def forward(self, ids: list[int] | np.ndarray, cache: KVCache,
                 all_logits: bool = False) -> np.ndarray:

@@ -48,11 +48,12 @@ def _rows(want: str, row: int, n: int) -> np.ndarray:
 @dataclass
 class Pause:
     """How a batch in flight lets other batches of its arena run inside its forward pass
-    (``Model.forward_batch``): ``run()`` is called before the output product and, where
-    the layers run as team calls (``team.run_stack``), between two layers when
-    ``flag[0]`` is nonzero then (any thread may set it; ``run`` clears it as it sees
-    fit). ``run`` may evaluate other sequences (``forward_batch`` without a pause), not
-    the paused batch's. ``flag[1]`` is where the team calls stopped."""
+    (``Model.forward_batch``): ``run()`` is called before the output product, and, when
+    ``flag[0]`` is nonzero there (any thread may set it; ``run`` clears it as it sees fit),
+    between two layers where they run as team calls (``team.run_stack``) and between the
+    halves of a big output product (``QMatrix.matmul``). ``run`` may evaluate other
+    sequences (``forward_batch`` without a pause), not the paused batch's. ``flag[1]`` is
+    where the team calls stopped."""
 
     run: Callable[[], None]
     flag: np.ndarray = field(default_factory=lambda: np.zeros(2, np.int64))

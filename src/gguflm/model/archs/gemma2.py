@@ -100,8 +100,9 @@ class Gemma2(Model):
                               cap=c.attn_softcap)
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
 
-    def head(self, x: np.ndarray) -> np.ndarray:
-        return ops.softcap(self.token_embd.matmul(x), self.config.final_softcap)  # (rows, n_vocab)
+    def head(self, x: np.ndarray, pause: Any = None) -> np.ndarray:
+        logits = self.token_embd.matmul(x, pause=pause)  # (rows, n_vocab)
+        return ops.softcap(logits, self.config.final_softcap)
 
     def layer_params(self, il: int, layer: Any) -> dict:
         """What varies by layer (``ops.decoder_stack``): local (sliding-window) layers

@@ -103,8 +103,8 @@ class Gemma3(Model):
                               rows=batch.out)  # only the wanted rows leave the last layer
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
 
-    def head(self, x: np.ndarray) -> np.ndarray:
-        logits = self.output.matmul(x)                        # (rows, n_vocab)
+    def head(self, x: np.ndarray, pause: Any = None) -> np.ndarray:
+        logits = self.output.matmul(x, pause=pause)           # (rows, n_vocab)
         if self.config.final_softcap > 0:
             logits = ops.softcap(logits, self.config.final_softcap)
         return logits

@@ -68,8 +68,8 @@ class Qwen2(Model):
                               rows=batch.out)  # only the wanted rows leave the last layer
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
 
-    def head(self, x: np.ndarray) -> np.ndarray:
-        return ops.linear(x, self.output, self.output_bias)  # (rows, n_vocab)
+    def head(self, x: np.ndarray, pause: Any = None) -> np.ndarray:
+        return ops.linear(x, self.output, self.output_bias, pause)  # (rows, n_vocab)
 
     def qk_norms(self, layer: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
         """Per-head RMSNorm weights of Q and K before RoPE: none here (a subclass's hook)."""
