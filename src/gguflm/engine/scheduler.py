@@ -81,6 +81,11 @@ class Slot:
     flash: bool = False
 
 
+def _prompt_left(slot: Slot) -> int:
+    """Prompt tokens of the slot's sequence not yet evaluated."""
+    return len(slot.seq.prompt_ids) - slot.seq.n_prompt_done
+
+
 @dataclass
 class Stats:
     """Totals since start (for /metrics)."""
@@ -381,8 +386,7 @@ class Engine:
         # decoding steps: its first token comes after that short step instead of after a
         # full batch step (the running streams wait one short step; never twice in a row)
         chunk = self._chunk()
-        quick = [s for s in prefilling
-                 if len(s.seq.prompt_ids) - s.seq.n_prompt_done <= chunk]
+        quick = [s for s in prefilling if _prompt_left(s) <= chunk]
         prefill_only = bool(decoding and quick and not self._prefill_only)
         self._prefill_only = prefill_only
         if prefill_only:
@@ -486,7 +490,7 @@ class Engine:
         quick = sorted((s for s in self.slots
                         if s.seq is not None and s.index not in self._in_step
                         and s.seq.state == PREFILL and not s.seq.cancelled
-                        and len(s.seq.prompt_ids) - s.seq.n_prompt_done <= chunk),
+                        and _prompt_left(s) <= chunk),
                        key=lambda s: s.seq.timings.started)
         if quick:
             self._cut_done = True

@@ -22,7 +22,7 @@ def linear(x: np.ndarray, w: Any, b: np.ndarray | None = None, pause: Any = None
            ) -> np.ndarray:
     """x (T, d_in) @ W.T (+ b) -> (T, d_out); W a QMatrix (d_out, d_in), b (d_out,) or None;
     ``pause`` as ``QMatrix.matmul`` takes it."""
-    y = w.matmul(x) if pause is None else w.matmul(x, pause=pause)
+    y = w.matmul(x, pause=pause)
     if b is not None:
         y += b
     return y

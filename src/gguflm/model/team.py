@@ -481,7 +481,7 @@ def run_stack(x: np.ndarray, layers: list, batch: Any, config: Any, ropes: tuple
     if n > MAX_ROWS or not layers:
         return None
     st = _stack(layers, params, config, (neox, float(scale), float(cap), gelu))
-    rows = n + (8 - n % 8 if n % 8 >= matrix.PAD_ROWS_FROM else 0)
+    rows = matrix.padded_rows(n)
     if st is None or rows * st.row_bytes > MAX_BYTES:
         return None
     x = np.ascontiguousarray(x, dtype=np.float32)

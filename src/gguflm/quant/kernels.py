@@ -266,13 +266,12 @@ class _Gen:
         half's 64-bit lanes shifted right by 4 (``vpsrlvq``; a byte then holds its own
         high nibble below the next byte's low one) and all masked: two operations, not
         four (two masks, a shift, the halves joined)."""
+        v = self.vload(ptr, off, 16)
         if SIMD != "generic":
-            v = self.vload(ptr, off, 16)
             both = self.b.shuffle_vector(v, v, _CAT_SAME)
             q = self.b.lshr(self.b.bitcast(both, _vt(_I64, 4)),
                             ir.Constant(_vt(_I64, 4), [0, 0, 4, 4]))
             return self.b.and_(self.b.bitcast(q, _vt(_I8, 32)), self.splat8(15, 32))
-        v = self.vload(ptr, off, 16)
         lo = self.b.and_(v, self.splat8(15, 16))
         hi = self.b.lshr(v, self.splat8(4, 16))
         return self.b.shuffle_vector(lo, hi, _CAT)

@@ -84,10 +84,10 @@ class QMatrix:
         n = x.shape[0]
         res = out
         if res is None:
-            pad = 8 - n % 8 if n % 8 >= PAD_ROWS_FROM and self._fast is _quantized_kernel else 0
-            if pad:
-                x = np.concatenate((x, np.repeat(x[-1:], pad, axis=0)))
-            res = np.empty((n + pad, self.shape[0]), dtype=np.float32)
+            rows = padded_rows(n) if self._fast is _quantized_kernel else n
+            if rows > n:
+                x = np.concatenate((x, np.repeat(x[-1:], rows - n, axis=0)))
+            res = np.empty((rows, self.shape[0]), dtype=np.float32)
         if n == 0:
             return res
         if self._round is not None:  # ggml converts x to the weight's type first
@@ -165,6 +165,11 @@ PAUSE_BYTES = 64 << 20
 # (``QMatrix.matmul``): they then run as 1x8 tiles instead of a 1x4 tile and 1x1 passes,
 # or, for a big matrix, a stream. Gemma 3's output product at 7 rows: 21.7 ms, at 8: 16.2.
 PAD_ROWS_FROM = 6
+
+
+def padded_rows(n: int) -> int:
+    """The rows a product of n activation rows runs with (see PAD_ROWS_FROM)."""
+    return n + 8 - n % 8 if n % 8 >= PAD_ROWS_FROM else n
 
 # Below this many multiply-adds a product runs on one thread: waking the pool costs more
 # (much less when its workers spin: entry_point_defaults(owns_cores=True))
