@@ -1,9 +1,10 @@
-"""The compiled layer blocks (model/blocks.py) against the ops they replace, step by step.
+"""The compiled layer blocks (model/blocks.py) against the reference forward they replace.
 
-A model runs its attention and FFN through one compiled call each when its weights allow
-(``matrix.layer_plan``), else op by op; the logits must be bit-identical either way, for
-every architecture, in a prefill, in decode steps and in a batch of two sequences. The
-step-by-step path is forced by making ``layer_plan`` find no plan.
+A model's layers run compiled when the planner can compile them (``executor.plan``), else
+through the reference forward (``reference.py``), op by op; the logits must be
+bit-identical either way, for every architecture (fused tensors and biases included), in a
+prefill, in decode steps and in a batch of two sequences. The reference path is forced by
+giving the model a plan that says so.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import pytest
 
 import gguflm
 from gguflm.gguf.types import GGMLType
-from gguflm.model import blocks, ops
+from gguflm.model import blocks, executor, ops
 from gguflm.model.batch import ALL, Part
-from gguflm.quant import kernels, matrix
+from gguflm.quant import kernels
 from tinymodel import declared_tensors, random_tensors, tiny_metadata, write_model
 
 # the tiny models' extra metadata (as in test_archs: windows, soft-caps, partial RoPE)
@@ -55,46 +56,63 @@ def _run(model, steps: int = 3) -> np.ndarray:
     return np.concatenate(out)
 
 
-def _step_by_step(monkeypatch: pytest.MonkeyPatch, model) -> np.ndarray:
+def _reference(monkeypatch: pytest.MonkeyPatch, model) -> np.ndarray:
     with monkeypatch.context() as m:
-        m.setattr(matrix, "layer_plan", lambda layer, groups: None)
+        m.setattr(model, "plan", executor.Plan(None, None, "forced by the test"))
         return _run(model)
 
 
+# every bias a llama.cpp graph of these architectures may load, on every product
+BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "ffn_gate.bias",
+          "ffn_up.bias", "ffn_down.bias", "attn_qkv.bias")
+
+
 @pytest.mark.parametrize("arch", list(TINY))
-def test_blocks_match_the_ops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                              arch: str) -> None:
+def test_blocks_match_the_reference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    arch: str) -> None:
     md = tiny_metadata(arch, **TINY[arch])
     model = gguflm.load_model(write_model(tmp_path / "m.gguf", md, random_tensors(md),
                                           _quantized(md)))
-    layer = model.layers[0]
-    assert matrix.layer_plan(layer, matrix.ATTENTION_GROUPS) is not None
-    # phi3 has gate and up in one tensor: its FFN runs op by op
-    assert (matrix.layer_plan(layer, matrix.FFN_GROUPS) is not None) == (arch != "phi3")
+    assert model.plan.compiled, model.plan.describe()  # phi3's fused tensors included
     got = _run(model)
     assert np.isfinite(got).all()
-    np.testing.assert_array_equal(got, _step_by_step(monkeypatch, model))
+    np.testing.assert_array_equal(got, _reference(monkeypatch, model))
 
 
-def test_no_block_with_biases_or_float_weights(tmp_path: Path) -> None:
-    """Biases and F16 weights have no block: those layers run op by op."""
-    md = tiny_metadata("qwen2")
-    tensors = random_tensors(md, with_optional=("attn_q.bias", "attn_k.bias", "attn_v.bias"))
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_biases_run_compiled_and_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       arch: str) -> None:
+    """Q/K/V (Qwen2) and every other product's biases (Llama's optional ones) take the
+    compiled path, with the reference's numbers, and they change the logits."""
+    md = tiny_metadata(arch)
+    optional = BIASES[:3] if arch == "qwen2" else BIASES[:7]
+    tensors = random_tensors(md, with_optional=optional)
     model = gguflm.load_model(write_model(tmp_path / "b.gguf", md, tensors, _quantized(md)))
-    assert matrix.layer_plan(model.layers[0], matrix.ATTENTION_GROUPS) is None
-    assert matrix.layer_plan(model.layers[0], matrix.FFN_GROUPS) is not None
+    assert model.plan.compiled, model.plan.describe()
+    assert model.blocks[0].attn.q.b is not None
+    got = _run(model)
+    np.testing.assert_array_equal(got, _reference(monkeypatch, model))
+    plain = gguflm.load_model(write_model(tmp_path / "p.gguf", md, random_tensors(md),
+                                          _quantized(md)))
+    assert not np.allclose(got, _run(plain), atol=1e-3)
+
+
+def test_float_weights_take_the_reference_path_and_say_why(tmp_path: Path) -> None:
+    md = tiny_metadata("qwen2")
     f16 = {n: GGMLType.F16 for n in _quantized(md)}
     model = gguflm.load_model(write_model(tmp_path / "f.gguf", md, random_tensors(md), f16))
-    assert matrix.layer_plan(model.layers[0], matrix.FFN_GROUPS) is None
+    assert not model.plan.compiled
+    assert "blk.0.attn_q.weight" in model.plan.describe()
+    assert "F16" in model.plan.describe()
 
 
 @pytest.mark.parametrize("which", ["smollm2", "gemma3"])
-def test_blocks_match_the_ops_on_real_models(request: pytest.FixtureRequest,
+def test_blocks_match_the_reference_on_real_models(request: pytest.FixtureRequest,
                                              monkeypatch: pytest.MonkeyPatch,
                                              which: str) -> None:
     model = gguflm.load_model(request.getfixturevalue(f"{which}_path"))
-    assert matrix.layer_plan(model.layers[0], matrix.ATTENTION_GROUPS) is not None
-    np.testing.assert_array_equal(_run(model), _step_by_step(monkeypatch, model))
+    assert model.plan.compiled and model.plan.stack is not None, model.plan.describe()
+    np.testing.assert_array_equal(_run(model), _reference(monkeypatch, model))
 
 
 def test_swiglu_is_ggml_silu_times_up() -> None:

@@ -208,3 +208,29 @@ def test_edit_refuses_in_place(capsys, tmp_path: Path, reference: Path) -> None:
         code, _, err = run(capsys, "edit", copy, "--set", "a=1", "-o", target)
         assert code == 1 and "in place" in err
     assert copy.read_bytes() == before
+
+
+# the architectures' tiny reference models (F16) and the two real models (quantized)
+_PATH_MODELS = {"llama": "tiny-llama-f16/tiny-llama-f16.gguf",
+                "qwen2": "arch/qwen2/tiny-qwen2-f16.gguf",
+                "qwen3": "arch/qwen3/tiny-qwen3-f16.gguf",
+                "phi3": "arch/phi3/tiny-phi3-f16.gguf",
+                "gemma2": "arch/gemma2/tiny-gemma2-f16.gguf"}
+
+
+@pytest.mark.parametrize("arch", [*_PATH_MODELS, "smollm2-135m", "gemma3-270m"])
+def test_inspect_says_every_architecture_runs_compiled(capsys, reference: Path,
+                                                       arch: str) -> None:
+    """`inspect` shows the path the layers take (text and JSON), and for each of the six
+    architectures it is the compiled one: fused tensors, biases, Q/K norms, post norms,
+    windows, soft-caps, both GLU kinds and F16 weights included."""
+    model = reference / _PATH_MODELS[arch] if arch in _PATH_MODELS else arch
+    if isinstance(model, Path) and not model.exists():
+        pytest.skip(f"{model} is not in the reference data")
+    code, out, _ = run(capsys, "inspect", model)
+    assert code == 0
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("layers run"))
+    assert "compiled (team for decoding" in line, line
+    code, out, _ = run(capsys, "inspect", model, "--json")
+    path = json.loads(out)["summary"]["layers_path"]
+    assert path["compiled"] is True, path

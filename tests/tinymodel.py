@@ -18,6 +18,7 @@ from gguflm.gguf.writer import GGUFWriter
 from gguflm.model import archs
 from gguflm.model.config import ModelConfig
 from gguflm.model.weights import Weights
+from gguflm.quant.matrix import QMatrix
 
 
 def tiny_metadata(arch: str, **overrides: Any) -> dict[str, Any]:
@@ -47,7 +48,8 @@ def tiny_metadata(arch: str, **overrides: Any) -> dict[str, Any]:
 
 
 class _Recorder(Weights):
-    """Answers every request with a placeholder (None for optional tensors) and notes it."""
+    """Answers every request with zeros of its shape (None for optional tensors) and notes
+    it."""
 
     def __init__(self, arch: str) -> None:
         self.arch = arch
@@ -59,7 +61,10 @@ class _Recorder(Weights):
 
     def get(self, name: str, shape: tuple[int, ...], *, optional: bool = False) -> Any:
         self.requests[name] = (tuple(shape), optional)
-        return None if optional else object()
+        if optional:
+            return None
+        zeros = np.zeros(shape, np.float32)  # the architecture builds its layer specs of them
+        return QMatrix(GGMLType.F32, zeros, shape, name) if len(shape) == 2 else zeros
 
 
 def declared_tensors(metadata: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], bool]]:

@@ -208,7 +208,15 @@ def load_model(name: str, threads: int | None = None,
     t0 = time.perf_counter()
     model = load(path, **(options or {}))
     tokenizer = Tokenizer.from_gguf(model.gguf)
+    say_if_not_compiled(model)
     return Loaded(path, model, tokenizer, time.perf_counter() - t0)
+
+
+def say_if_not_compiled(model: Any) -> None:
+    """A ``note:`` on stderr when the model's layers cannot run compiled, with the reason
+    (``executor.Plan``): a slower path is never taken silently."""
+    if not model.plan.compiled:
+        print(f"note: the layers run on the {model.plan.describe()}", file=sys.stderr)
 
 
 def warm_up(model: Any) -> float:

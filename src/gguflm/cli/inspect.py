@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         summary = summarize(f)
         summary["architecture_supported"] = _supported(summary["architecture"])
         summary["ignored_keys"] = _ignored_keys(summary["architecture"])
+        summary["layers_path"] = _layers_path(f) if summary["architecture_supported"] else None
         if args.json:
             _print_json(f, summary, args.query, args)
         else:
@@ -168,6 +169,19 @@ def _supported(arch: Any) -> bool | None:
     return arch in archs.supported()
 
 
+def _layers_path(f: Any) -> dict[str, Any]:
+    """How gguflm runs the file's layers: ``{"compiled": bool, "detail": one line}``
+    (``executor.Plan.describe``), or ``compiled`` None with the reason it does not load."""
+    from ..gguf.errors import GGUFError
+    from ..model import from_gguf
+
+    try:
+        plan = from_gguf(f).plan
+    except (GGUFError, ValueError) as e:
+        return {"compiled": None, "detail": f"does not load: {e}"}
+    return {"compiled": plan.compiled, "detail": plan.describe()}
+
+
 def _ignored_keys(arch: Any) -> list[str]:
     """Metadata keys (without the ``{arch}.`` prefix) that the architecture's implementation
     ignores, as llama.cpp does (e.g. Phi-3's sliding window): its ``ignored_keys``."""
@@ -233,6 +247,8 @@ def _summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("vocab size", val(s["vocab_size"])),
         ("tokenizer", f"{val(s['tokenizer_model'])} (pre: {val(s['tokenizer_pre'])})"),
     ]
+    if s.get("layers_path") is not None:
+        rows.append(("layers run", s["layers_path"]["detail"]))
     special = s["special_tokens"]
     toks = [f"{k} {v['id']}" + (f" {v['token']!r}" if v["token"] is not None else "")
             for k, v in special.items()]

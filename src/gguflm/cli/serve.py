@@ -16,6 +16,7 @@ from .common import (
     load_options,
     positive_int,
     say_if_compiling,
+    say_if_not_compiled,
 )
 
 
@@ -114,6 +115,7 @@ def load_llm(args: argparse.Namespace, parallel: int | None = None,  # noqa: ANN
         raise CLIError(str(e)) from None
     if args.model in KNOWN_MODELS:
         llm.model_id = args.model  # the name the user gave, as clients will see it
+    say_if_not_compiled(llm.model)
     say_if_compiling()
     llm.warm_up()  # the first request should not pay for loading the kernels
     return llm

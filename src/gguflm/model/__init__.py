@@ -52,12 +52,9 @@ def from_gguf(gguf: GGUFFile, kv_overrides: Mapping[str, Any] | None = None,
         raise GGUFError("the file has no tensors: a vocabulary-only file, not a model",
                         path=gguf.path)
     try:
-        model = archs.get(arch).from_gguf(gguf)
+        return archs.get(arch).from_gguf(gguf, rope_style)
     except GGUFError as e:
         raise e.with_path(gguf.path) from None
-    if rope_style is not None:
-        model.rope_style = rope_style
-    return model
 
 
 def load_model(path: str | os.PathLike[str], kv_overrides: Mapping[str, Any] | None = None,

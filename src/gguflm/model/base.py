@@ -2,8 +2,11 @@
 
 An architecture subclasses ``Model`` and provides, in its own file: ``config_class`` (a
 ``ModelConfig`` subclass when it reads extra keys), ``load_tensors`` (declares its tensors
-and their shapes), ``_forward`` (one batch through the network up to the final norm),
-``head`` (the output projection) and ``rope_style`` (how RoPE pairs a head's dimensions).
+and their shapes, and builds ``blocks``: one typed layer spec per layer, ``layer.Block``),
+``_forward`` (one batch through the network up to the final norm, the layers through
+``run_layers``), ``head`` (the output projection) and ``rope_style`` (how RoPE pairs a
+head's dimensions). The layers' plan (``executor.plan``: compiled, or why not) is made
+once here, after ``load_tensors``.
 This class does the rest: checking ids, splitting long batches, advancing the caches, and
 handing out the final hidden states (for embeddings) and the logits each sequence asked for.
 A batch may hold several sequences (``forward_batch``); ``forward`` is the one-sequence case.
@@ -14,11 +17,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..gguf.reader import GGUFFile
-from . import ops
+from . import executor, ops
 from .batch import ALL, LAST, NONE, Batch, Part, Pause
 from .config import ModelConfig
 from .kv_cache import KVArena, KVCache
-from .weights import Weights
+from .layer import Attention, Block, glu, linear, qkv
+from .weights import Layer, Weights
 
 # Tokens per forward batch: long prompts are split so the (heads, T, S) attention scores
 # stay small (llama.cpp's n_ubatch is 512 too).
@@ -37,6 +41,8 @@ class Model:
     """
 
     config_class: type[ModelConfig] = ModelConfig
+    blocks: list[Block]      # the layers' specs (``load_tensors``)
+    plan: executor.Plan      # how they run (``from_gguf``)
     kv_f16: bool = True
     # how the architecture pairs dimensions for RoPE; an instance may override it (a file
     # converted for the other pairing: ``load_model(..., rope_style=...)``)
@@ -47,15 +53,20 @@ class Model:
         self.config = config
 
     @classmethod
-    def from_gguf(cls, gguf: GGUFFile) -> Model:
-        """Read the config, load and check every tensor (errors name the key or tensor)."""
+    def from_gguf(cls, gguf: GGUFFile, rope_style: str | None = None) -> Model:
+        """Read the config, load and check every tensor (errors name the key or tensor),
+        and plan how the layers run. ``rope_style`` replaces the architecture's RoPE
+        pairing (``load_model``)."""
         embd = gguf.tensors.get("token_embd.weight")
         fallback = embd.np_shape[0] if embd is not None and len(embd.shape) == 2 else 0
         config = cls.config_class.from_metadata(gguf.metadata, n_vocab_fallback=fallback)
         model = cls(gguf, config)
+        if rope_style is not None:
+            model.rope_style = rope_style
         weights = Weights(gguf, config.arch)
         model.load_tensors(weights)
         weights.check_all_used()
+        model.plan = executor.plan(model.blocks)
         return model
 
     # -- what an architecture provides ----------------------------------------------------------
@@ -69,6 +80,29 @@ class Model:
         caller); return the final normed hidden states (len(batch.out), n_embd) of the rows
         ``batch.out`` lists."""
         raise NotImplementedError
+
+    def dense_block(self, layer: Layer, act: str, *, attn_post_norm: np.ndarray | None = None,
+                    ffn_post_norm: np.ndarray | None = None, **attn: object) -> Block:
+        """The spec of a pre-norm layer (``attn_norm``, Q/K/V fused or not, ``attn_output``,
+        ``ffn_norm``, a GLU FFN with gate and up fused or not, biases where the file has
+        them; post norms when given), from the config's head counts and sizes and this
+        model's RoPE pairing; ``attn`` sets or overrides ``Attention`` fields (scale:
+        1/sqrt(head_dim))."""
+        c = self.config
+        q, k, v = qkv(layer, c.n_embd_q, c.n_embd_k, c.n_embd_v)
+        fields = {"scale": 1.0 / float(np.sqrt(c.head_dim)), "neox": self.rope_style == "neox",
+                  **attn}
+        return Block(layer.attn_norm,
+                     Attention(q, k, v, linear(layer, "attn_output"), c.n_head, c.n_head_kv,
+                               c.head_dim, c.head_dim_v, **fields),
+                     layer.ffn_norm, glu(layer, act), c.norm_eps, attn_post_norm,
+                     ffn_post_norm)
+
+    def run_layers(self, x: np.ndarray, batch: Batch, ropes: tuple[np.ndarray, ...]
+                   ) -> np.ndarray:
+        """Every layer over x (T, n_embd) as the plan says; only the rows ``batch.out``
+        lists leave the last layer -> (len(batch.out), n_embd)."""
+        return executor.run(self.plan, self.blocks, x, batch, ropes, rows=batch.out)
 
     def head(self, x: np.ndarray, pause: Pause | None = None) -> np.ndarray:
         """Logits (rows, n_vocab) of final hidden states x (rows, n_embd): the output

@@ -22,6 +22,7 @@ batch-invariance rule holds.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from gguflm.quant.kernels import geglu, qmatmul_par, qmatmul_serial, swiglu
 
 from . import attention as _attention
 from .attention import _attend_par, _attend_serial
+from .layer import Block, Linear
 from .rowkernels import rmsnorm_rows, rope_rows
 
 
@@ -65,15 +67,25 @@ def qk_heads(q, k, q_norm, k_norm, eps, rot, neox, heads):  # noqa: ANN001, ANN2
     return q3, k3
 
 
+@njit(cache=True, nogil=True, inline="always")
+def add_bias(y, b):  # noqa: ANN001, ANN201
+    """y (T, n) f32 += b (n,) f32 in place, as numpy adds it; b empty: nothing."""
+    if b.shape[0]:
+        for t in range(y.shape[0]):
+            for i in range(y.shape[1]):
+                y[t, i] += b[i]
+
+
 @njit(cache=True, nogil=True)
-def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, gelu, post_norm, par_gu,  # noqa: ANN001, ANN201
-              par_d, threads):
+def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, gelu, post_norm, par_gu,  # noqa: ANN001, ANN201, PLR0913
+              par_d, threads, b_gate, b_up, b_down):
     """x (T, n_embd) f32 -> (T, n_embd) f32: ``down(glu(gate(h), up(h)))`` with
     ``h = rmsnorm(x) * norm_w``. ``ws_gu``/``kinds_gu``: the gate and up weights (R, row
     bytes) u8 and ggml type ids, padded as ``kernels.pad_products`` pads them; ``ws_d``/
     ``kinds_d`` the down weight likewise; ``gelu``: GeGLU, else SwiGLU; ``post_norm``
     (n_embd,) f32 or empty: the output RMS-normalized times it (Gemma's post-FFN norm);
-    ``par_*``: whether each product runs on ``threads`` threads."""
+    ``par_*``: whether each product runs on ``threads`` threads; ``b_*`` each product's
+    bias (its rows,) f32, or empty."""
     n = x.shape[0]
     h = np.empty_like(x)
     rmsnorm_rows(x, norm_w, eps, h)
@@ -81,6 +93,8 @@ def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, gelu, post_no
     g = np.empty((n, n_ff), np.float32)
     u = np.empty((n, n_ff), np.float32)
     _products(kinds_gu, ws_gu, h, tbl, (g, u, g), 2, par_gu, threads)
+    add_bias(g, b_gate)
+    add_bias(u, b_up)
     act = np.empty((n, n_ff), np.float32)  # not in place: an aliased loop runs unvectorized
     if gelu:
         geglu(g, u, act)
@@ -88,6 +102,7 @@ def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, gelu, post_no
         swiglu(g, u, act)
     out = np.empty((n, ws_d[0].shape[0]), np.float32)
     _products(kinds_d, ws_d, act, tbl, (out, out, out), 1, par_d, threads)
+    add_bias(out, b_down)
     if post_norm.shape[0]:
         rmsnorm_rows(out, post_norm, eps, out)
     return out
@@ -96,15 +111,16 @@ def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, gelu, post_no
 @njit(cache=True, nogil=True)
 def attention_block(x, norm_w, eps, kinds_qkv, ws_qkv, kinds_o, ws_o, tbl, heads, q_norm,  # noqa: ANN001, ANN201, PLR0913
                     k_norm, rot, neox, kt, v, slot, pos, window, scale, cap, f16, flash,
-                    post_norm, par, threads):
-    """x (T, n_embd) f32 -> (T, n_embd) f32: ``ops.normed_attention``'s steps. ``ws_qkv``/
-    ``kinds_qkv`` the Q, K, V weights and type ids, ``ws_o``/``kinds_o`` the output's
-    (padded as ``kernels.pad_products`` pads them); ``heads`` (H, H_kv, d, d_v);
-    ``q_norm``/``k_norm`` (d,) f32 or empty (none); ``rot`` (T, n_rot/2) c64; ``kt``, ``v``,
-    ``slot``, ``pos``, ``window``, ``scale``, ``cap``, ``f16``, ``flash`` as
+                    post_norm, par, threads, b_q, b_k, b_v, b_o):
+    """x (T, n_embd) f32 -> (T, n_embd) f32: ``reference.attention``'s steps behind the
+    norm. ``ws_qkv``/``kinds_qkv`` the Q, K, V weights and type ids, ``ws_o``/``kinds_o``
+    the output's (padded as ``kernels.pad_products`` pads them); ``heads`` (H, H_kv, d,
+    d_v); ``q_norm``/``k_norm`` (d,) f32 or empty (none); ``rot`` (T, n_rot/2) c64; ``kt``,
+    ``v``, ``slot``, ``pos``, ``window``, ``scale``, ``cap``, ``f16``, ``flash`` as
     ``attention.attend`` takes them; ``post_norm`` (n_embd,) f32 or empty: the output
     RMS-normalized times it (Gemma's post-attention norm); ``par`` whether the QKV
-    products, the attention and the output product run on ``threads`` threads."""
+    products, the attention and the output product run on ``threads`` threads; ``b_*``
+    each product's bias, or empty (added before the Q/K norms and RoPE, as llama.cpp)."""
     n = x.shape[0]
     n_head, n_kv, d, dv = heads
     h = np.empty_like(x)
@@ -113,6 +129,9 @@ def attention_block(x, norm_w, eps, kinds_qkv, ws_qkv, kinds_o, ws_o, tbl, heads
     k = np.empty((n, n_kv * d), np.float32)
     vv = np.empty((n, n_kv * dv), np.float32)
     _products(kinds_qkv, ws_qkv, h, tbl, (q, k, vv), 3, par[0], threads)
+    add_bias(q, b_q)
+    add_bias(k, b_k)
+    add_bias(vv, b_v)
     q3, k3 = qk_heads(q, k, q_norm, k_norm, eps, rot, neox, heads)
     a = np.empty((n, n_head, dv), np.float32)
     v3 = vv.reshape((n, n_kv, dv))
@@ -123,86 +142,114 @@ def attention_block(x, norm_w, eps, kinds_qkv, ws_qkv, kinds_o, ws_o, tbl, heads
     out = np.empty((n, ws_o[0].shape[0]), np.float32)
     _products(kinds_o, ws_o, a.reshape((n, n_head * dv)), tbl, (out, out, out), 1, par[2],
               threads)
+    add_bias(out, b_o)
     if post_norm.shape[0]:
         rmsnorm_rows(out, post_norm, eps, out)
     return out
 
 
-_NO_NORM = kernels.read_only(np.zeros(0, np.float32))
+_NONE = kernels.read_only(np.zeros(0, np.float32))
 
 
-def _norm(w: np.ndarray | None) -> np.ndarray:
-    """A norm's weight for a block: float32 and read-only (as a file's weights are: one
-    compiled signature whether the model came from a file or not), or an empty array for
-    none."""
-    return _NO_NORM if w is None else kernels.read_only(np.ascontiguousarray(w, np.float32))
+def vector(w: np.ndarray | None) -> np.ndarray:
+    """A norm weight or bias as the compiled code takes it: float32 and read-only (as a
+    file's weights are: one compiled signature whether the model came from a file or not),
+    or an empty array for none."""
+    return _NONE if w is None else kernels.read_only(np.ascontiguousarray(w, np.float32))
 
 
-def attention(x: np.ndarray, norm_w: np.ndarray, eps: float, layer: Any, plan: Any,
-              batch: Any, il: int, config: Any, rot: np.ndarray, neox: bool, scale: float,
-              q_norm: np.ndarray | None, k_norm: np.ndarray | None, cap: float,
-              window: int, post_norm: np.ndarray | None) -> np.ndarray:
-    """``attention_block`` for x (T, n_embd) with the weights of ``plan`` (``matrix.
-    layer_plan(layer, ATTENTION_GROUPS)``), in layer ``il`` of ``batch``'s caches; each
+@dataclass(frozen=True, eq=False)
+class Group:
+    """Products of one input that share a call: type ids and weights padded as
+    ``kernels.pad_products`` pads them, their biases (``vector``), and the multiply-adds
+    per activation row."""
+
+    kinds: np.ndarray
+    ws: tuple[np.ndarray, ...]
+    biases: tuple[np.ndarray, ...]
+    macs: int
+
+
+def group(lins: tuple[Linear, ...]) -> Group:
+    """The ``Group`` of these products (the planner checked they can share a call)."""
+    kinds, ws = kernels.pad_products([lin.w._kind for lin in lins],
+                                     [kernels.read_only(lin.w.raw) for lin in lins])
+    return Group(kinds, ws, tuple(vector(lin.b) for lin in lins),
+                 sum(lin.w.shape[0] for lin in lins) * lins[0].w.shape[1])
+
+
+@dataclass(frozen=True, eq=False)
+class LayerArgs:
+    """What one layer's two blocks take that stays the same from call to call: worked out
+    once by the planner (``executor.plan``)."""
+
+    qkv: Group
+    out: Group
+    gate_up: Group
+    down: Group
+    norms: tuple[np.ndarray, ...]  # attn, Q heads, K heads, post-attn, FFN, post-FFN
+    eps: np.float32
+    scale: np.float32
+    cap: np.float32
+    heads: tuple[int, int, int, int]
+    head_macs: int  # attention's multiply-adds per row and cached position
+
+
+def layer_args(b: Block) -> LayerArgs:
+    """``LayerArgs`` of a layer whose products all have integer kernels."""
+    a, f = b.attn, b.ffn
+    return LayerArgs(
+        group((a.q, a.k, a.v)), group((a.o,)), group((f.gate, f.up)), group((f.down,)),
+        tuple(vector(w) for w in (b.attn_norm, a.q_norm, a.k_norm, b.attn_post_norm,
+                                  b.ffn_norm, b.ffn_post_norm)),
+        np.float32(b.eps), np.float32(a.scale), np.float32(a.softcap),
+        (a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v),
+        a.n_head * (a.head_dim + a.head_dim_v))
+
+
+def attention(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
+              rot: np.ndarray) -> np.ndarray:
+    """``attention_block`` for x (T, n_embd) in layer ``il`` of ``batch``'s caches; each
     part on all threads from the separate ops' thresholds."""
-    (kinds_qkv, ws_qkv, macs_qkv), (kinds_o, ws_o, macs_o) = plan
-    c = config
-    norms, fixed = _fixed(layer, (norm_w, q_norm, k_norm, post_norm), (eps, scale, cap), lambda: (
-        (_norm(norm_w), _norm(q_norm), _norm(k_norm), _norm(post_norm)),
-        (np.float32(eps), np.float32(scale), np.float32(cap),
-         (c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v),
-         c.n_head * (c.head_dim + c.head_dim_v))))
-    eps32, scale32, cap32, heads, head_macs = fixed
     x = np.ascontiguousarray(x, dtype=np.float32)
     n = len(x)
     lim = matrix.PARALLEL_MIN_MACS
     arena = batch.arena
     _check_build()
-    par = (n * macs_qkv >= lim,
-           _attention.runs_parallel(n, c.n_head_kv, n * head_macs * batch.span),
-           n * macs_o >= lim)
+    par = (n * la.qkv.macs >= lim,
+           _attention.runs_parallel(n, la.heads[1], n * la.head_macs * batch.span),
+           n * la.out.macs >= lim)
+    bq, bk, bv = la.qkv.biases
     return attention_block(
-        x, norms[0], eps32, kinds_qkv, ws_qkv, kinds_o, ws_o, kernels.F16_TABLE, heads,
-        norms[1], norms[2], np.ascontiguousarray(rot, dtype=np.complex64), neox,
-        arena.k[il], arena.v[il], batch.slot, batch.pos, int(window), scale32, cap32,
-        arena.f16, batch.flash, norms[3], par, matrix.threads())
+        x, la.norms[0], la.eps, la.qkv.kinds, la.qkv.ws, la.out.kinds, la.out.ws,
+        kernels.F16_TABLE, la.heads, la.norms[1], la.norms[2],
+        np.ascontiguousarray(rot, dtype=np.complex64), b.attn.neox, arena.k[il], arena.v[il],
+        batch.slot, batch.pos, int(b.attn.window), la.scale, la.cap, arena.f16, batch.flash,
+        la.norms[3], par, matrix.threads(), bq, bk, bv, la.out.biases[0])
 
 
-def ffn(x: np.ndarray, norm_w: np.ndarray, eps: float, layer: Any, plan: Any, gelu: bool,
-        post_norm: np.ndarray | None) -> np.ndarray:
-    """``ffn_block`` for x (T, n_embd) with the weights of ``plan`` (``matrix.layer_plan(
-    layer, FFN_GROUPS)``); each product on all threads from ``matrix.PARALLEL_MIN_MACS``
-    multiply-adds, as the separate products decide."""
-    (kinds_gu, ws_gu, macs_gu), (kinds_d, ws_d, macs_d) = plan
-    norms, eps32 = _fixed(layer, (norm_w, post_norm), (eps,), lambda: (
-        (_norm(norm_w), _norm(post_norm)), np.float32(eps)))
+def ffn(x: np.ndarray, b: Block, la: LayerArgs) -> np.ndarray:
+    """``ffn_block`` for x (T, n_embd); each product on all threads from
+    ``matrix.PARALLEL_MIN_MACS`` multiply-adds, as the separate products decide."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     n = len(x)
     lim = matrix.PARALLEL_MIN_MACS
     _check_build()
-    return ffn_block(x, norms[0], eps32, kinds_gu, ws_gu, kinds_d, ws_d, kernels.F16_TABLE,
-                     gelu, norms[1], n * macs_gu >= lim, n * macs_d >= lim, matrix.threads())
+    bg, bu = la.gate_up.biases
+    return ffn_block(x, la.norms[4], la.eps, la.gate_up.kinds, la.gate_up.ws, la.down.kinds,
+                     la.down.ws, kernels.F16_TABLE, b.ffn.act == "gelu", la.norms[5],
+                     n * la.gate_up.macs >= lim, n * la.down.macs >= lim, matrix.threads(),
+                     bg, bu, la.down.biases[0])
 
 
-_FIXED_KEPT = 8  # entries per layer: a caller passing new arrays each time stays bounded
-
-
-def _fixed(layer: Any, arrays: tuple, values: tuple, make: Any) -> Any:
-    """``make()``: a block's arguments that stay the same from token to token (the norm
-    weights as the kernel takes them, float32 scalars), worked out once per layer and kept
-    on it. Each token asks for them in every layer: making them took about 4 of the 8
-    microseconds of Python time in an attention block's call, looking them up here takes
-    2. Keyed by the arrays' identity (the entry holds them, so an identity cannot be reused
-    while it is kept) and the values. The norm weights of a model are float32 (a view of
-    them is kept: an edit in place is still seen)."""
-    kept = layer.__dict__.setdefault("_block_args", {})
-    key = (tuple(map(id, arrays)), values)
-    entry = kept.get(key)
-    if entry is None:
-        if len(kept) >= _FIXED_KEPT:
-            kept.clear()
-        entry = kept[key] = (arrays, make())
-    return entry[1]
+def layer(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int, rot: np.ndarray,
+          rows: np.ndarray | None = None) -> np.ndarray:
+    """``reference.block`` with its attention and FFN as one compiled call each."""
+    a = attention(x, b, la, batch, il, rot)
+    if rows is not None:
+        a, x = a[rows], x[rows]
+    x = x + a
+    return x + ffn(x, b, la)
 
 
 def _sources_key() -> int:

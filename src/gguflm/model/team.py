@@ -1,5 +1,5 @@
 """The decoder layers as one compiled call, run by a team of threads: how tokens are
-decoded (``ops.decoder_stack``).
+decoded (``executor.run``).
 
 Decoding runs each layer over one row (a few with several sequences). Layer by layer
 (``blocks.py``), each layer costs two Python-level calls, their dispatch and boxing, two
@@ -15,7 +15,7 @@ computing while the rest wait; storing keys and values, which writes the caches,
 item that one member takes. Each layer has its own shared arrays (a member running ahead
 never overwrites what a slower one still reads), so a call holds ``n_layer`` times a
 layer's activations: the team takes at most ``MAX_ROWS`` rows and ``MAX_BYTES`` of them.
-Those arrays are one block per thread, kept from call to call (``_Stack.buffers``).
+Those arrays are one block per thread, kept from call to call (``Stack.buffers``).
 
 Members repeat those small steps, which would cost a batch of many rows its time: longer
 prompts run layer by layer. The arithmetic is the blocks' kernels, called on the same
@@ -26,9 +26,9 @@ running iterations one after another): a member waits only for items already cla
 and whoever claimed one is running it. A member that runs alone does every item of every
 layer itself, and those after it find everything done.
 
-The weights reach the compiled code as a table of addresses and shapes (``_Stack``): a
+The weights reach the compiled code as a table of addresses and shapes (``Stack``): a
 tuple of per-layer arrays would compile once per depth, and numba's typed lists compile
-at every start. The table's ``_Stack`` holds the arrays the addresses point into.
+at every start. The table's ``Stack`` holds the arrays the addresses point into.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ from gguflm.quant.kernels import _activation_sets, _run_item, _work_items, geglu
 
 from . import blocks
 from .attention import _attend_one, store_rows
-from .blocks import qk_heads
+from .blocks import add_bias, qk_heads
+from .layer import Block, Linear
 from .rowkernels import rmsnorm_rows
 
 MAX_ROWS = 16  # rows up to which the layers run as a team (decoding; a short prompt)
@@ -133,9 +134,15 @@ def _wait(sync, k, total):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True)
-def _residual(x, y, post, eps, tmp, out):  # noqa: ANN001, ANN202
-    """out = x + y (T, n) f32 as numpy adds them, y first RMS-normalized times ``post``
-    (into ``tmp``) when ``post`` is not empty (Gemma's post-norms)."""
+def _residual(x, y, bias, post, eps, tmp, out):  # noqa: ANN001, ANN202
+    """out = x + y (T, n) f32 as numpy adds them, y first plus ``bias`` and then
+    RMS-normalized times ``post`` (into ``tmp``) when those are not empty (a product's
+    bias; Gemma's post-norms). ``y`` is shared by the members: never written here."""
+    if bias.shape[0]:
+        for t in range(y.shape[0]):
+            for i in range(y.shape[1]):
+                tmp[t, i] = y[t, i] + bias[i]
+        y = tmp
     if post.shape[0]:
         rmsnorm_rows(y, post, eps, tmp)
         y = tmp
@@ -178,9 +185,8 @@ def _view(dtype: Any, ndim: int):  # noqa: ANN202 - returns a numba intrinsic
 _u8_2d = _view(types.uint8, 2)
 _f32_1d = _view(types.float32, 1)
 
-# the table's matrices, in order, and the product groups (padded as
-# ``kernels.pad_products`` pads them)
-_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+# the table's matrices, in order (``Stack``: Q, K, V, output, gate, up, down), and the
+# product groups (padded as ``kernels.pad_products`` pads them)
 _GROUPS = ((0, 1, 2), (3, 3, 3), (4, 5, 4), (6, 6, 6))
 _COUNTS = (3, 1, 2, 1)
 
@@ -196,7 +202,20 @@ def _weights(wtab, il, g):  # noqa: ANN001, ANN202
 
 @njit(cache=True, nogil=True, inline="always")
 def _norm(ntab, il, i):  # noqa: ANN001, ANN202
+    """Entry i of layer il in a table of vectors (norm weights, biases): (length,) f32."""
     return _f32_1d(ntab[il, i, 0], (ntab[il, i, 1],))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _biased(y, b, tmp):  # noqa: ANN001, ANN202
+    """y + b into this member's ``tmp`` (y is shared: never written), or y itself when b
+    is empty."""
+    if b.shape[0] == 0:
+        return y
+    for t in range(y.shape[0]):
+        for i in range(y.shape[1]):
+            tmp[t, i] = y[t, i] + b[i]
+    return tmp
 
 
 @njit(cache=True, nogil=True)
@@ -233,7 +252,7 @@ def _products(kinds, ws, a32, ak, tbl, outs, items, total, sync, k):  # noqa: AN
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _member(m, x0, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel,  # noqa: ANN001, ANN202, PLR0913, PLR0915
+def _member(m, x0, out, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, rots, rot_sel,  # noqa: ANN001, ANN202, PLR0913, PLR0915
             neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs, sync,
             stop, l0, l1):
     """Member ``m``'s part of ``stack_team`` (layers l0:l1, or fewer: ``stop``); ``bufs``
@@ -247,6 +266,8 @@ def _member(m, x0, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, r
     x1 = np.empty_like(x)
     p = np.empty_like(x)
     act = np.empty((n, g_all.shape[2]), np.float32)
+    gb = np.empty((n, g_all.shape[2]) if btab[:, 4, 1].max() else (0, 0), np.float32)
+    ub = np.empty((n, g_all.shape[2]) if btab[:, 5, 1].max() else (0, 0), np.float32)
     reached = l1
     for il in range(l0, l1):
         q, k, vv, qr, a = q_all[il], k_all[il], v_all[il], qr_all[il], a_all[il]
@@ -267,6 +288,9 @@ def _member(m, x0, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, r
         _products(kinds, _weights(wtab, il, 0), a32, ak, tbl, (q, k, vv), itab[4 * il],
                   icount[4 * il], s, _QKV)
         if _fetch_add(s, _PREP) == 0:
+            add_bias(q, _norm(btab, il, 0))
+            add_bias(k, _norm(btab, il, 1))
+            add_bias(vv, _norm(btab, il, 2))
             _, k3 = qk_heads(q, k, _norm(ntab, il, 1), _norm(ntab, il, 2), eps, rot, neox,
                              heads)
             store_rows(kt, v, slot, pos, k3, vv.reshape((n, n_kv, dv)))
@@ -286,22 +310,24 @@ def _member(m, x0, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, r
         b32, bk = _activation_sets(kinds, 1, a.reshape((n, n_head * dv)))
         _products(kinds, _weights(wtab, il, 1), b32, bk, tbl, (o, o, o), itab[4 * il + 1],
                   icount[4 * il + 1], s, _OUT)
-        _residual(x, o, _norm(ntab, il, 3), eps, p, x1)
+        _residual(x, o, _norm(btab, il, 3), _norm(ntab, il, 3), eps, p, x1)
         # feed-forward: norm, gate and up, the gated activation, down
         rmsnorm_rows(x1, _norm(ntab, il, 4), eps, h)
         kinds = ktab[4 * il + 2]
         c32, ck = _activation_sets(kinds, 2, h)
         _products(kinds, _weights(wtab, il, 2), c32, ck, tbl, (g, u, g), itab[4 * il + 2],
                   icount[4 * il + 2], s, _GATE_UP)
+        g1 = _biased(g, _norm(btab, il, 4), gb)
+        u1 = _biased(u, _norm(btab, il, 5), ub)
         if gelu:
-            geglu(g, u, act)
+            geglu(g1, u1, act)
         else:
-            swiglu(g, u, act)
+            swiglu(g1, u1, act)
         kinds = ktab[4 * il + 3]
         d32, dk = _activation_sets(kinds, 1, act)
         _products(kinds, _weights(wtab, il, 3), d32, dk, tbl, (o2, o2, o2), itab[4 * il + 3],
                   icount[4 * il + 3], s, _DOWN)
-        _residual(x1, o2, _norm(ntab, il, 5), eps, p, x)
+        _residual(x1, o2, _norm(btab, il, 6), _norm(ntab, il, 5), eps, p, x)
     if m == 0:
         out[:] = x
         if stop.shape[0]:
@@ -309,41 +335,42 @@ def _member(m, x0, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, r
 
 
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy")
-def stack_team(x, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel, neox,  # noqa: ANN001, ANN201, PLR0913
+def stack_team(x, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, rots, rot_sel, neox,  # noqa: ANN001, ANN201, PLR0913
                windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs,
                sync, stop, l0, l1, threads):
     """x (T, n_embd) f32 -> (T, n_embd) f32 through layers l0:l1, on ``threads`` members,
     or up to the layer ``stop[1]`` where they stopped (``stop``: ``batch.Pause.flag``, or
     empty: no stops):
     ``x + attn(x)``, then ``+ ffn(.)``, in each. ``wtab`` (L, 7, 3) i64: each layer's
-    matrices (``_MATRICES``) as (address, rows, row bytes); ``ktab`` (4 L, MAX_FUSED) i64
-    the product groups' type ids; ``ntab`` (L, 6, 2) i64 the attention, Q-head, K-head,
-    post-attention, FFN and post-FFN norm weights as (address, length; 0: none);
+    matrices (Q, K, V, output, gate, up, down) as (address, rows, row bytes); ``ktab`` (4
+    L, MAX_FUSED) i64 the product groups' type ids; ``ntab`` (L, 6, 2) i64 the attention,
+    Q-head, K-head, post-attention, FFN and post-FFN norm weights as (address, length; 0:
+    none); ``btab`` (L, 7, 2) i64 the seven products' biases likewise;
     ``itab``/``icount`` from ``stack_items``; ``heads`` (H, H_kv, d, d_v); ``rots`` (R, T,
     n_rot/2) c64 RoPE tables, ``rot_sel`` (L,) i64 each layer's; ``neox``: NEOX pairing;
     ``windows`` (L,) i64; ``k_cache``/``v_cache`` the arena's (L, ...) keys and
     values; the rest as ``blocks.attention_block`` takes them; ``gelu``: GeGLU, else
-    SwiGLU; ``bufs`` each layer's shared arrays (``_Stack.buffers``)."""
+    SwiGLU; ``bufs`` each layer's shared arrays (``Stack.buffers``)."""
     out = np.empty_like(x)
     # the loop body gets plain arrays and flat tuples: numba's parallel loops take no
     # nested or mixed tuples
     q, k, vv, qr, a, o, g, u, o2 = bufs
     sync[:, :] = 0
     for m in prange(threads):
-        _member(m, x, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel,
+        _member(m, x, out, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, rots, rot_sel,
                 neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu,
                 (q, k, vv, qr, a, o, g, u, o2), sync, stop, l0, l1)
     return out
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def stack_alone(x, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel, neox,  # noqa: ANN001, ANN201, PLR0913
+def stack_alone(x, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, rots, rot_sel, neox,  # noqa: ANN001, ANN201, PLR0913
                 windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs,
                 sync, stop, l0, l1):
     """``stack_team`` on this thread (layers too small to share)."""
     out = np.empty_like(x)
     sync[:, :] = 0
-    _member(0, x, out, wtab, ktab, ntab, itab, icount, tbl, heads, eps, rots, rot_sel,
+    _member(0, x, out, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, rots, rot_sel,
             neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs,
             sync, stop, l0, l1)
     return out
@@ -356,48 +383,67 @@ def _address(a: np.ndarray) -> int:
     return int(a.__array_interface__["data"][0])
 
 
-class _Stack:
-    """A model's layers as ``stack_team`` takes them, worked out once: the tables, the
-    arrays they point into (held here), and the work items per (rows, threads)."""
+def _matrices(b: Block) -> tuple[Linear, ...]:
+    """A layer's products in the order of the table (``_GROUPS`` index into it)."""
+    a, f = b.attn, b.ffn
+    return (a.q, a.k, a.v, a.o, f.gate, f.up, f.down)
 
-    def __init__(self, layers: list, params: list[dict], config: Any) -> None:
-        c = config
+
+class Stack:
+    """A model's layers as ``stack_team`` takes them, worked out once by the planner
+    (``executor.plan``, which checked that every layer has integer kernels, one shape, and
+    the same RoPE pairing, scale, soft-cap and activation): the tables, the arrays they
+    point into (held here), and the work items per (rows, threads)."""
+
+    def __init__(self, layers: list[Block]) -> None:
         n_layer = len(layers)
         self.wtab = np.zeros((n_layer, 7, 3), np.int64)
         self.ktab = np.zeros((4 * n_layer, kernels.MAX_FUSED), np.int64)
         self.ntab = np.zeros((n_layer, 6, 2), np.int64)
-        self.rot_sel = np.zeros(n_layer, np.int64)
-        self.windows = np.zeros(n_layer, np.int64)
+        self.btab = np.zeros((n_layer, 7, 2), np.int64)
+        self.rot_sel = np.array([b.attn.rope for b in layers], np.int64)
+        self.windows = np.array([b.attn.window for b in layers], np.int64)
         self.held: list[np.ndarray] = []
         self.macs = 0
-        for il, (layer, p) in enumerate(zip(layers, params, strict=True)):
-            mats = [getattr(layer, name) for name in _MATRICES]
-            for i, mat in enumerate(mats):
-                raw = kernels.read_only(np.ascontiguousarray(mat.raw))
-                self.held.append(raw)
+        for il, b in enumerate(layers):
+            lins = _matrices(b)
+            for i, lin in enumerate(lins):
+                raw = self._hold(np.ascontiguousarray(lin.w.raw))
                 self.wtab[il, i] = (_address(raw), raw.shape[0], raw.shape[1])
+                self.btab[il, i] = self._vector(lin.b)
             for g, idx in enumerate(_GROUPS):
-                self.ktab[4 * il + g] = [mats[i]._kind for i in idx]
-            norms = (layer.attn_norm, p.get("q_norm"), p.get("k_norm"),
-                     p.get("attn_post_norm"), layer.ffn_norm, p.get("ffn_post_norm"))
+                self.ktab[4 * il + g] = [lins[i].w._kind for i in idx]
+            norms = (b.attn_norm, b.attn.q_norm, b.attn.k_norm, b.attn_post_norm, b.ffn_norm,
+                     b.ffn_post_norm)
             for i, w in enumerate(norms):
-                w = blocks._norm(w)
-                self.held.append(w)
-                self.ntab[il, i] = (_address(w), w.shape[0])
-            self.rot_sel[il] = p.get("rope", 0)
-            self.windows[il] = p.get("window", 0)
-            self.macs += sum(m.shape[0] * m.shape[1] for m in mats)
-        self.heads = (c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
-        self.eps = np.float32(c.norm_eps)
+                self.ntab[il, i] = self._vector(w)
+            self.macs += sum(lin.w.shape[0] * lin.w.shape[1] for lin in lins)
+        first = layers[0]
+        a = first.attn
+        self.heads = (a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v)
+        self.eps = np.float32(first.eps)
+        self.neox, self.gelu = a.neox, first.ffn.act == "gelu"
+        self.scale, self.cap = np.float32(a.scale), np.float32(a.softcap)
         # each layer's shared arrays (``buffers``): Q, K, V, the queries as attention reads
         # them, attention's output, the output product, gate, up, down; floats per row
-        n_ff = int(self.wtab[0, 4, 1])
-        self.widths = ((c.n_head * c.head_dim,), (c.n_head_kv * c.head_dim,),
-                       (c.n_head_kv * c.head_dim_v,), (c.n_head, c.head_dim),
-                       (c.n_head, c.head_dim_v), (c.n_embd,), (n_ff,), (n_ff,), (c.n_embd,))
+        n_ff, n_embd = first.ffn.gate.rows, first.attn.o.rows
+        self.widths = ((a.n_head * a.head_dim,), (a.n_head_kv * a.head_dim,),
+                       (a.n_head_kv * a.head_dim_v,), (a.n_head, a.head_dim),
+                       (a.n_head, a.head_dim_v), (n_embd,), (n_ff,), (n_ff,), (n_embd,))
         self.row_bytes = 4 * n_layer * sum(int(np.prod(w)) for w in self.widths)
+        self.attn_macs = a.n_head * (a.head_dim + a.head_dim_v)  # per row and position
         self.local = threading.local()
         self.items: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    def _hold(self, a: np.ndarray) -> np.ndarray:
+        a = kernels.read_only(a)
+        self.held.append(a)
+        return a
+
+    def _vector(self, w: np.ndarray | None) -> tuple[int, int]:
+        """A norm weight or bias as a table entry (address, length; 0: none)."""
+        v = self._hold(blocks.vector(w))
+        return _address(v), v.shape[0]
 
     def work_items(self, n: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
         key = (n, threads)
@@ -441,48 +487,15 @@ class _Stack:
         return local.views[1], local.sync
 
 
-def _stack(layers: list, params: Any, config: Any, key: tuple) -> _Stack | None:
-    """The layers' ``_Stack``, kept on the first layer; None unless every layer's
-    attention and FFN run compiled (``plans``) with the same shapes."""
-    kept = layers[0].__dict__.setdefault("_team_stack", {})
-    got = kept.get(key, False)
-    if got is not False:
-        return got
-    got = None
-    if all(plans(layer) is not None for layer in layers):
-        shapes = {tuple(getattr(layer, n).shape for n in _MATRICES) for layer in layers}
-        if len(shapes) == 1:
-            got = _Stack(layers, [params(il, layer) for il, layer in enumerate(layers)],
-                         config)
-    if len(kept) >= 8:
-        kept.clear()
-    kept[key] = got
-    return got
-
-
-def plans(layer: Any) -> Any:
-    """The layer's (attention, FFN) weight plans when both blocks can run compiled, else
-    None (``matrix.layer_plan``)."""
-    attn = matrix.layer_plan(layer, matrix.ATTENTION_GROUPS)
-    ffn = matrix.layer_plan(layer, matrix.FFN_GROUPS)
-    return None if attn is None or ffn is None else (attn, ffn)
-
-
-def run_stack(x: np.ndarray, layers: list, batch: Any, config: Any, ropes: tuple,
-              neox: bool, scale: float, gelu: bool, params: Any, cap: float
-              ) -> np.ndarray | None:
+def run_stack(st: Stack, x: np.ndarray, batch: Any, ropes: tuple) -> np.ndarray | None:
     """Every layer over x (T, n_embd) as one team call (``stack_team``, or ``stack_alone``
     below ``matrix.PARALLEL_MIN_MACS`` multiply-adds per layer; with ``batch.pause``,
     stopping between two layers when its flag asks, for ``pause.run()``, then going on
-    with another call), or None where the team
-    does not apply (more than MAX_ROWS rows or MAX_BYTES of activations, or a layer it
-    cannot run): ``params(il, layer)`` as ``ops.decoder_stack`` takes it."""
+    with another call), or None where the team does not apply (more than MAX_ROWS rows or
+    MAX_BYTES of activations)."""
     n = len(x)
-    if n > MAX_ROWS or not layers:
-        return None
-    st = _stack(layers, params, config, (neox, float(scale), float(cap), gelu))
     rows = matrix.padded_rows(n)
-    if st is None or rows * st.row_bytes > MAX_BYTES:
+    if n > MAX_ROWS or rows * st.row_bytes > MAX_BYTES:
         return None
     x = np.ascontiguousarray(x, dtype=np.float32)
     rots = np.ascontiguousarray(np.stack(ropes) if len(ropes) > 1 else ropes[0][None],
@@ -497,17 +510,17 @@ def run_stack(x: np.ndarray, layers: list, batch: Any, config: Any, ropes: tuple
         rots = np.ascontiguousarray(rots[:, copy])  # (R, T, n_rot/2): each row's RoPE
     arena = batch.arena
     _check_build()
-    c = config
     threads = matrix.threads()
-    attn_macs = c.n_head * (c.head_dim + c.head_dim_v) * batch.span
-    team = threads > 1 and n * (st.macs // len(layers) + attn_macs) >= matrix.PARALLEL_MIN_MACS
+    n_layer = st.wtab.shape[0]
+    attn_macs = st.attn_macs * batch.span
+    team = threads > 1 and n * (st.macs // n_layer + attn_macs) >= matrix.PARALLEL_MIN_MACS
     itab, icount = st.work_items(rows, threads if team else 0)
-    args = (st.wtab, st.ktab, st.ntab, itab, icount, kernels.F16_TABLE, st.heads, st.eps,
-            rots, st.rot_sel, neox, st.windows, arena.k, arena.v, slot, pos,
-            np.float32(scale), np.float32(cap), arena.f16, flash, gelu)
+    args = (st.wtab, st.ktab, st.ntab, st.btab, itab, icount, kernels.F16_TABLE, st.heads,
+            st.eps, rots, st.rot_sel, st.neox, st.windows, arena.k, arena.v, slot, pos,
+            st.scale, st.cap, arena.f16, flash, st.gelu)
     pause = batch.pause
     stop = _NO_STOPS if pause is None else pause.flag
-    n_layer, l0 = len(layers), 0
+    l0 = 0
     while True:
         bufs = st.buffers(rows)  # (again after a pause: another batch may have carved them)
         x = (stack_team(x, *args, *bufs, stop, l0, n_layer, threads) if team

@@ -25,8 +25,8 @@ Shape = tuple[int, ...]
 
 
 class Layer(SimpleNamespace):
-    """One block's tensors as attributes named after their GGUF suffixes (and, under
-    private names, what the kernels work out once from them: ``matrix.layer_plan``)."""
+    """One block's tensors as attributes named after their GGUF suffixes (the
+    architecture builds its ``layer.Block`` spec from them)."""
 
     def __repr__(self) -> str:
         names = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
@@ -94,7 +94,7 @@ class Weights:
         With ``qkv`` (the model's config), also the attention input projections, as
         llama.cpp's create_tensor_qkv: one fused ``attn_qkv`` (rows [q | k | v]) when the
         file has it, else ``attn_q``/``attn_k``/``attn_v``; biases optional either way.
-        ``ops.qkv`` evaluates whichever was loaded."""
+        ``layer.qkv`` makes the spec's Q, K and V of whichever was loaded."""
         if qkv is not None:
             qkv_required, qkv_optional = self._qkv_specs(i, qkv)
             required = {**qkv_required, **required}

@@ -214,36 +214,6 @@ def _plan(mats: Sequence[QMatrix]) -> Any:
     return plan
 
 
-def layer_plan(layer: Any, groups: tuple[tuple[str, ...], ...]) -> Any:
-    """The weights of a compiled layer block (``model.blocks``): for each group of
-    ``layer``'s matrices (attribute names; a group shares one product call, as
-    ``matmul_many``), ``(kinds, ws, macs)`` with macs the multiply-adds per activation row.
-    None unless every matrix is there with an integer kernel, each group can share a call,
-    and none has a bias (``<name>_bias``). Worked out once and kept on the layer."""
-    plans = layer.__dict__.setdefault("_block_plans", {})
-    plan = plans.get(groups, False)
-    if plan is not False:
-        return plan
-    mats = [[getattr(layer, n, None) for n in g] for g in groups]
-    plan = None
-    if (all(isinstance(m, QMatrix) for g in mats for m in g)
-            and not any(getattr(layer, f"{n}_bias", None) is not None
-                        for g in groups for n in g)):
-        parts = [_plan(g) for g in mats]
-        if all(p is not None for p in parts):
-            from gguflm.quant.kernels import read_only  # one signature, file or in memory
-
-            plan = tuple((p[0], tuple(read_only(w) for w in p[1]),
-                          sum(m.shape[0] for m in g) * g[0].shape[1])
-                         for p, g in zip(parts, mats, strict=True))
-    plans[groups] = plan
-    return plan
-
-
-FFN_GROUPS = (("ffn_gate", "ffn_up"), ("ffn_down",))
-ATTENTION_GROUPS = (("attn_q", "attn_k", "attn_v"), ("attn_output",))
-
-
 _THREADS = threading.local()  # set_threads' count per calling thread
 
 

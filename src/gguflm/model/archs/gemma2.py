@@ -24,7 +24,8 @@ from .. import ops
 from ..base import Model
 from ..batch import Batch
 from ..config import Meta, ModelConfig
-from ..weights import Weights
+from ..layer import Block
+from ..weights import Layer, Shape, Weights
 from . import register
 
 # llama.cpp's defaults for files that lack the keys
@@ -75,9 +76,11 @@ class Gemma2(Model):
         c = self.config
         self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
         self.output_norm = w.get("output_norm.weight", (c.n_embd,))
+        self.output = self.output_tensor(w)
         # + attn_qkv or attn_q/k/v, biases optional (qkv=c: llama.cpp's create_tensor_qkv)
         self.layers = [w.layer(i, {
             "attn_norm": (c.n_embd,),
+            **self.extra_layer_tensors(),
             "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
             "post_attention_norm": (c.n_embd,),
             "ffn_norm": (c.n_embd,),
@@ -86,29 +89,45 @@ class Gemma2(Model):
             "ffn_down": (c.n_embd, c.n_ff),
             "post_ffw_norm": (c.n_embd,),
         }, qkv=c) for i in range(c.n_layer)]
+        self.blocks = [self.block(il, layer) for il, layer in enumerate(self.layers)]
+
+    def output_tensor(self, w: Weights) -> Any:
+        """The output projection: always the token embedding (a subclass's hook)."""
+        return self.token_embd
+
+    def extra_layer_tensors(self) -> dict[str, Shape]:
+        """Required per-layer tensors beyond Gemma 2's (a subclass's hook)."""
+        return {}
+
+    def block(self, il: int, layer: Layer) -> Block:
+        """Local (sliding-window) layers take the second RoPE table and the window; every
+        layer's attention and FFN output pass through their post-norms."""
+        c = self.config
+        local = bool(c.swa_layers[il])
+        return self.dense_block(layer, "gelu", scale=c.attn_scale, rope=int(local),
+                                window=c.sliding_window if local else 0,
+                                softcap=c.attn_softcap, attn_post_norm=layer.post_attention_norm,
+                                ffn_post_norm=layer.post_ffw_norm, **self.attn_extras(layer))
+
+    def attn_extras(self, layer: Layer) -> dict[str, Any]:
+        """``Attention`` fields beyond Gemma 2's (a subclass's hook: Gemma 3's Q/K norms)."""
+        return {}
 
     # -- forward ---------------------------------------------------------------------------------
+    def rope_tables(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The global and the local layers' RoPE tables for positions ``pos``."""
+        c = self.config
+        return (ops.rope_table(pos, c.rope_dim, c.rope_base, c.rope_freq_scale),
+                ops.rope_table(pos, c.rope_dim, c.rope_base_swa, c.rope_freq_scale))
+
     def _forward(self, batch: Batch) -> np.ndarray:
         c = self.config
-        pos = batch.pos
-        rope = {False: ops.rope_table(pos, c.rope_dim, c.rope_base, c.rope_freq_scale),
-                True: ops.rope_table(pos, c.rope_dim, c.rope_base_swa, c.rope_freq_scale)}
         x = self.token_embd.rows(batch.ids) * np.sqrt(np.float32(c.n_embd))  # float32, as sqrtf
-        x = ops.decoder_stack(x, self.layers, batch, c, (rope[False], rope[True]),
-                              self.rope_style, c.attn_scale, ops.geglu, self.layer_params,
-                              rows=batch.out,  # only the wanted rows leave the last layer
-                              cap=c.attn_softcap)
+        x = self.run_layers(x, batch, self.rope_tables(batch.pos))
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
 
     def head(self, x: np.ndarray, pause: Any = None) -> np.ndarray:
-        logits = self.token_embd.matmul(x, pause=pause)  # (rows, n_vocab)
-        return ops.softcap(logits, self.config.final_softcap)
-
-    def layer_params(self, il: int, layer: Any) -> dict:
-        """What varies by layer (``ops.decoder_stack``): local (sliding-window) layers
-        take the second RoPE table and the window; every layer's attention and FFN output
-        pass through their post-norms."""
-        local = bool(self.config.swa_layers[il])
-        return {"rope": int(local), "window": self.config.sliding_window if local else 0,
-                "attn_post_norm": layer.post_attention_norm,
-                "ffn_post_norm": layer.post_ffw_norm}
+        logits = self.output.matmul(x, pause=pause)  # (rows, n_vocab)
+        if self.config.final_softcap > 0:
+            logits = ops.softcap(logits, self.config.final_softcap)
+        return logits

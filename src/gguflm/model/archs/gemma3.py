@@ -19,11 +19,10 @@ from typing import Any
 import numpy as np
 
 from .. import ops
-from ..base import Model
-from ..batch import Batch
-from ..config import Meta, ModelConfig
-from ..weights import Weights
+from ..config import Meta
+from ..weights import Layer, Shape, Weights
 from . import register
+from .gemma2 import Gemma2, Gemma2Config
 
 # Without a ``sliding_window_pattern`` key, every 6th layer (5, 11, ...) is global
 # (llama.cpp: load_swa_pattern(ml, 6), dense_first = false).
@@ -33,13 +32,12 @@ DEFAULT_ROPE_BASE_SWA = 10000.0
 
 
 @dataclass(frozen=True)
-class Gemma3Config(ModelConfig):
-    """Adds the local/global layer pattern and Gemma's scalars (GGUF key in each comment)."""
-
-    swa_layers: tuple[bool, ...]  # {arch}.attention.sliding_window_pattern (period or per layer)
-    rope_base_swa: float     # {arch}.rope.freq_base_swa (default 10000): local layers' RoPE base
-    attn_scale: float        # 1/sqrt(key_length); 1/sqrt(n_embd/n_head) for the 27B model
-    final_softcap: float     # {arch}.final_logit_softcapping (0: none)
+class Gemma3Config(Gemma2Config):
+    """Gemma 2's fields with Gemma 3's defaults (GGUF key in each comment): no attention
+    soft-cap (``attn_softcap`` 0); ``swa_layers`` from
+    {arch}.attention.sliding_window_pattern (period 6); ``rope_base_swa`` from
+    {arch}.rope.freq_base_swa (default 10000); ``final_softcap`` from
+    {arch}.final_logit_softcapping (0: none)."""
 
     @classmethod
     def extra(cls, meta: Meta, common: dict[str, Any]) -> dict[str, Any]:
@@ -58,64 +56,31 @@ class Gemma3Config(ModelConfig):
             swa_layers=swa,
             rope_base_swa=meta.float("rope.freq_base_swa", DEFAULT_ROPE_BASE_SWA),
             attn_scale=scale,
+            attn_softcap=0.0,
             final_softcap=meta.float("final_logit_softcapping", 0.0, positive=False),
         )
 
 
 @register("gemma3")
-class Gemma3(Model):
+class Gemma3(Gemma2):
     """Gemma 3 (270M to 27B text models): tied output unless ``output.weight`` is given."""
 
     config_class = Gemma3Config
     config: Gemma3Config
-    rope_style = "neox"
 
-    # -- tensors ---------------------------------------------------------------------------------
-    def load_tensors(self, w: Weights) -> None:
+    def output_tensor(self, w: Weights) -> Any:
         c = self.config
-        self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
-        self.output_norm = w.get("output_norm.weight", (c.n_embd,))
-        self.output = w.get_or("output.weight", (c.n_vocab, c.n_embd), self.token_embd)  # tied
-        # + attn_qkv or attn_q/k/v, biases optional (qkv=c: llama.cpp's create_tensor_qkv)
-        self.layers = [w.layer(i, {
-            "attn_norm": (c.n_embd,),
-            "attn_q_norm": (c.head_dim,),
-            "attn_k_norm": (c.head_dim,),
-            "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
-            "post_attention_norm": (c.n_embd,),
-            "ffn_norm": (c.n_embd,),
-            "ffn_gate": (c.n_ff, c.n_embd),
-            "ffn_up": (c.n_ff, c.n_embd),
-            "ffn_down": (c.n_embd, c.n_ff),
-            "post_ffw_norm": (c.n_embd,),
-        }, qkv=c) for i in range(c.n_layer)]
+        return w.get_or("output.weight", (c.n_vocab, c.n_embd), self.token_embd)  # tied
 
-    # -- forward ---------------------------------------------------------------------------------
-    def _forward(self, batch: Batch) -> np.ndarray:
-        c = self.config
-        pos = batch.pos
+    def extra_layer_tensors(self) -> dict[str, Shape]:
+        d = self.config.head_dim
+        return {"attn_q_norm": (d,), "attn_k_norm": (d,)}
+
+    def attn_extras(self, layer: Layer) -> dict[str, Any]:
+        return {"q_norm": layer.attn_q_norm, "k_norm": layer.attn_k_norm}
+
+    def rope_tables(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # local layers: own RoPE base, no frequency scaling (llama.cpp's *_train_swa values)
-        rope = {False: ops.rope_table(pos, c.rope_dim, c.rope_base, c.rope_freq_scale),
-                True: ops.rope_table(pos, c.rope_dim, c.rope_base_swa)}
-        x = self.token_embd.rows(batch.ids) * np.sqrt(np.float32(c.n_embd))  # float32, as sqrtf
-        x = ops.decoder_stack(x, self.layers, batch, c, (rope[False], rope[True]),
-                              self.rope_style, c.attn_scale, ops.geglu, self.layer_params,
-                              rows=batch.out)  # only the wanted rows leave the last layer
-        return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
-
-    def head(self, x: np.ndarray, pause: Any = None) -> np.ndarray:
-        logits = self.output.matmul(x, pause=pause)           # (rows, n_vocab)
-        if self.config.final_softcap > 0:
-            logits = ops.softcap(logits, self.config.final_softcap)
-        return logits
-
-    def layer_params(self, il: int, layer: Any) -> dict:
-        """What varies by layer (``ops.decoder_stack``): local (sliding-window) layers
-        take the second RoPE table and the window; every layer's attention and FFN output
-        pass through their post-norms."""
-        local = bool(self.config.swa_layers[il])
-        return {"rope": int(local), "window": self.config.sliding_window if local else 0,
-                "q_norm": layer.attn_q_norm, "k_norm": layer.attn_k_norm,
-                "attn_post_norm": layer.post_attention_norm,
-                "ffn_post_norm": layer.post_ffw_norm}
-
+        c = self.config
+        return (ops.rope_table(pos, c.rope_dim, c.rope_base, c.rope_freq_scale),
+                ops.rope_table(pos, c.rope_dim, c.rope_base_swa))

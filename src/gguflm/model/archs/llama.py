@@ -8,9 +8,6 @@ output tied to the token embedding when ``output.weight`` is absent.
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import numpy as np
 
 from .. import ops
@@ -53,19 +50,13 @@ class Llama(Model):
             "ffn_up.bias": (c.n_ff,),
             "ffn_down.bias": (c.n_embd,),
         }) for i in range(c.n_layer)]
+        # attention is causal; llama ignores any sliding window
+        self.blocks = [self.dense_block(layer, "silu") for layer in self.layers]
 
     # -- forward ---------------------------------------------------------------------------------
     def _forward(self, batch: Batch) -> np.ndarray:
         c = self.config
         rope = ops.rope_table(batch.pos, c.rope_dim, c.rope_base, c.rope_freq_scale,
                               self.rope_freqs)
-        x = self.token_embd.rows(batch.ids)                      # (T, n_embd)
-        x = ops.decoder_stack(x, self.layers, batch, c, (rope,), self.rope_style,
-                              1.0 / math.sqrt(c.head_dim), ops.swiglu, self.layer_params,
-                              rows=batch.out)  # only the wanted rows leave the last layer
+        x = self.run_layers(self.token_embd.rows(batch.ids), batch, (rope,))
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd); head: output
-
-    def layer_params(self, il: int, layer: Any) -> dict:
-        """What varies by layer (``ops.decoder_stack``): nothing. Attention is causal;
-        llama ignores any sliding window."""
-        return {}

@@ -16,7 +16,6 @@ with a warning), and so do we.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +78,8 @@ class Phi3(Model):
             "ffn_up": (2 * c.n_ff, c.n_embd),     # [gate | up]
             "ffn_down": (c.n_embd, c.n_ff),
         }, qkv=c) for i in range(c.n_layer)]
+        # attention is causal (Phi's window is disabled); gate and up: the fused ffn_up
+        self.blocks = [self.dense_block(layer, "silu") for layer in self.layers]
 
     # -- forward ---------------------------------------------------------------------------------
     def rope(self, pos: np.ndarray, n_ctx: int) -> np.ndarray:
@@ -93,13 +94,5 @@ class Phi3(Model):
     def _forward(self, batch: Batch) -> np.ndarray:
         c = self.config
         rope = self.rope(batch.pos, batch.n_ctx)
-        x = self.token_embd.rows(batch.ids)                      # (T, n_embd)
-        x = ops.decoder_stack(x, self.layers, batch, c, (rope,), self.rope_style,
-                              1.0 / math.sqrt(c.head_dim), ops.swiglu, self.layer_params,
-                              rows=batch.out)  # only the wanted rows leave the last layer
+        x = self.run_layers(self.token_embd.rows(batch.ids), batch, (rope,))
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd); head: output
-
-    def layer_params(self, il: int, layer: Any) -> dict:
-        """What varies by layer (``ops.decoder_stack``): nothing. Attention is causal
-        (Phi's window is disabled); the FFN's gate and up come from the fused ffn_up."""
-        return {}

@@ -11,7 +11,6 @@ architecture, and so do we.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,7 @@ import numpy as np
 from .. import ops
 from ..base import Model
 from ..batch import Batch
-from ..weights import Shape, Weights
+from ..weights import Layer, Shape, Weights
 from . import register
 
 
@@ -53,6 +52,9 @@ class Qwen2(Model):
             "ffn_up": (c.n_ff, c.n_embd),
             "ffn_down": (c.n_embd, c.n_ff),
         }, qkv=c) for i in range(c.n_layer)]
+        # attention is causal only; Q/K/V biases are added before RoPE, as llama.cpp
+        self.blocks = [self.dense_block(layer, "silu", **self.attn_extras(layer))
+                       for layer in self.layers]
 
     def extra_layer_tensors(self) -> dict[str, Shape]:
         """Required per-layer tensors beyond Qwen2's (a subclass's hook)."""
@@ -62,22 +64,12 @@ class Qwen2(Model):
     def _forward(self, batch: Batch) -> np.ndarray:
         c = self.config
         rope = ops.rope_table(batch.pos, c.rope_dim, c.rope_base, c.rope_freq_scale)
-        x = self.token_embd.rows(batch.ids)                      # (T, n_embd)
-        x = ops.decoder_stack(x, self.layers, batch, c, (rope,), self.rope_style,
-                              1.0 / math.sqrt(c.head_dim), ops.swiglu, self.layer_params,
-                              rows=batch.out)  # only the wanted rows leave the last layer
+        x = self.run_layers(self.token_embd.rows(batch.ids), batch, (rope,))
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
 
     def head(self, x: np.ndarray, pause: Any = None) -> np.ndarray:
         return ops.linear(x, self.output, self.output_bias, pause)  # (rows, n_vocab)
 
-    def qk_norms(self, layer: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """Per-head RMSNorm weights of Q and K before RoPE: none here (a subclass's hook)."""
-        return None, None
-
-    def layer_params(self, il: int, layer: Any) -> dict:
-        """What varies by layer (``ops.decoder_stack``): the Q/K head norms of a subclass
-        (``qk_norms``). Attention is causal only; Q/K/V biases are added before RoPE, as
-        llama.cpp."""
-        q_norm, k_norm = self.qk_norms(layer)
-        return {"q_norm": q_norm, "k_norm": k_norm}
+    def attn_extras(self, layer: Layer) -> dict[str, Any]:
+        """``Attention`` fields beyond Qwen2's (a subclass's hook: Qwen3's Q/K norms)."""
+        return {}

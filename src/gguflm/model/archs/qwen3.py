@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from ..weights import Shape
+from ..weights import Layer, Shape
 from . import register
 from .qwen2 import Qwen2
 
@@ -29,5 +27,5 @@ class Qwen3(Qwen2):
         d = self.config.head_dim
         return {"attn_q_norm": (d,), "attn_k_norm": (d,)}
 
-    def qk_norms(self, layer: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
-        return layer.attn_q_norm, layer.attn_k_norm
+    def attn_extras(self, layer: Layer) -> dict[str, Any]:
+        return {"q_norm": layer.attn_q_norm, "k_norm": layer.attn_k_norm}

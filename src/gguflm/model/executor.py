@@ -1,0 +1,120 @@
+"""The layers' one way to run: a planner over the layer specs and one executor.
+
+``plan(blocks)`` looks at the typed specs once, at load, and either builds what the
+compiled code needs (each layer's arguments for the blocks, ``blocks.LayerArgs``, and the
+team's tables, ``team.Stack``) or says why it cannot; ``run`` then takes, for every batch:
+
+- the team (``team.run_stack``): every layer in one compiled call shared by the threads,
+  for a few rows (decoding, short prompts);
+- the blocks (``blocks.layer``): each layer's attention and FFN as one compiled call each,
+  for longer batches;
+- the reference forward (``reference.stack``) when the plan says the layers cannot be
+  compiled, for the reason it gives (``Plan.describe``, shown by ``gguflm inspect`` and
+  ``run --verbose``): never silently.
+
+All three compute the same numbers bit for bit (the same kernels, the same order per
+element), so a sequence's logits do not depend on which one ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..quant.kerneltypes import KERNEL_TYPES
+from . import reference
+from .layer import Block
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """How a model's layers run: ``layers`` (the blocks' arguments per layer) is None on
+    the reference path, with ``reason`` saying why; ``stack`` (the team's tables) is None
+    where the team cannot run them, with ``team_reason``."""
+
+    layers: tuple[Any, ...] | None
+    stack: Any
+    reason: str = ""
+    team_reason: str = ""
+
+    @property
+    def compiled(self) -> bool:
+        return self.layers is not None
+
+    def describe(self) -> str:
+        """One line: the path the layers take and why."""
+        if not self.compiled:
+            return f"reference (numpy, op by op): {self.reason}"
+        if self.stack is None:
+            return f"compiled (blocks for every batch; no team: {self.team_reason})"
+        return "compiled (team for decoding and short prompts, blocks for longer batches)"
+
+
+# the product groups a layer shares calls over, by name, as the executor runs them
+_GROUPS = (("Q/K/V", lambda b: (b.attn.q, b.attn.k, b.attn.v)),
+           ("attention output", lambda b: (b.attn.o,)),
+           ("FFN gate/up", lambda b: (b.ffn.gate, b.ffn.up)),
+           ("FFN down", lambda b: (b.ffn.down,)))
+
+
+def _not_compilable(blocks: list[Block]) -> str:
+    """Why these layers cannot run compiled, or ''."""
+    if not blocks:
+        return "the model has no layers"
+    for b in blocks:
+        for role, lins in _GROUPS:
+            for lin in lins(b):
+                if lin.w.type not in KERNEL_TYPES:
+                    return (f"{lin.w.name} ({role}) is {lin.w.type.ggml_name}, which has no "
+                            f"integer kernel")
+    return ""
+
+
+def _team_differs(blocks: list[Block]) -> str:
+    """Why the team (one table for every layer) cannot take these layers, or ''."""
+    def shape(b: Block) -> tuple:
+        a, f = b.attn, b.ffn
+        return (tuple(lin.w.shape for lin in (a.q, a.k, a.v, a.o, f.gate, f.up, f.down)),
+                a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v, a.neox, a.scale,
+                a.softcap, f.act, b.eps)
+    first = shape(blocks[0])
+    for il, b in enumerate(blocks):
+        if shape(b) != first:
+            return (f"layer {il} differs from layer 0 in its shapes, RoPE pairing, scale, "
+                    f"soft-cap, activation or eps")
+    return ""
+
+
+def plan(blocks: list[Block]) -> Plan:
+    """The plan for these layers (see the module docstring)."""
+    why = _not_compilable(blocks)
+    if why:
+        return Plan(None, None, why)
+    from . import blocks as compiled_blocks  # numba: compiled or loaded on first use
+    from . import team
+
+    layers = tuple(compiled_blocks.layer_args(b) for b in blocks)
+    team_why = _team_differs(blocks)
+    return Plan(layers, None if team_why else team.Stack(blocks), team_reason=team_why)
+
+
+def run(p: Plan, blocks: list[Block], x: np.ndarray, batch: Any,
+        ropes: tuple[np.ndarray, ...], rows: np.ndarray | None = None) -> np.ndarray:
+    """Every layer over x (T, n_embd) -> (T', n_embd), as ``p`` says; ``ropes`` the RoPE
+    tables the layers' ``attn.rope`` index; only ``rows`` leave the last layer."""
+    if not p.compiled:
+        return reference.stack(x, blocks, batch, ropes, rows)
+    from . import blocks as compiled_blocks
+    from . import team
+
+    if p.stack is not None:
+        out = team.run_stack(p.stack, x, batch, ropes)
+        if out is not None:  # every row through the last layer: the wanted rows' numbers
+            return out if rows is None else out[rows]  # do not depend on the others
+    last = len(blocks) - 1
+    for il, (b, la) in enumerate(zip(blocks, p.layers, strict=True)):
+        x = compiled_blocks.layer(x, b, la, batch, il, ropes[b.attn.rope],
+                                  rows if il == last else None)
+    return x

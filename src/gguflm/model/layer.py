@@ -1,0 +1,128 @@
+"""The typed layer spec: everything one decoder layer has, named, built once at load.
+
+An architecture file builds one ``Block`` per layer from its tensors (``Weights.layer``);
+the reference forward (``reference.py``) and the planner of the compiled executor
+(``executor.py``) read these fields and nothing else, so a misspelled or missing part is
+an error at load, not a silently different path. Fused tensors (``attn_qkv``, Phi-3's
+``ffn_up``) are split here into row views of the same mapped bytes (``split``): the
+products see separate matrices and compute the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..quant.matrix import QMatrix
+
+# the gated activations a GLU FFN may use: llama.cpp's LLM_FFN_SILU and LLM_FFN_GELU
+GLU_ACTS = ("silu", "gelu")
+
+
+@dataclass(frozen=True, eq=False)
+class Linear:
+    """A product ``x (T, d_in) @ w.T (+ b) -> (T, d_out)``; ``b`` (d_out,) f32 or None."""
+
+    w: QMatrix
+    b: np.ndarray | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.w.shape[0]
+
+
+@dataclass(frozen=True, eq=False)
+class Attention:
+    """llama.cpp's build_attn with its projections: Q/K/V of the normed input, per-head
+    RMS norms of Q and K when given (before RoPE), RoPE table ``rope`` (an index into the
+    tables the architecture's forward makes) paired NEOX-style or NORM-style, causal
+    attention over ``window`` positions (0: all), scores times ``scale`` and soft-capped at
+    ``softcap`` (0: none), then the output product."""
+
+    q: Linear
+    k: Linear
+    v: Linear
+    o: Linear
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    head_dim_v: int
+    scale: float
+    neox: bool
+    rope: int = 0
+    window: int = 0
+    softcap: float = 0.0
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class GLU:
+    """llama.cpp's build_ffn with a parallel gate: ``down(act(gate(x)) * up(x))``."""
+
+    gate: Linear
+    up: Linear
+    down: Linear
+    act: str  # one of GLU_ACTS
+
+    def __post_init__(self) -> None:
+        if self.act not in GLU_ACTS:
+            raise ValueError(f"unknown GLU activation {self.act!r} (known: {GLU_ACTS})")
+
+
+@dataclass(frozen=True, eq=False)
+class Block:
+    """One pre-norm decoder layer: ``x += post(attn(norm(x)))``, ``x += post(ffn(norm(x)))``,
+    the post norms (Gemma's) optional; all norms RMS norms with ``eps``."""
+
+    attn_norm: np.ndarray
+    attn: Attention
+    ffn_norm: np.ndarray
+    ffn: GLU
+    eps: float
+    attn_post_norm: np.ndarray | None = None
+    ffn_post_norm: np.ndarray | None = None
+
+
+# -- building specs from a layer's tensors ---------------------------------------------------
+
+
+def linear(layer: Any, name: str) -> Linear:
+    """The product ``name`` of a ``Weights.layer`` (``layer.<name>``, ``layer.<name>_bias``)."""
+    return Linear(getattr(layer, name), getattr(layer, f"{name}_bias", None))
+
+
+def split(lin: Linear, rows: tuple[int, ...]) -> tuple[Linear, ...]:
+    """A fused product cut into consecutive row ranges of ``rows`` each: views of the same
+    bytes (no copy), the bias cut alike."""
+    if sum(rows) != lin.rows:
+        raise ValueError(f"{lin.w!r}: cannot split {lin.rows} rows into {rows}")
+    out, at = [], 0
+    for n in rows:
+        w = lin.w
+        part = QMatrix(w.type, w.raw[at:at + n], (n, w.shape[1]), name=f"{w.name}[{at}:{at + n}]")
+        out.append(Linear(part, None if lin.b is None else lin.b[at:at + n]))
+        at += n
+    return tuple(out)
+
+
+def qkv(layer: Any, n_q: int, n_k: int, n_v: int) -> tuple[Linear, Linear, Linear]:
+    """Q, K, V of a layer loaded with ``Weights.layer(..., qkv=config)``: the fused
+    ``attn_qkv`` (rows [q | k | v]) split, or the separate ``attn_q``/``attn_k``/``attn_v``."""
+    if getattr(layer, "attn_qkv", None) is not None:
+        return split(linear(layer, "attn_qkv"), (n_q, n_k, n_v))  # type: ignore[return-value]
+    return linear(layer, "attn_q"), linear(layer, "attn_k"), linear(layer, "attn_v")
+
+
+def glu(layer: Any, act: str) -> GLU:
+    """The FFN of a layer: ``ffn_gate``/``ffn_up``/``ffn_down``, or without ``ffn_gate`` a
+    fused ``ffn_up`` of rows [gate | up] (Phi-3) split in two."""
+    down = linear(layer, "ffn_down")
+    if getattr(layer, "ffn_gate", None) is None:
+        up = linear(layer, "ffn_up")
+        gate, up = split(up, (up.rows // 2, up.rows // 2))
+    else:
+        gate, up = linear(layer, "ffn_gate"), linear(layer, "ffn_up")
+    return GLU(gate, up, down, act)

@@ -1,0 +1,68 @@
+"""The reference forward over the layer spec: plain numpy steps, one op at a time.
+
+This is what a layer computes, written to be read (as mlx-lm's ``TransformerBlock``):
+norm, attention, residual, norm, FFN, residual. The compiled executor (``executor.py``)
+computes the same numbers bit for bit, with the same kernels for the products, norms,
+RoPE and attention; tests hold the two together. Models whose layers the planner cannot
+compile run through here, and say so (``executor.plan``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import ops
+from .layer import GLU, Attention, Block, Linear
+
+
+def product(x: np.ndarray, lin: Linear) -> np.ndarray:
+    """x (T, d_in) -> (T, d_out): the weight's product, then its bias."""
+    return ops.linear(x, lin.w, lin.b)
+
+
+def attention(h: np.ndarray, a: Attention, batch: object, il: int, rot: np.ndarray,
+              eps: float) -> np.ndarray:
+    """Normed input h (T, n_embd) -> (T, n_embd), storing this batch's keys and values in
+    layer ``il`` of each row's cache (``Batch.attention``); ``eps`` the Q/K norms'."""
+    n = len(h)
+    q = product(h, a.q).reshape(n, a.n_head, a.head_dim)
+    k = product(h, a.k).reshape(n, a.n_head_kv, a.head_dim)
+    v = product(h, a.v).reshape(n, a.n_head_kv, a.head_dim_v)
+    if a.q_norm is not None:
+        q = ops.rmsnorm(q, a.q_norm, eps)
+    if a.k_norm is not None:
+        k = ops.rmsnorm(k, a.k_norm, eps)
+    rope = ops.rope_neox if a.neox else ops.rope_norm
+    out = batch.attention(il, rope(q, rot), rope(k, rot), v, a.scale, a.softcap, a.window)
+    return product(out, a.o)
+
+
+def ffn(h: np.ndarray, f: GLU) -> np.ndarray:
+    """Normed input h (T, n_embd) -> (T, n_embd): down(act(gate(h)) * up(h))."""
+    gated = ops.swiglu if f.act == "silu" else ops.geglu
+    return product(gated(product(h, f.gate), product(h, f.up)), f.down)
+
+
+def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray,
+          rows: np.ndarray | None = None) -> np.ndarray:
+    """One layer: x (T, n_embd) -> (T', n_embd); only ``rows`` go on past the attention
+    when given (llama.cpp's inp_out_ids in the last layer: T' = len(rows))."""
+    a = attention(ops.rmsnorm(x, b.attn_norm, b.eps), b.attn, batch, il, rot, b.eps)
+    if b.attn_post_norm is not None:
+        a = ops.rmsnorm(a, b.attn_post_norm, b.eps)
+    if rows is not None:
+        a, x = a[rows], x[rows]
+    x = x + a
+    f = ffn(ops.rmsnorm(x, b.ffn_norm, b.eps), b.ffn)
+    if b.ffn_post_norm is not None:
+        f = ops.rmsnorm(f, b.ffn_post_norm, b.eps)
+    return x + f
+
+
+def stack(x: np.ndarray, blocks: list[Block], batch: object, ropes: tuple[np.ndarray, ...],
+          rows: np.ndarray | None = None) -> np.ndarray:
+    """Every layer: x (T, n_embd) -> (T', n_embd); only ``rows`` leave the last layer."""
+    last = len(blocks) - 1
+    for il, b in enumerate(blocks):
+        x = block(x, b, batch, il, ropes[b.attn.rope], rows if il == last else None)
+    return x
