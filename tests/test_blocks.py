@@ -97,13 +97,31 @@ def test_biases_run_compiled_and_count(tmp_path: Path, monkeypatch: pytest.Monke
     assert not np.allclose(got, _run(plain), atol=1e-3)
 
 
-def test_float_weights_take_the_reference_path_and_say_why(tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", list(TINY))
+def test_f16_weights_run_compiled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  arch: str) -> None:
+    """F16 layer weights (the architectures' reference models), alone and mixed with
+    integer types in one product group, take the compiled path with the reference's
+    numbers."""
+    md = tiny_metadata(arch, **TINY[arch])
+    types = {n: GGMLType.F16 if t == GGMLType.Q8_0 else t for n, t in _quantized(md).items()}
+    for how, t in (("f16", {n: GGMLType.F16 for n in types}), ("mixed", types)):
+        model = gguflm.load_model(write_model(tmp_path / f"{how}.gguf", md,
+                                              random_tensors(md), t))
+        assert model.plan.compiled, model.plan.describe()
+        got = _run(model)
+        assert np.isfinite(got).all()
+        np.testing.assert_array_equal(got, _reference(monkeypatch, model), err_msg=how)
+
+
+def test_bf16_weights_take_the_reference_path_and_say_why(tmp_path: Path) -> None:
     md = tiny_metadata("qwen2")
-    f16 = {n: GGMLType.F16 for n in _quantized(md)}
-    model = gguflm.load_model(write_model(tmp_path / "f.gguf", md, random_tensors(md), f16))
+    bf16 = {n: GGMLType.BF16 for n in _quantized(md)}
+    model = gguflm.load_model(write_model(tmp_path / "f.gguf", md, random_tensors(md), bf16))
     assert not model.plan.compiled
     assert "blk.0.attn_q.weight" in model.plan.describe()
-    assert "F16" in model.plan.describe()
+    assert "BF16" in model.plan.describe()
+    assert np.isfinite(model.logits(np.arange(5))).all()
 
 
 @pytest.mark.parametrize("which", ["smollm2", "gemma3"])

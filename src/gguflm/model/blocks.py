@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from gguflm.quant import kernels, matrix
-from gguflm.quant.kernels import geglu, qmatmul_par, qmatmul_serial, swiglu
+from gguflm.quant import grouped, kernels, matrix
+from gguflm.quant.grouped import matmul_par, matmul_serial
+from gguflm.quant.kernels import geglu, swiglu
 
 from . import attention as _attention
 from .attention import _attend_par, _attend_serial
@@ -40,11 +41,11 @@ from .rowkernels import rmsnorm_rows, rope_rows
 
 @njit(cache=True, nogil=True, inline="always")
 def _products(kinds, ws, x, tbl, outs, count, parallel, threads):  # noqa: ANN001, ANN202
-    """The products as ``kernels.qmatmul_planned`` runs them (the same compiled kernels)."""
+    """The products as ``grouped.matmul_par``/``matmul_serial`` run them."""
     if parallel:
-        qmatmul_par(kinds, ws, x, tbl, outs, count, threads)
+        matmul_par(kinds, ws, x, tbl, outs, count, threads)
     else:
-        qmatmul_serial(kinds, ws, x, tbl, outs, count)
+        matmul_serial(kinds, ws, x, tbl, outs, count)
 
 
 @njit(cache=True, nogil=True)
@@ -172,8 +173,9 @@ class Group:
 
 def group(lins: tuple[Linear, ...]) -> Group:
     """The ``Group`` of these products (the planner checked they can share a call)."""
-    kinds, ws = kernels.pad_products([lin.w._kind for lin in lins],
-                                     [kernels.read_only(lin.w.raw) for lin in lins])
+    kinds, ws = kernels.pad_products(
+        [int(lin.w.type) for lin in lins],
+        [kernels.read_only(grouped.weight_bytes(lin.w.raw)) for lin in lins])
     return Group(kinds, ws, tuple(vector(lin.b) for lin in lins),
                  sum(lin.w.shape[0] for lin in lins) * lins[0].w.shape[1])
 
@@ -196,7 +198,8 @@ class LayerArgs:
 
 
 def layer_args(b: Block) -> LayerArgs:
-    """``LayerArgs`` of a layer whose products all have integer kernels."""
+    """``LayerArgs`` of a layer whose products all have compiled kernels
+    (``grouped.COMPILED_TYPES``)."""
     a, f = b.attn, b.ffn
     return LayerArgs(
         group((a.q, a.k, a.v)), group((a.o,)), group((f.gate, f.up)), group((f.down,)),
@@ -261,7 +264,7 @@ def _sources_key() -> int:
     from . import rowkernels
 
     h = hashlib.sha256(str(kernels._TABLE_KEY).encode())
-    for mod in (kernels, kerneltypes, floatbits, _attention, rowkernels):
+    for mod in (kernels, kerneltypes, floatbits, grouped, _attention, rowkernels):
         h.update(Path(mod.__file__).read_bytes())
     return int.from_bytes(h.digest()[:7], "little")
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..quant.kerneltypes import KERNEL_TYPES
+from ..quant.grouped import COMPILED_TYPES
 from . import reference
 from .layer import Block
 
@@ -66,9 +66,9 @@ def _not_compilable(blocks: list[Block]) -> str:
     for b in blocks:
         for role, lins in _GROUPS:
             for lin in lins(b):
-                if lin.w.type not in KERNEL_TYPES:
+                if lin.w.type not in COMPILED_TYPES:
                     return (f"{lin.w.name} ({role}) is {lin.w.type.ggml_name}, which has no "
-                            f"integer kernel")
+                            f"compiled product (only a dequantizing one)")
     return ""
 
 

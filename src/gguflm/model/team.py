@@ -48,7 +48,8 @@ from numba.np.arrayobj import populate_array
 
 from gguflm.quant import kernels, matrix
 from gguflm.quant.floatbits import to_f16
-from gguflm.quant.kernels import _activation_sets, _run_item, _work_items, geglu, swiglu
+from gguflm.quant.grouped import activation_sets, run_item, weight_bytes
+from gguflm.quant.kernels import _work_items, geglu, swiglu
 
 from . import blocks
 from .attention import _attend_one, store_rows
@@ -240,12 +241,13 @@ def stack_items(wtab, n, threads):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True)
-def _products(kinds, ws, a32, ak, tbl, outs, items, total, sync, k):  # noqa: ANN001, ANN202
+def _products(kinds, ws, acts, tbl, outs, items, total, sync, k):  # noqa: ANN001, ANN202
     """Step ``k``: take the products' row ranges ``items[:total]`` until none is left, then
-    wait for the others' to finish."""
+    wait for the others' to finish; ``acts`` the input's ``grouped.activation_sets``."""
+    a32, ak, xh = acts
     c = _fetch_add(sync, k)
     while c < total:
-        _run_item(kinds, ws, a32, ak, tbl, outs, items, c)
+        run_item(kinds, ws, a32, ak, xh, tbl, outs, items, c)
         _fetch_add(sync, k + _LINE)
         c = _fetch_add(sync, k)
     _wait(sync, k, total)
@@ -284,9 +286,8 @@ def _member(m, x0, out, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, r
         # attention: norm, Q K V, (one member) per-head norms, RoPE, storing K V; attention
         rmsnorm_rows(x, _norm(ntab, il, 0), eps, h)
         kinds = ktab[4 * il]
-        a32, ak = _activation_sets(kinds, 3, h)
-        _products(kinds, _weights(wtab, il, 0), a32, ak, tbl, (q, k, vv), itab[4 * il],
-                  icount[4 * il], s, _QKV)
+        _products(kinds, _weights(wtab, il, 0), activation_sets(kinds, 3, h), tbl, (q, k, vv),
+                  itab[4 * il], icount[4 * il], s, _QKV)
         if _fetch_add(s, _PREP) == 0:
             add_bias(q, _norm(btab, il, 0))
             add_bias(k, _norm(btab, il, 1))
@@ -307,16 +308,15 @@ def _member(m, x0, out, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, r
             c = _fetch_add(s, _ATTN)
         _wait(s, _ATTN, total)
         kinds = ktab[4 * il + 1]
-        b32, bk = _activation_sets(kinds, 1, a.reshape((n, n_head * dv)))
-        _products(kinds, _weights(wtab, il, 1), b32, bk, tbl, (o, o, o), itab[4 * il + 1],
-                  icount[4 * il + 1], s, _OUT)
+        _products(kinds, _weights(wtab, il, 1),
+                  activation_sets(kinds, 1, a.reshape((n, n_head * dv))), tbl, (o, o, o),
+                  itab[4 * il + 1], icount[4 * il + 1], s, _OUT)
         _residual(x, o, _norm(btab, il, 3), _norm(ntab, il, 3), eps, p, x1)
         # feed-forward: norm, gate and up, the gated activation, down
         rmsnorm_rows(x1, _norm(ntab, il, 4), eps, h)
         kinds = ktab[4 * il + 2]
-        c32, ck = _activation_sets(kinds, 2, h)
-        _products(kinds, _weights(wtab, il, 2), c32, ck, tbl, (g, u, g), itab[4 * il + 2],
-                  icount[4 * il + 2], s, _GATE_UP)
+        _products(kinds, _weights(wtab, il, 2), activation_sets(kinds, 2, h), tbl, (g, u, g),
+                  itab[4 * il + 2], icount[4 * il + 2], s, _GATE_UP)
         g1 = _biased(g, _norm(btab, il, 4), gb)
         u1 = _biased(u, _norm(btab, il, 5), ub)
         if gelu:
@@ -324,9 +324,8 @@ def _member(m, x0, out, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, r
         else:
             swiglu(g1, u1, act)
         kinds = ktab[4 * il + 3]
-        d32, dk = _activation_sets(kinds, 1, act)
-        _products(kinds, _weights(wtab, il, 3), d32, dk, tbl, (o2, o2, o2), itab[4 * il + 3],
-                  icount[4 * il + 3], s, _DOWN)
+        _products(kinds, _weights(wtab, il, 3), activation_sets(kinds, 1, act), tbl,
+                  (o2, o2, o2), itab[4 * il + 3], icount[4 * il + 3], s, _DOWN)
         _residual(x1, o2, _norm(btab, il, 6), _norm(ntab, il, 5), eps, p, x)
     if m == 0:
         out[:] = x
@@ -408,11 +407,11 @@ class Stack:
         for il, b in enumerate(layers):
             lins = _matrices(b)
             for i, lin in enumerate(lins):
-                raw = self._hold(np.ascontiguousarray(lin.w.raw))
+                raw = self._hold(np.ascontiguousarray(weight_bytes(lin.w.raw)))
                 self.wtab[il, i] = (_address(raw), raw.shape[0], raw.shape[1])
                 self.btab[il, i] = self._vector(lin.b)
             for g, idx in enumerate(_GROUPS):
-                self.ktab[4 * il + g] = [lins[i].w._kind for i in idx]
+                self.ktab[4 * il + g] = [int(lins[i].w.type) for i in idx]
             norms = (b.attn_norm, b.attn.q_norm, b.attn.k_norm, b.attn_post_norm, b.ffn_norm,
                      b.ffn_post_norm)
             for i, w in enumerate(norms):

@@ -1,0 +1,101 @@
+"""Products of one input over a group of weights of any compiled type: the integer kernels'
+types and F16, mixed freely (the compiled layers' Q/K/V, gate/up, ...).
+
+The integer types multiply the activations quantized to 8 bits (``kernels``); F16 weights
+multiply them rounded to float16, as ggml's vec_dot_f16 does (and ``QMatrix.matmul`` for
+an F16 weight). Each output element is computed exactly as the weight's own product
+computes it alone: grouping, the row ranges and the batch change no number.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..gguf.types import GGMLType
+from .floatbits import to_f16
+from .kernels import (
+    _activation_sets,
+    _no_activations,
+    _run_item,
+    _work_items,
+    f16_matmul_rows,
+)
+from .kerneltypes import KERNEL_TYPES
+
+F16_KIND = int(GGMLType.F16)
+# every weight type a compiled product takes: the integer kernels' and F16
+COMPILED_TYPES = frozenset(KERNEL_TYPES) | {GGMLType.F16}
+
+
+def weight_bytes(raw: np.ndarray) -> np.ndarray:
+    """A weight's raw encoding as the grouped products take it: (rows, row bytes) u8 (a
+    view: F16's (rows, K) halves as 2 K bytes a row)."""
+    return raw if raw.dtype == np.uint8 else raw.view(np.uint8)
+
+
+@njit(cache=True, nogil=True)
+def _rounded_f16(x):  # noqa: ANN001, ANN202
+    """x (n, K) f32 rounded to float16 values (numpy's astype), as float32."""
+    out = np.empty_like(x)
+    for t in range(x.shape[0]):
+        for e in range(x.shape[1]):
+            out[t, e] = to_f16(x[t, e])
+    return out
+
+
+@njit(cache=True, nogil=True)
+def activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
+    """``(a32, ak, xh)``: x (n, K) f32 in the forms the ``count`` weights of types
+    ``kinds`` multiply: the integer kernels' two 8-bit sets (``kernels._activation_sets``;
+    empty sets when no weight needs them) and x rounded to float16 (no rows when no weight
+    is F16)."""
+    first = -1
+    f16 = False
+    for m in range(count):
+        if kinds[m] == F16_KIND:
+            f16 = True
+        elif first < 0:
+            first = kinds[m]
+    if first >= 0:
+        ints = kinds.copy()  # F16 places take an integer type of the group: no new set
+        for m in range(count):
+            if ints[m] == F16_KIND:
+                ints[m] = first
+        a32, ak = _activation_sets(ints, count, x)
+    else:
+        a32 = _no_activations(x.shape[1])
+        ak = _no_activations(x.shape[1])
+    xh = _rounded_f16(x) if f16 else x[:0]
+    return a32, ak, xh
+
+
+@njit(cache=True, nogil=True)
+def run_item(kinds, ws, a32, ak, xh, tbl, outs, items, c):  # noqa: ANN001, ANN201
+    """Work item c of ``items`` ((matrix, r0, r1) rows): that matrix's rows r0:r1 for every
+    activation row, into its ``outs`` entry."""
+    m = items[c, 0]
+    if kinds[m] == F16_KIND:
+        f16_matmul_rows(ws[m].view(np.uint16), xh, outs[m], items[c, 1], items[c, 2])
+    else:
+        _run_item(kinds, ws, a32, ak, tbl, outs, items, c)
+
+
+@njit(cache=True, nogil=True)
+def matmul_serial(kinds, ws, x, tbl, outs, count):  # noqa: ANN001, ANN201
+    """``count`` products ``ws[m] (R_m, row_bytes_m) u8 @ x (n, K) f32 -> outs[m] (n, R_m)``
+    (types ``kinds[m]``) on this thread; ``ws``/``outs`` MAX_FUSED-tuples, the unused
+    entries repeating a used one (``kernels.pad_products``)."""
+    a32, ak, xh = activation_sets(kinds, count, x)
+    items = _work_items(ws, count, x.shape[0], 0)
+    for c in range(items.shape[0]):
+        run_item(kinds, ws, a32, ak, xh, tbl, outs, items, c)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_par(kinds, ws, x, tbl, outs, count, threads):  # noqa: ANN001, ANN201
+    """``matmul_serial``'s products with their row ranges run in parallel."""
+    a32, ak, xh = activation_sets(kinds, count, x)
+    items = _work_items(ws, count, x.shape[0], threads)
+    for c in prange(items.shape[0]):  # handed out one at a time (matrix.set_threads)
+        run_item(kinds, ws, a32, ak, xh, tbl, outs, items, c)
