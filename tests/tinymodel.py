@@ -64,6 +64,8 @@ class _Recorder(Weights):
         if optional:
             return None
         zeros = np.zeros(shape, np.float32)  # the architecture builds its layer specs of them
+        if len(shape) == 3:  # experts
+            return tuple(QMatrix(GGMLType.F32, z, shape[1:], name) for z in zeros)
         return QMatrix(GGMLType.F32, zeros, shape, name) if len(shape) == 2 else zeros
 
 

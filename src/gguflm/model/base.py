@@ -21,7 +21,7 @@ from . import executor, ops
 from .batch import ALL, LAST, NONE, Batch, Part, Pause
 from .config import ModelConfig
 from .kv_cache import KVArena, KVCache
-from .layer import Attention, Block, glu, linear, qkv
+from .layer import Attention, Block, experts, glu, linear, qkv
 from .weights import Layer, Weights
 
 # Tokens per forward batch: long prompts are split so the (heads, T, S) attention scores
@@ -85,9 +85,10 @@ class Model:
                     ffn_post_norm: np.ndarray | None = None, **attn: object) -> Block:
         """The spec of a pre-norm layer (``attn_norm``, Q/K/V fused or not, ``attn_output``,
         ``ffn_norm``, a GLU FFN with gate and up fused or not, biases where the file has
-        them; post norms when given), from the config's head counts and sizes and this
-        model's RoPE pairing; ``attn`` sets or overrides ``Attention`` fields (scale:
-        1/sqrt(head_dim))."""
+        them, or where the layer has a router an expert FFN (``Weights.experts``, softmax
+        routing, renormalised); post norms when given), from the config's head
+        counts and sizes and this model's RoPE pairing; ``attn`` sets or overrides
+        ``Attention`` fields (scale: 1/sqrt(head_dim))."""
         c = self.config
         q, k, v = qkv(layer, c.n_embd_q, c.n_embd_k, c.n_embd_v)
         fields = {"scale": 1.0 / float(np.sqrt(c.head_dim)), "neox": self.rope_style == "neox",
@@ -95,8 +96,10 @@ class Model:
         return Block(layer.attn_norm,
                      Attention(q, k, v, linear(layer, "attn_output"), c.n_head, c.n_head_kv,
                                c.head_dim, c.head_dim_v, **fields),
-                     layer.ffn_norm, glu(layer, act), c.norm_eps, attn_post_norm,
-                     ffn_post_norm)
+                     layer.ffn_norm,
+                     experts(layer, c.n_expert_used, act) if hasattr(layer, "ffn_gate_inp")
+                     else glu(layer, act),
+                     c.norm_eps, attn_post_norm, ffn_post_norm)
 
     def run_layers(self, x: np.ndarray, batch: Batch, ropes: tuple[np.ndarray, ...]
                    ) -> np.ndarray:

@@ -120,6 +120,8 @@ class ModelConfig:
     rope_dim: int        # {arch}.rope.dimension_count (default: head_dim): dims RoPE rotates
     rope_freq_scale: float  # 1 / {arch}.rope.scaling.factor for linear scaling, else 1
     sliding_window: int  # {arch}.attention.sliding_window (0: none)
+    n_expert: int        # {arch}.expert_count (0: a dense FFN)
+    n_expert_used: int   # {arch}.expert_used_count: experts per token (0 when dense)
 
     @property
     def n_embd_q(self) -> int:
@@ -191,6 +193,7 @@ class ModelConfig:
             rope_dim=rope_dim,
             rope_freq_scale=_rope_freq_scale(m),
             sliding_window=m.int("attention.sliding_window", 0, minimum=0),
+            **_experts(m),
         )
         values.update(cls.extra(m, values))
         return cls(**values)
@@ -199,6 +202,15 @@ class ModelConfig:
     def extra(cls, meta: Meta, common: dict[str, Any]) -> dict[str, Any]:
         """Architecture-specific fields (subclasses override); ``common`` is read already."""
         return {}
+
+
+def _experts(m: Meta) -> dict[str, int]:
+    n = m.int("expert_count", 0, minimum=0)
+    used = m.int("expert_used_count", 0, minimum=0)
+    if n and not 1 <= used <= n:
+        raise MetadataError(f"must be 1..expert_count ({n}), got {used}",
+                            key=m.key("expert_used_count"))
+    return {"n_expert": n, "n_expert_used": used if n else 0}
 
 
 def _n_vocab(m: Meta, fallback: int) -> int:

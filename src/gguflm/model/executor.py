@@ -25,7 +25,7 @@ import numpy as np
 
 from ..quant.grouped import COMPILED_TYPES
 from . import reference
-from .layer import Block
+from .layer import Block, Experts
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,7 +63,9 @@ def _not_compilable(blocks: list[Block]) -> str:
     """Why these layers cannot run compiled, or ''."""
     if not blocks:
         return "the model has no layers"
-    for b in blocks:
+    for il, b in enumerate(blocks):
+        if isinstance(b.ffn, Experts):
+            return f"layer {il}'s FFN is a mixture of experts, which has no compiled path yet"
         for role, lins in _GROUPS:
             for lin in lins(b):
                 if lin.w.type not in COMPILED_TYPES:

@@ -72,6 +72,38 @@ class GLU:
             raise ValueError(f"unknown GLU activation {self.act!r} (known: {GLU_ACTS})")
 
 
+# how an expert FFN turns router logits into the selection and its weights:
+# llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX and _SIGMOID
+GATINGS = ("softmax", "sigmoid")
+
+
+@dataclass(frozen=True, eq=False)
+class Experts:
+    """llama.cpp's build_moe_ffn: router logits ``router(x)`` (n_expert,), scored by
+    ``gating``; the ``n_used`` best experts (ties: the lower index first), their scores as
+    weights, renormalised to sum 1 when ``norm_weights`` (the sum clamped below at 2^-14),
+    times ``scale`` unless it is 0 or 1; each expert a GLU (``gate[e]``, ``up[e]``,
+    ``down[e]``: row views of the 3-D tensors); the weighted outputs summed in selection
+    order."""
+
+    router: Linear
+    gate: tuple[QMatrix, ...]
+    up: tuple[QMatrix, ...]
+    down: tuple[QMatrix, ...]
+    n_used: int
+    act: str  # one of GLU_ACTS
+    gating: str = "softmax"
+    norm_weights: bool = True
+    scale: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.act not in GLU_ACTS or self.gating not in GATINGS:
+            raise ValueError(f"unknown expert activation {self.act!r} or gating "
+                             f"{self.gating!r}")
+        if not 1 <= self.n_used <= len(self.gate) == len(self.up) == len(self.down):
+            raise ValueError(f"{self.n_used} of {len(self.gate)} experts")
+
+
 @dataclass(frozen=True, eq=False)
 class Block:
     """One pre-norm decoder layer: ``x += post(attn(norm(x)))``, ``x += post(ffn(norm(x)))``,
@@ -80,7 +112,7 @@ class Block:
     attn_norm: np.ndarray
     attn: Attention
     ffn_norm: np.ndarray
-    ffn: GLU
+    ffn: GLU | Experts
     eps: float
     attn_post_norm: np.ndarray | None = None
     ffn_post_norm: np.ndarray | None = None
@@ -114,6 +146,14 @@ def qkv(layer: Any, n_q: int, n_k: int, n_v: int) -> tuple[Linear, Linear, Linea
     if getattr(layer, "attn_qkv", None) is not None:
         return split(linear(layer, "attn_qkv"), (n_q, n_k, n_v))  # type: ignore[return-value]
     return linear(layer, "attn_q"), linear(layer, "attn_k"), linear(layer, "attn_v")
+
+
+def experts(layer: Any, n_used: int, act: str, **rule: Any) -> Experts:
+    """The expert FFN of a layer loaded with ``Weights.experts``: router ``ffn_gate_inp``
+    (optional bias), ``ffn_gate_exps``/``ffn_up_exps``/``ffn_down_exps`` split per expert;
+    ``rule`` sets ``Experts``' gating fields."""
+    return Experts(linear(layer, "ffn_gate_inp"), layer.ffn_gate_exps, layer.ffn_up_exps,
+                   layer.ffn_down_exps, n_used, act, **rule)
 
 
 def glu(layer: Any, act: str) -> GLU:

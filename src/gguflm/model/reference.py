@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..quant.floatbits import expf_ggml_twin
 from . import ops
-from .layer import GLU, Attention, Block, Linear
+from .layer import GLU, Attention, Block, Experts, Linear
 
 
 def product(x: np.ndarray, lin: Linear) -> np.ndarray:
@@ -43,6 +44,41 @@ def ffn(h: np.ndarray, f: GLU) -> np.ndarray:
     return product(gated(product(h, f.gate), product(h, f.up)), f.down)
 
 
+def expert_choice(logits: np.ndarray, e: Experts) -> tuple[np.ndarray, np.ndarray]:
+    """Router logits (T, n_expert) -> (selected experts (T, n_used) i64, their weights (T,
+    n_used) f32), as build_moe_ffn: scores (a softmax as ggml's soft_max computes it, or a
+    sigmoid), the best first (ties: lower index), renormalised and scaled as ``e`` says."""
+    if e.gating == "softmax":
+        ex = expf_ggml_twin(logits - logits.max(axis=1, keepdims=True))
+        scores = ex * (1.0 / ex.sum(axis=1, dtype=np.float64, keepdims=True)).astype(np.float32)
+    else:
+        scores = np.float32(1) / (np.float32(1) + np.exp(-logits))
+    chosen = np.argsort(-scores, axis=1, kind="stable")[:, :e.n_used]
+    w = np.take_along_axis(scores, chosen, axis=1)
+    if e.norm_weights:
+        w = w / np.maximum(w.sum(axis=1, keepdims=True), np.float32(6.103515625e-5))
+    if e.scale not in (0.0, 1.0):
+        w = w * np.float32(e.scale)
+    return chosen, w.astype(np.float32)
+
+
+def experts(h: np.ndarray, e: Experts) -> np.ndarray:
+    """Normed input h (T, n_embd) -> (T, n_embd): each row through its chosen experts,
+    weighted and summed in selection order. Rows that chose an expert run through it
+    together (its weights read once per batch); each row's numbers are its own."""
+    chosen, w = expert_choice(product(h, e.router), e)
+    gated = ops.swiglu if e.act == "silu" else ops.geglu
+    ys = np.empty((*chosen.shape, e.down[0].shape[0]), np.float32)  # (T, n_used, n_embd)
+    for ex in np.unique(chosen):
+        rows, slots = np.nonzero(chosen == ex)
+        x = h[rows]
+        ys[rows, slots] = e.down[ex].matmul(gated(e.gate[ex].matmul(x), e.up[ex].matmul(x)))
+    out = ys[:, 0] * w[:, :1]
+    for j in range(1, e.n_used):
+        out = out + ys[:, j] * w[:, j:j + 1]
+    return out
+
+
 def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray,
           rows: np.ndarray | None = None) -> np.ndarray:
     """One layer: x (T, n_embd) -> (T', n_embd); only ``rows`` go on past the attention
@@ -53,7 +89,8 @@ def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray,
     if rows is not None:
         a, x = a[rows], x[rows]
     x = x + a
-    f = ffn(ops.rmsnorm(x, b.ffn_norm, b.eps), b.ffn)
+    h = ops.rmsnorm(x, b.ffn_norm, b.eps)
+    f = experts(h, b.ffn) if isinstance(b.ffn, Experts) else ffn(h, b.ffn)
     if b.ffn_post_norm is not None:
         f = ops.rmsnorm(f, b.ffn_post_norm, b.eps)
     return x + f

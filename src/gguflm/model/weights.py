@@ -69,12 +69,16 @@ class Weights:
         return t
 
     def get(self, name: str, shape: Shape, *, optional: bool = False) -> Any:
-        """A 2-D tensor as a ``QMatrix``, a 1-D one as float32; None if optional and absent."""
+        """A 2-D tensor as a ``QMatrix``, a 1-D one as float32, a 3-D one (experts: (n,
+        rows, cols)) as a tuple of n ``QMatrix`` row views of its bytes; None if optional
+        and absent."""
         if optional and not self.has(name):
             return None
         t = self.info(name, shape)
         if len(shape) == 2:
             return QMatrix.from_tensor(t)
+        if len(shape) == 3:
+            return expert_matrices(t)
         if len(shape) == 1:
             return vector(t)
         raise TensorInfoError(f"{len(shape)}-D tensors are not supported here", tensor=name)
@@ -108,6 +112,13 @@ class Weights:
                                                          optional=opt))
         return out
 
+    def experts(self, n_expert: int, n_embd: int, n_ff: int) -> dict[str, Shape]:
+        """A layer's expert FFN tensors (llama.cpp's layout) as ``layer`` specs: the router
+        ``ffn_gate_inp`` and the 3-D ``ffn_gate_exps``/``ffn_up_exps``/``ffn_down_exps``."""
+        return {"ffn_gate_inp": (n_expert, n_embd), "ffn_gate_exps": (n_expert, n_ff, n_embd),
+                "ffn_up_exps": (n_expert, n_ff, n_embd),
+                "ffn_down_exps": (n_expert, n_embd, n_ff)}
+
     def _qkv_specs(self, i: int, c: ModelConfig) -> tuple[dict[str, Shape], dict[str, Shape]]:
         """Block i's fused or separate Q/K/V projections as (required, optional) specs."""
         if self.has(f"blk.{i}.attn_qkv.weight"):
@@ -128,6 +139,14 @@ class Weights:
                 f"not used by the {self.arch!r} architecture{more}: the file is not the "
                 f"architecture it declares, or it has parts this implementation lacks",
                 tensor=unused[0])
+
+
+def expert_matrices(t: TensorInfo) -> tuple[QMatrix, ...]:
+    """A 3-D tensor (n, rows, cols) as n (rows, cols) matrices over its bytes (no copy)."""
+    n, rows, cols = (int(d) for d in t.np_shape)
+    whole = QMatrix(t.type, t.data, (n * rows, cols), name=t.name)
+    return tuple(QMatrix(whole.type, whole.raw[e * rows:(e + 1) * rows], (rows, cols),
+                         name=f"{t.name}[{e}]") for e in range(n))
 
 
 def vector(t: TensorInfo) -> np.ndarray:

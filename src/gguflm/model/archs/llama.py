@@ -31,6 +31,16 @@ class Llama(Model):
         self.output_norm = w.get("output_norm.weight", (c.n_embd,))
         self.output = w.get_or("output.weight", (c.n_vocab, c.n_embd), self.token_embd)  # tied
         self.rope_freqs = w.get("rope_freqs.weight", (c.rope_dim // 2,), optional=True)
+        # Mixtral-style files (expert_count > 0) have experts in place of the dense FFN
+        ffn, ffn_bias = (w.experts(c.n_expert, c.n_embd, c.n_ff), {}) if c.n_expert else ({
+            "ffn_gate": (c.n_ff, c.n_embd),
+            "ffn_up": (c.n_ff, c.n_embd),
+            "ffn_down": (c.n_embd, c.n_ff),
+        }, {
+            "ffn_gate.bias": (c.n_ff,),
+            "ffn_up.bias": (c.n_ff,),
+            "ffn_down.bias": (c.n_embd,),
+        })
         self.layers = [w.layer(i, {
             "attn_norm": (c.n_embd,),
             "attn_q": (c.n_embd_q, c.n_embd),
@@ -38,17 +48,13 @@ class Llama(Model):
             "attn_v": (c.n_embd_v, c.n_embd),
             "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
             "ffn_norm": (c.n_embd,),
-            "ffn_gate": (c.n_ff, c.n_embd),
-            "ffn_up": (c.n_ff, c.n_embd),
-            "ffn_down": (c.n_embd, c.n_ff),
+            **ffn,
         }, optional={
             "attn_q.bias": (c.n_embd_q,),
             "attn_k.bias": (c.n_embd_k,),
             "attn_v.bias": (c.n_embd_v,),
             "attn_output.bias": (c.n_embd,),
-            "ffn_gate.bias": (c.n_ff,),
-            "ffn_up.bias": (c.n_ff,),
-            "ffn_down.bias": (c.n_embd,),
+            **ffn_bias,
         }) for i in range(c.n_layer)]
         # attention is causal; llama ignores any sliding window
         self.blocks = [self.dense_block(layer, "silu") for layer in self.layers]

@@ -48,9 +48,7 @@ class Qwen2(Model):
             **self.extra_layer_tensors(),
             "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
             "ffn_norm": (c.n_embd,),
-            "ffn_gate": (c.n_ff, c.n_embd),
-            "ffn_up": (c.n_ff, c.n_embd),
-            "ffn_down": (c.n_embd, c.n_ff),
+            **self.ffn_tensors(w),
         }, qkv=c) for i in range(c.n_layer)]
         # attention is causal only; Q/K/V biases are added before RoPE, as llama.cpp
         self.blocks = [self.dense_block(layer, "silu", **self.attn_extras(layer))
@@ -59,6 +57,12 @@ class Qwen2(Model):
     def extra_layer_tensors(self) -> dict[str, Shape]:
         """Required per-layer tensors beyond Qwen2's (a subclass's hook)."""
         return {}
+
+    def ffn_tensors(self, w: Weights) -> dict[str, Shape]:
+        """The FFN's tensors: gate, up and down (a subclass's hook: experts)."""
+        c = self.config
+        return {"ffn_gate": (c.n_ff, c.n_embd), "ffn_up": (c.n_ff, c.n_embd),
+                "ffn_down": (c.n_embd, c.n_ff)}
 
     # -- forward ---------------------------------------------------------------------------------
     def _forward(self, batch: Batch) -> np.ndarray:
