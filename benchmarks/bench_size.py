@@ -1,7 +1,7 @@
 """Speed at real sizes against llama-bench: pp128, pp512 and tg32 ratios, engines alternating.
 
     .venv/bin/python benchmarks/bench_size.py --llama-bin DIR [--models 1b,1b-qwen2,...]
-        [--types Q4_K_M,Q8_0] [-r 3] [-t 2] [--work DIR] [--seed N]
+        [--types Q4_K_M,Q8_0] [-r 3] [-t 2] [--work DIR] [--seed N] [--tool-python PY]
 
 The models are random-weight files of real shape made with the shared tool
 (``../shared/tools/make_big_model.py``: F16, then requantized by llama.cpp's own
@@ -10,8 +10,8 @@ model's do (the pulled test models fit in cache). Each round runs ``gguflm bench
 and then ``llama-bench -o json`` on the same file, thread count and test sizes, one
 repetition each, so that a noisy moment slows both alike; the table shows the medians over
 the rounds and their ratios, and gguflm's peak RSS against the file and its KV cache.
-Run it on a quiet machine (nothing else running). The tool needs gguf-py: the llama.cpp
-source's ``gguf-py`` folder is put on its PYTHONPATH when ``--gguf-py`` is given.
+Run it on a quiet machine (nothing else running). The tool needs gguf-py, which gguflm
+does not depend on: ``--tool-python`` names an interpreter (a separate venv) that has it.
 """
 
 from __future__ import annotations
@@ -43,12 +43,9 @@ def make(name: str, qtype: str, args: argparse.Namespace) -> Path:
         if not f16.exists():
             from gguflm import hub
 
-            env = dict(os.environ)
-            if args.gguf_py:
-                env["PYTHONPATH"] = args.gguf_py + os.pathsep + env.get("PYTHONPATH", "")
-            subprocess.run([sys.executable, str(TOOL), str(hub.resolve_model("smollm2-135m")),
+            subprocess.run([args.tool_python, str(TOOL), str(hub.resolve_model("smollm2-135m")),
                             str(f16), "--shape", shape, "--arch", arch, "--seed",
-                            str(args.seed)], check=True, env=env)
+                            str(args.seed)], check=True)
         subprocess.run([str(Path(args.llama_bin) / "llama-quantize"), str(f16), str(out),
                         qtype, "2"], check=True, capture_output=True)
     return out
@@ -110,7 +107,8 @@ def main() -> int:
     ap.add_argument("--work", default=str(Path(os.environ.get("GGUFLM_HOME",
                                                               Path.home() / ".cache/gguflm"))
                                           / "big"))
-    ap.add_argument("--gguf-py", default=None, help="llama.cpp's gguf-py folder (for the tool)")
+    ap.add_argument("--tool-python", default=sys.executable,
+                    help="an interpreter with gguf-py (`pip install gguf`) for the shared tool")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("-r must be at least 1")
