@@ -16,6 +16,7 @@ import pytest
 
 import gguflm
 from gguflm.gguf.errors import MetadataError
+from gguflm.model import executor
 from gguflm.model.batch import ALL, Part
 from gguflm.model.layer import Experts
 from refcheck import load_cases, run_reference
@@ -69,8 +70,8 @@ def test_batch_invariance(reference: Path, arch: str) -> None:
     np.testing.assert_array_equal(both[len(other):], alone)
 
 
-def test_inspect_names_the_reference_path(reference: Path, capsys) -> None:
-    """Expert FFNs run through the reference forward for now, and say so."""
+def test_inspect_names_the_path(reference: Path, capsys) -> None:
+    """Attention compiled, the experts op by op (for now), and the output says so."""
     from gguflm.cli import main
 
     path = reference / "arch" / "qwen3moe" / "tiny-qwen3moe-f16.gguf"
@@ -78,7 +79,19 @@ def test_inspect_names_the_reference_path(reference: Path, capsys) -> None:
         pytest.skip(f"{path} not found")
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "reference (numpy, op by op): layer 0's FFN is a mixture of experts" in out
+    assert ("compiled (blocks for every batch; no team: layer 0's FFN is a mixture of "
+            "experts, run op by op") in out
+
+
+@pytest.mark.parametrize("arch", MOE)
+def test_compiled_attention_matches_the_reference(reference: Path, arch: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    model, _ = _model(reference, arch)
+    assert model.plan.compiled, model.plan.describe()
+    ids = np.array([5, 300, 77, 1200, 9, 64, 2000, 31, 450, 12, 88, 1500, 7, 260])
+    got = model.logits(ids)
+    monkeypatch.setattr(model, "plan", executor.Plan(None, None, "forced by the test"))
+    np.testing.assert_array_equal(got, model.logits(ids))
 
 
 @pytest.mark.parametrize(("used", "count"), [(3, 2), (0, 8)])

@@ -34,8 +34,9 @@ from gguflm.quant.grouped import matmul_par, matmul_serial
 from gguflm.quant.kernels import geglu, swiglu
 
 from . import attention as _attention
+from . import reference
 from .attention import _attend_par, _attend_serial
-from .layer import Block, Linear
+from .layer import Block, Experts, Linear
 from .rowkernels import rmsnorm_rows, rope_rows
 
 
@@ -187,8 +188,8 @@ class LayerArgs:
 
     qkv: Group
     out: Group
-    gate_up: Group
-    down: Group
+    gate_up: Group | None  # None: an expert FFN (``reference.ffn_part`` runs it)
+    down: Group | None
     norms: tuple[np.ndarray, ...]  # attn, Q heads, K heads, post-attn, FFN, post-FFN
     eps: np.float32
     scale: np.float32
@@ -201,8 +202,10 @@ def layer_args(b: Block) -> LayerArgs:
     """``LayerArgs`` of a layer whose products all have compiled kernels
     (``grouped.COMPILED_TYPES``)."""
     a, f = b.attn, b.ffn
+    dense = not isinstance(f, Experts)
     return LayerArgs(
-        group((a.q, a.k, a.v)), group((a.o,)), group((f.gate, f.up)), group((f.down,)),
+        group((a.q, a.k, a.v)), group((a.o,)), group((f.gate, f.up)) if dense else None,
+        group((f.down,)) if dense else None,
         tuple(vector(w) for w in (b.attn_norm, a.q_norm, a.k_norm, b.attn_post_norm,
                                   b.ffn_norm, b.ffn_post_norm)),
         np.float32(b.eps), np.float32(a.scale), np.float32(a.softcap),
@@ -247,12 +250,13 @@ def ffn(x: np.ndarray, b: Block, la: LayerArgs) -> np.ndarray:
 
 def layer(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int, rot: np.ndarray,
           rows: np.ndarray | None = None) -> np.ndarray:
-    """``reference.block`` with its attention and FFN as one compiled call each."""
+    """``reference.block`` with its attention and (dense) FFN as one compiled call each;
+    an expert FFN runs as ``reference.ffn_part`` (each expert's products compiled)."""
     a = attention(x, b, la, batch, il, rot)
     if rows is not None:
         a, x = a[rows], x[rows]
     x = x + a
-    return x + ffn(x, b, la)
+    return x + (ffn(x, b, la) if la.gate_up is not None else reference.ffn_part(x, b))
 
 
 def _sources_key() -> int:

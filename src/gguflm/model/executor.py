@@ -63,10 +63,8 @@ def _not_compilable(blocks: list[Block]) -> str:
     """Why these layers cannot run compiled, or ''."""
     if not blocks:
         return "the model has no layers"
-    for il, b in enumerate(blocks):
-        if isinstance(b.ffn, Experts):
-            return f"layer {il}'s FFN is a mixture of experts, which has no compiled path yet"
-        for role, lins in _GROUPS:
+    for b in blocks:
+        for role, lins in _GROUPS[:2] if isinstance(b.ffn, Experts) else _GROUPS:
             for lin in lins(b):
                 if lin.w.type not in COMPILED_TYPES:
                     return (f"{lin.w.name} ({role}) is {lin.w.type.ggml_name}, which has no "
@@ -76,6 +74,10 @@ def _not_compilable(blocks: list[Block]) -> str:
 
 def _team_differs(blocks: list[Block]) -> str:
     """Why the team (one table for every layer) cannot take these layers, or ''."""
+    for il, b in enumerate(blocks):
+        if isinstance(b.ffn, Experts):
+            return (f"layer {il}'s FFN is a mixture of experts, run op by op: the router, "
+                    f"the top-k and each chosen expert's products")
     def shape(b: Block) -> tuple:
         a, f = b.attn, b.ffn
         return (tuple(lin.w.shape for lin in (a.q, a.k, a.v, a.o, f.gate, f.up, f.down)),

@@ -89,11 +89,15 @@ def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray,
     if rows is not None:
         a, x = a[rows], x[rows]
     x = x + a
+    return x + ffn_part(x, b)
+
+
+def ffn_part(x: np.ndarray, b: Block) -> np.ndarray:
+    """What the FFN adds to x (T, n_embd): its norm, the FFN (dense or experts) and its
+    post norm."""
     h = ops.rmsnorm(x, b.ffn_norm, b.eps)
     f = experts(h, b.ffn) if isinstance(b.ffn, Experts) else ffn(h, b.ffn)
-    if b.ffn_post_norm is not None:
-        f = ops.rmsnorm(f, b.ffn_post_norm, b.eps)
-    return x + f
+    return f if b.ffn_post_norm is None else ops.rmsnorm(f, b.ffn_post_norm, b.eps)
 
 
 def stack(x: np.ndarray, blocks: list[Block], batch: object, ropes: tuple[np.ndarray, ...],
