@@ -81,6 +81,12 @@ def test_inspect_names_the_path(reference: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert ("compiled (blocks for every batch; no team: layer 0's FFN is a mixture of "
             "experts, run op by op") in out
+    assert "8 (2 used per token)" in out
+    with gguflm.gguf.open(path) as f:
+        total = sum(t.n_elements for t in f.tensors.values())
+        experts = sum(t.n_elements for n, t in f.tensors.items() if "_exps." in n)
+    active = next(ln for ln in out.splitlines() if "active params" in ln)
+    assert f"({total - experts + experts // 4:,})" in active, active
 
 
 @pytest.mark.parametrize("arch", MOE)

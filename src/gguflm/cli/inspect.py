@@ -212,6 +212,14 @@ def _window_and_caps(s: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def _expert_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """A mixture of experts' counts and the parameters a token reads; none when dense."""
+    if s.get("expert_count") is None:
+        return []
+    return [("experts", f"{s['expert_count']} ({s['expert_used_count']} used per token)"),
+            ("active params", f"{_params(s['active_params'])} per token")]
+
+
 def _summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     def val(x: Any) -> str:
         return "-" if x is None else str(x)
@@ -244,6 +252,7 @@ def _summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("attention", val(s.get("attention"))),
         *_window_and_caps(s),
         ("feed forward", val(s["feed_forward_length"])),
+        *_expert_rows(s),
         ("vocab size", val(s["vocab_size"])),
         ("tokenizer", f"{val(s['tokenizer_model'])} (pre: {val(s['tokenizer_pre'])})"),
     ]

@@ -136,8 +136,20 @@ def summarize(f: GGUFFile) -> dict[str, Any]:
         "chat_template_chars": len(template) if template is not None else 0,
         "kv_cache_bytes_per_token": kv_per_token,
         "output_tied": "output.weight" not in f.tensors if f.tensors else None,
+        **_experts(f, arch_key("expert_count"), arch_key("expert_used_count"), n_params),
         "problems": problems,
     }
+
+
+def _experts(f: GGUFFile, count: Any, used: Any, n_params: int) -> dict[str, Any]:
+    """A mixture of experts' ``expert_count``, ``expert_used_count`` and the parameters a
+    token reads (``active_params``: the expert tensors, ``*_exps``, counted at used/count;
+    everything else in full), or Nones for a dense model."""
+    if not (isinstance(count, int) and isinstance(used, int) and 0 < used <= count):
+        return {"expert_count": None, "expert_used_count": None, "active_params": None}
+    experts = sum(t.n_elements for t in f.tensors.values() if "_exps." in t.name)
+    return {"expert_count": count, "expert_used_count": used,
+            "active_params": n_params - experts + experts * used // count}
 
 
 def _attention_kind(n_head: Any, n_head_kv: Any) -> str | None:
