@@ -96,7 +96,7 @@ def test_compiled_attention_matches_the_reference(reference: Path, arch: str,
     assert model.plan.compiled, model.plan.describe()
     ids = np.array([5, 300, 77, 1200, 9, 64, 2000, 31, 450, 12, 88, 1500, 7, 260])
     got = model.logits(ids)
-    monkeypatch.setattr(model, "plan", executor.Plan(None, None, "forced by the test"))
+    monkeypatch.setattr(model, "plan", executor.Plan(None, "forced by the test"))
     np.testing.assert_array_equal(got, model.logits(ids))
 
 

@@ -18,36 +18,52 @@ element), so a sequence's logits do not depend on which one ran.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
 from typing import Any
 
 import numpy as np
 
-from ..quant.grouped import COMPILED_TYPES
+from ..quant.kerneltypes import COMPILED_TYPES
 from . import reference
 from .layer import Block, Experts
 
 
-@dataclass(frozen=True, eq=False)
 class Plan:
-    """How a model's layers run: ``layers`` (the blocks' arguments per layer) is None on
-    the reference path, with ``reason`` saying why; ``stack`` (the team's tables) is None
-    where the team cannot run them, with ``team_reason``."""
+    """How a model's layers run. ``reason`` (not compiled: why) is decided at load from the
+    specs alone; the compiled code's arguments (``tables``: each layer's for the blocks,
+    and the team's, None with ``team_reason`` where the team cannot take the layers) are
+    built on the first forward pass, so that loading a model (``inspect``, a tokenizer
+    user) never starts numba."""
 
-    layers: tuple[Any, ...] | None
-    stack: Any
-    reason: str = ""
-    team_reason: str = ""
+    def __init__(self, blocks: list[Block] | None, reason: str = "", team_reason: str = ""
+                 ) -> None:
+        self._blocks = blocks if not reason else None
+        self.reason = reason
+        self.team_reason = team_reason
+        self._tables: tuple[tuple[Any, ...], Any] | None = None
+        self._lock = threading.Lock()
 
     @property
     def compiled(self) -> bool:
-        return self.layers is not None
+        return not self.reason
+
+    def tables(self) -> tuple[tuple[Any, ...], Any]:
+        """(each layer's ``blocks.LayerArgs``, the ``team.Stack`` or None), built once."""
+        with self._lock:
+            if self._tables is None:
+                from . import blocks as compiled_blocks  # numba: compiled or loaded now
+                from . import team
+
+                layers = tuple(compiled_blocks.layer_args(b) for b in self._blocks)
+                stack = None if self.team_reason else team.Stack(self._blocks)
+                self._tables = (layers, stack)
+            return self._tables
 
     def describe(self) -> str:
         """One line: the path the layers take and why."""
         if not self.compiled:
             return f"reference (numpy, op by op): {self.reason}"
-        if self.stack is None:
+        if self.team_reason:
             return f"compiled (blocks for every batch; no team: {self.team_reason})"
         return "compiled (team for decoding and short prompts, blocks for longer batches)"
 
@@ -94,14 +110,7 @@ def _team_differs(blocks: list[Block]) -> str:
 def plan(blocks: list[Block]) -> Plan:
     """The plan for these layers (see the module docstring)."""
     why = _not_compilable(blocks)
-    if why:
-        return Plan(None, None, why)
-    from . import blocks as compiled_blocks  # numba: compiled or loaded on first use
-    from . import team
-
-    layers = tuple(compiled_blocks.layer_args(b) for b in blocks)
-    team_why = _team_differs(blocks)
-    return Plan(layers, None if team_why else team.Stack(blocks), team_reason=team_why)
+    return Plan(blocks, why, "" if why else _team_differs(blocks))
 
 
 def run(p: Plan, blocks: list[Block], x: np.ndarray, batch: Any,
@@ -113,12 +122,13 @@ def run(p: Plan, blocks: list[Block], x: np.ndarray, batch: Any,
     from . import blocks as compiled_blocks
     from . import team
 
-    if p.stack is not None:
-        out = team.run_stack(p.stack, x, batch, ropes)
+    layers, stack = p.tables()
+    if stack is not None:
+        out = team.run_stack(stack, x, batch, ropes)
         if out is not None:  # every row through the last layer: the wanted rows' numbers
             return out if rows is None else out[rows]  # do not depend on the others
     last = len(blocks) - 1
-    for il, (b, la) in enumerate(zip(blocks, p.layers, strict=True)):
+    for il, (b, la) in enumerate(zip(blocks, layers, strict=True)):
         x = compiled_blocks.layer(x, b, la, batch, il, ropes[b.attn.rope],
                                   rows if il == last else None)
     return x

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..quant.floatbits import expf_ggml_twin
 from . import ops
 from .layer import GLU, Attention, Block, Experts, Linear
 
@@ -49,6 +48,8 @@ def expert_choice(logits: np.ndarray, e: Experts) -> tuple[np.ndarray, np.ndarra
     n_used) f32), as build_moe_ffn: scores (a softmax as ggml's soft_max computes it, or a
     sigmoid), the best first (ties: lower index), renormalised and scaled as ``e`` says."""
     if e.gating == "softmax":
+        from ..quant.floatbits import expf_ggml_twin  # numba's module: not at import
+
         ex = expf_ggml_twin(logits - logits.max(axis=1, keepdims=True))
         scores = ex * (1.0 / ex.sum(axis=1, dtype=np.float64, keepdims=True)).astype(np.float32)
     else:

@@ -21,11 +21,9 @@ from .kernels import (
     _work_items,
     f16_matmul_rows,
 )
-from .kerneltypes import KERNEL_TYPES
+from .kerneltypes import COMPILED_TYPES  # noqa: F401 - the types these products take
 
 F16_KIND = int(GGMLType.F16)
-# every weight type a compiled product takes: the integer kernels' and F16
-COMPILED_TYPES = frozenset(KERNEL_TYPES) | {GGMLType.F16}
 
 
 def weight_bytes(raw: np.ndarray) -> np.ndarray:

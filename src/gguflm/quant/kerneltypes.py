@@ -306,3 +306,7 @@ def twin_block_terms(t: GGMLType | int, w: np.ndarray, x: np.ndarray) -> np.ndar
 def twin_qmatmul(t: GGMLType | int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``twin_block_terms`` summed in float64: ``W (R, row_bytes) @ x (n, K) -> (n, R)``."""
     return twin_block_terms(t, w, x).sum((-1, -2)).astype(np.float32)
+
+
+# every weight type a compiled product takes (``grouped``): the integer kernels' and F16
+COMPILED_TYPES = frozenset(KERNEL_TYPES) | {GGMLType.F16}
