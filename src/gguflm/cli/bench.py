@@ -31,7 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from . import CLIError, UsageError
-from .common import add_ignored_options, add_model_argument, add_threads_argument, say_if_compiling
+from .common import (
+    add_batch_options,
+    add_kv_cache_options,
+    add_model_argument,
+    add_threads_argument,
+    batch_size,
+    kv_cache_type,
+    say_if_compiling,
+)
 from .common import non_negative_int as _non_negative
 from .common import positive_int as _positive
 
@@ -50,10 +58,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="tokens for the tg test; a list runs one test each (default 64; 0 "
                         "skips it)")
     add_threads_argument(p)
-    add_ignored_options(p)
     p.add_argument("-r", "--repetitions", type=_positive, default=3, metavar="R",
                    help="timed repetitions of each test (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_batch_options(p)
+    add_kv_cache_options(p)
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="time every repetition (none is an untimed warm-up first)")
     p.add_argument("--vs-llama-cpp", action="store_true",
                    help="also run llama.cpp (llama-cpp-python) and print the ratios")
     p.add_argument("--llama-python", default=None, metavar="PY",
@@ -91,13 +102,14 @@ def _token_ids(n_vocab: int, count: int, seed: int) -> list[int]:
 class _Ours:
     """Our model: one timed pp or tg run per call (seconds)."""
 
-    def __init__(self, model: Any, n_ctx: int) -> None:
-        self.model, self.n_ctx = model, n_ctx
+    def __init__(self, model: Any, n_ctx: int, n_batch: int) -> None:
+        self.model, self.n_ctx, self.n_batch = model, n_ctx, n_batch
 
     def pp(self, prompt: list[int]) -> float:
         cache = self.model.new_cache(self.n_ctx)
         t0 = time.perf_counter()
-        self.model.forward(prompt, cache)
+        for i in range(0, len(prompt), self.n_batch):  # -b/-ub rows per product
+            self.model.forward(prompt[i:i + self.n_batch], cache)
         return time.perf_counter() - t0
 
     def tg(self, gen: list[int]) -> float:
@@ -214,14 +226,15 @@ def _llama_runner(python: str | None, path: Path, threads: int, n_ctx: int, n_ba
 
 
 def _measure(runners: dict[str, Any], tests: list[tuple[str, int]], prompt: list[int],
-             gen: list[int], reps: int) -> dict[str, dict[tuple[str, int], dict[str, float]]]:
+             gen: list[int], reps: int, warmup: bool = True
+             ) -> dict[str, dict[tuple[str, int], dict[str, float]]]:
     """Each test, each runner in turn within a repetition (so that a noisy neighbour hits
-    both alike); the first repetition is an untimed warm-up."""
+    both alike); the first repetition is an untimed warm-up (unless not ``warmup``)."""
     res: dict[str, dict[tuple[str, int], Any]] = {name: {} for name in runners}
     for test, n in tests:
         ids = (prompt if test == "pp" else gen)[:n]
         times: dict[str, list[float]] = {name: [] for name in runners}
-        for rep in range(reps + 1):
+        for rep in range(0 if warmup else 1, reps + 1):
             for name, runner in runners.items():
                 dt = getattr(runner, test)(ids)
                 if rep:
@@ -277,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
     compile_s = kernels.warm_up()
     t0 = time.perf_counter()
     model = load_model(path)
+    model.kv_f16 = kv_cache_type(args) == "f16"
     load_s = time.perf_counter() - t0
     n_vocab = model.config.n_vocab
     prompt = _token_ids(n_vocab, max(args.n_prompt), seed=1)
@@ -287,12 +301,12 @@ def run(args: argparse.Namespace) -> int:
     model.forward(gen[:1] or prompt[:1], model.new_cache(4))
     warmup_s = time.perf_counter() - t0
     n_ctx = max(len(prompt), len(gen), 1)
-    runners: dict[str, Any] = {"gguflm": _Ours(model, n_ctx)}
+    runners: dict[str, Any] = {"gguflm": _Ours(model, n_ctx, batch_size(args))}
     if args.vs_llama_cpp:
         runners["llama.cpp"] = _llama_runner(args.llama_python, path, threads, n_ctx,
                                              max(len(prompt), 1), prompt, gen)
     try:
-        measured = _measure(runners, tests, prompt, gen, args.repetitions)
+        measured = _measure(runners, tests, prompt, gen, args.repetitions, args.warmup)
     finally:
         for runner in runners.values():
             runner.close()
