@@ -118,6 +118,49 @@ def test_openai_client_json_schema_and_tools(client: openai.OpenAI) -> None:
         jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_parallel_calls_are_whole_within_any_budget(client: openai.OpenAI,
+                                                             stream: bool) -> None:
+    """tool_choice "required" with parallel calls on (the default): SmolLM2 would repeat
+    the call until max_tokens; the repeat ends the reply, and a budget that runs out
+    inside a call leaves that call out and says so, never half an argument object."""
+    for max_tokens in (200, 64, 40, 24, 8):
+        args = dict(model="m", messages=WEATHER_ASK, tools=[WEATHER], tool_choice="required",
+                    max_tokens=max_tokens, temperature=0)
+        if stream:
+            calls: dict[int, list[str]] = {}
+            finish = detail = None
+            for chunk in client.chat.completions.create(**args, stream=True):
+                if not chunk.choices:
+                    continue
+                for tc in chunk.choices[0].delta.tool_calls or []:
+                    call = calls.setdefault(tc.index, ["", ""])
+                    call[0] = tc.function.name or call[0]
+                    call[1] += tc.function.arguments or ""
+                finish = chunk.choices[0].finish_reason or finish
+                detail = (chunk.choices[0].model_extra or {}).get("finish_detail") or detail
+            got = list(calls.values())
+        else:
+            r = client.chat.completions.create(**args)
+            finish = r.choices[0].finish_reason
+            detail = (r.choices[0].model_extra or {}).get("finish_detail")
+            got = [[c.function.name, c.function.arguments]
+                   for c in r.choices[0].message.tool_calls or []]
+        keys = [json.dumps(json.loads(a), sort_keys=True) for _, a in got]  # whole JSON
+        assert len(set(keys)) == len(keys), got  # no call twice
+        for name, a in got:
+            assert name == "get_weather"
+            jsonschema.validate(json.loads(a), WEATHER["function"]["parameters"])
+        if finish == "length":  # only when the budget ran out inside a call
+            assert "ran out inside a tool call" in detail, (max_tokens, got)
+        else:
+            assert finish == "tool_calls" and got and detail is None, (max_tokens, finish)
+        if max_tokens >= 64:
+            assert finish == "tool_calls" and len(got) == 1, (max_tokens, got)
+        if max_tokens == 8:  # too few for even one call
+            assert finish == "length" and not got
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"response_format": {"type": "json_schema",
                           "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},

@@ -372,7 +372,8 @@ class LLM:
         reply.feed("".join(texts))
         reply.finish()
         return Shapes("chat.completion", self.model_id).chat_result(
-            reply.message(), reply.finish_reason(seq.finish_reason), seq.usage())
+            reply.message(), reply.finish_reason(seq.finish_reason), seq.usage(),
+            reply.detail())
 
     def chat_request(self, messages: Sequence[Mapping[str, Any]], max_tokens: Any, stop: Any,
                      seed: Any, sampling: dict[str, Any],
@@ -398,7 +399,10 @@ class LLM:
 
             c = Constraint(plan.grammar, self.tokenizer)
         ids = self.chat_prompt_ids(messages, tools=template_tools)
-        return self._request(ids, max_tokens, stop, seed, sampling, c), plan
+        req = self._request(ids, max_tokens, stop, seed, sampling, c)
+        if plan is not None:
+            req.watch = plan.watcher()  # stops a model that repeats a call
+        return req, plan
 
     def constraint(self, response_format: Any = None, json_schema: Any = None,
                    grammar: Any = None, regex: Any = None) -> Any:
@@ -467,7 +471,7 @@ class LLM:
             texts.close()
         for delta in reply.finish():
             yield shape.chat_chunk(delta, None)
-        yield shape.chat_chunk({}, reply.finish_reason(seq.finish_reason))
+        yield shape.chat_chunk({}, reply.finish_reason(seq.finish_reason), reply.detail())
         if include_usage:
             yield shape.usage_chunk(seq.usage())
 
@@ -645,6 +649,10 @@ class ChatReply:
             return reason
         return self.parser.result().finish_reason(reason)
 
+    def detail(self) -> str | None:
+        """Why it ended, when finish_reason alone would mislead (a call cut off)."""
+        return self.parser.result().detail() if self.parser is not None else None
+
     def message(self) -> dict[str, Any]:
         if self.parser is not None:
             return self.parser.result().message()
@@ -669,17 +677,25 @@ class Shapes:
                           ) -> dict[str, Any]:
         return self.head | {"choices": choices, "usage": usage}
 
-    def chat_chunk(self, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    def chat_chunk(self, delta: dict[str, Any], finish: str | None,
+                   detail: str | None = None) -> dict[str, Any]:
         return self.head | {"choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                         "finish_reason": finish}]}
+                                         "finish_reason": finish} | _detail(detail)]}
 
     def chat_result(self, message: dict[str, Any], finish: str | None,
-                    usage: dict[str, Any]) -> dict[str, Any]:
+                    usage: dict[str, Any], detail: str | None = None) -> dict[str, Any]:
         return self.head | {"choices": [{"index": 0, "message": message, "logprobs": None,
-                                         "finish_reason": finish}], "usage": usage}
+                                         "finish_reason": finish} | _detail(detail)],
+                            "usage": usage}
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         return self.head | {"choices": [], "usage": usage}
+
+
+def _detail(detail: str | None) -> dict[str, str]:
+    """gguflm's own choice field ``finish_detail``: why finish_reason is what it is, when
+    it alone would mislead (OpenAI's clients keep unknown fields: ``choice.model_extra``)."""
+    return {"finish_detail": detail} if detail else {}
 
 
 def _is_ids(x: Any) -> bool:

@@ -488,7 +488,8 @@ class APIServer:
                 else:
                     for delta in reply.finish():
                         yield shape.chat_chunk(delta, None)
-                    yield shape.chat_chunk({}, reply.finish_reason(seq.finish_reason))
+                    yield shape.chat_chunk({}, reply.finish_reason(seq.finish_reason),
+                                           reply.detail())
                     if _include_usage(body):
                         yield shape.usage_chunk(seq.usage())
 
@@ -496,7 +497,8 @@ class APIServer:
             reply.feed(seq.text)
             reply.finish()
             return JSONResponse(Shapes("chat.completion", self.llm.model_id).chat_result(
-                reply.message(), reply.finish_reason(seq.finish_reason), seq.usage()))
+                reply.message(), reply.finish_reason(seq.finish_reason), seq.usage(),
+                reply.detail()))
         return await self._answer(request, req, bool(body.get("stream")), chunks, result)
 
     async def _answer(self, request: Request, req: Any, stream: bool,
