@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .common import finish_model_argument, normalize_argv
+    from .common import finish_model_argument, normalize_argv, note_shared_cores
 
     parser = build_parser()
     argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                          serving=getattr(args, "serving", False))
     try:
         finish_model_argument(args)
+        if getattr(args, "owns_cores", False) or getattr(args, "serving", False):
+            note_shared_cores(args)
         if getattr(args, "ignored_options", None) and not getattr(args, "log_disable", False):
             from .llama_options import notes
 

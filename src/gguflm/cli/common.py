@@ -10,6 +10,7 @@ module keeps ``gguflm --help`` fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -334,6 +335,45 @@ def process_escapes(text: str) -> str:
         out += c.encode("utf-8", "surrogatepass")
         i += 1
     return out.decode("utf-8", "replace")
+
+
+# the commands that keep every core busy while they work
+BUSY_COMMANDS = ("run", "chat", "bench", "perplexity", "serve", "embed", "quantize")
+
+
+def other_gguflm_processes(proc: Path = Path("/proc")) -> list[tuple[int, str]]:
+    """(pid, "gguflm COMMAND") of the other running gguflm processes that work the cores
+    (Linux: read from /proc; elsewhere none are found)."""
+    found = []
+    me = {os.getpid(), os.getppid()}
+    for entry in proc.glob("[0-9]*"):
+        try:
+            pid = int(entry.name)
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except (OSError, ValueError):
+            continue
+        if pid in me:
+            continue
+        for i, word in enumerate(argv[:-1]):
+            starts = word == "gguflm.cli" and i > 0 and argv[i - 1] == "-m"
+            if (starts or os.path.basename(word) == "gguflm") and argv[i + 1] in BUSY_COMMANDS:
+                found.append((pid, f"gguflm {argv[i + 1]}"))
+                break
+    return sorted(found)
+
+
+def note_shared_cores(args: argparse.Namespace) -> None:
+    """On a terminal, one note when another gguflm process works the same cores: both then
+    run at a fraction of their speed (each sizes its threads to every core)."""
+    if not sys.stderr.isatty() or getattr(args, "log_disable", False):
+        return
+    others = other_gguflm_processes()
+    if others:
+        pid, what = others[0]
+        more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+        print(f"note: another gguflm process is running ({what}, pid {pid}{more}); while it "
+              f"works, both share the {os.cpu_count()} cores and run slower (-t N gives "
+              f"each a part)", file=sys.stderr, flush=True)
 
 
 def say_if_compiling() -> None:
