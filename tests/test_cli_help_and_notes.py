@@ -19,14 +19,7 @@ import gguflm
 from gguflm.cli import build_parser, main
 from gguflm.cli.common import other_gguflm_processes
 from gguflm.server import APIServer
-from test_cli_llama_flags import _on_a_terminal
-
-PROMPT = "Once upon a time"
-
-
-@pytest.fixture(scope="module")
-def tiny(reference: Path) -> str:
-    return str(reference / "tiny-llama-f16" / "tiny-llama-f16.gguf")
+from test_cli_llama_flags import PROMPT, _on_a_terminal
 
 
 def _help(command: str) -> str:
@@ -35,8 +28,8 @@ def _help(command: str) -> str:
     return " ".join(sub.format_help().split())
 
 
-def test_serve_help_names_every_route(tiny: str) -> None:
-    llm = gguflm.LLM(tiny, parallel=1)
+def test_serve_help_names_every_route(tiny_llama: str) -> None:
+    llm = gguflm.LLM(tiny_llama, parallel=1)
     try:
         server = APIServer(llm, port=0)
         paths = {r.path for r in server.api_app().routes}
@@ -51,8 +44,8 @@ def test_serve_help_names_every_route(tiny: str) -> None:
         assert path in text, path
 
 
-def test_serve_v_logs_requests_to_stderr(tiny: str) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "gguflm.cli", "serve", tiny, "--port", "0",
+def test_serve_v_logs_requests_to_stderr(tiny_llama: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "gguflm.cli", "serve", tiny_llama, "--port", "0",
                              "-v", "-np", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
@@ -74,31 +67,31 @@ def test_serve_v_logs_requests_to_stderr(tiny: str) -> None:
     assert "GET /health" in err
 
 
-def test_perplexity_json_help_names_the_keys_it_prints(tiny: str, reference: Path,
+def test_perplexity_json_help_names_the_keys_it_prints(tiny_llama: str, reference: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     text = str(reference / "text" / "apache-2.0.txt")
-    assert main(["perplexity", tiny, "-f", text, "-c", "32", "--chunks", "2", "--json"]) == 0
+    assert main(["perplexity", tiny_llama, "-f", text, "-c", "32", "--chunks", "2", "--json"]) == 0
     keys = set(json.loads(capsys.readouterr().out))
     helped = _help("perplexity").split("--json print one JSON object: ")[1].split(" -")[0]
     named = {w.strip(",") for w in helped.split() if re.fullmatch(r"[a-z_]+,?", w)}
     assert keys <= named and named - keys <= {"the", "estimate", "after", "each", "chunk"}
 
 
-def test_tokenize_takes_llama_tokenizes_options(tiny: str,
+def test_tokenize_takes_llama_tokenizes_options(tiny_llama: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["tokenize", tiny, "Hello world"]) == 0
+    assert main(["tokenize", tiny_llama, "Hello world"]) == 0
     plain = capsys.readouterr().out
-    assert main(["tokenize", "-m", tiny, "-p", "Hello world"]) == 0
+    assert main(["tokenize", "-m", tiny_llama, "-p", "Hello world"]) == 0
     assert capsys.readouterr().out == plain
-    assert main(["tokenize", tiny, "-p", "Hello world", "--ids", "--show-count"]) == 0
+    assert main(["tokenize", tiny_llama, "-p", "Hello world", "--ids", "--show-count"]) == 0
     out = capsys.readouterr().out.splitlines()
     ids = json.loads(out[0])
     assert out[1] == f"Total number of tokens: {len(ids)}" and len(ids) == len(plain.splitlines())
-    proc = subprocess.run([sys.executable, "-m", "gguflm.cli", "tokenize", tiny, "--stdin"],
+    proc = subprocess.run([sys.executable, "-m", "gguflm.cli", "tokenize", tiny_llama, "--stdin"],
                           input="Hello world", capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout == plain
     with pytest.raises(SystemExit) as e:
-        main(["tokenize", tiny])
+        main(["tokenize", tiny_llama])
     assert e.value.code == 2 and "TEXT, -p TEXT, -f FILE or --stdin" in capsys.readouterr().err
 
 
@@ -119,14 +112,14 @@ def test_chat_show_prints_the_values_in_effect(capsys: pytest.CaptureFixture[str
     assert "temperature 0.2" in shown and "seed 9" in shown
 
 
-def test_a_note_when_another_gguflm_works_the_cores(tiny: str) -> None:
+def test_a_note_when_another_gguflm_works_the_cores(tiny_llama: str) -> None:
     # a process whose command line is a gguflm run (it only sleeps)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "gguflm",
                               "run"])
     try:
         time.sleep(0.3)
         assert other.pid in [pid for pid, _ in other_gguflm_processes()]
-        rc, _, err = _on_a_terminal(["run", tiny, "-p", PROMPT, "-n", "2"])
+        rc, _, err = _on_a_terminal(["run", tiny_llama, "-p", PROMPT, "-n", "2"])
         assert rc == 0
         assert "note: another gguflm process is running (gguflm " in err  # (others may run)
         assert "-t N" in err
@@ -134,6 +127,6 @@ def test_a_note_when_another_gguflm_works_the_cores(tiny: str) -> None:
         other.kill()
         other.wait()
     # not a terminal (a script, a test): no note
-    proc = subprocess.run([sys.executable, "-m", "gguflm.cli", "run", tiny, "-p", PROMPT,
+    proc = subprocess.run([sys.executable, "-m", "gguflm.cli", "run", tiny_llama, "-p", PROMPT,
                            "-n", "2"], capture_output=True, text=True, timeout=300)
     assert "another gguflm" not in proc.stderr

@@ -6,7 +6,6 @@ matter, SmolLM2 (instruct, with a chat template) where it does."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,48 +16,37 @@ from pathlib import Path
 import pytest
 
 import gguflm
-from gguflm.cli import main
-
-PROMPT = "Once upon a time"
+from test_cli_llama_flags import PROMPT, _json
 
 
-@pytest.fixture(scope="module")
-def tiny(reference: Path) -> str:
-    return str(reference / "tiny-llama-f16" / "tiny-llama-f16.gguf")
-
-
-def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
-    assert main(["run", *argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
-
-
-def test_ctx_0_is_the_models_own_context(tiny: str, capsys: pytest.CaptureFixture[str]) -> None:
-    n_train = gguflm.load_model(tiny).config.n_ctx_train
-    assert _json(capsys, tiny, "-p", PROMPT, "-n", "1", "-c", "0")["n_ctx"] == n_train
-    llm = gguflm.LLM(tiny, n_ctx=0, parallel=1)
+def test_ctx_0_is_the_models_own_context(tiny_llama: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    n_train = gguflm.load_model(tiny_llama).config.n_ctx_train
+    assert _json(capsys, tiny_llama, "-p", PROMPT, "-n", "1", "-c", "0")["n_ctx"] == n_train
+    llm = gguflm.LLM(tiny_llama, n_ctx=0, parallel=1)
     try:
         assert llm.n_ctx == n_train
     finally:
         llm.close()
 
 
-def test_batch_sizes_and_cache_types_keep_the_tokens(tiny: str,
+def test_batch_sizes_and_cache_types_keep_the_tokens(tiny_llama: str,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    base = _json(capsys, tiny, "-p", PROMPT * 6, "-n", "8", "--temp", "0")
+    base = _json(capsys, tiny_llama, "-p", PROMPT * 6, "-n", "8", "--temp", "0")
     # the prompt evaluated 3 rows at a time: the same logits, so the same greedy tokens
-    small = _json(capsys, tiny, "-p", PROMPT * 6, "-n", "8", "--temp", "0", "-b", "5",
+    small = _json(capsys, tiny_llama, "-p", PROMPT * 6, "-n", "8", "--temp", "0", "-b", "5",
                   "-ub", "3")
     assert small["generated_tokens"] == base["generated_tokens"]
-    f32 = _json(capsys, tiny, "-p", PROMPT * 6, "-n", "8", "--temp", "0", "-ctk", "f32",
+    f32 = _json(capsys, tiny_llama, "-p", PROMPT * 6, "-n", "8", "--temp", "0", "-ctk", "f32",
                 "-ctv", "f32")
     assert len(f32["generated_tokens"]) == 8
-    llm = gguflm.LLM(tiny, kv_cache_type="f32", n_batch=3, parallel=1)
+    llm = gguflm.LLM(tiny_llama, kv_cache_type="f32", n_batch=3, parallel=1)
     try:
         assert llm.engine.arena.f16 is False and llm.engine.n_batch == 3
     finally:
         llm.close()
     with pytest.raises(gguflm.InvalidRequestError, match="kv_cache_type"):
-        gguflm.LLM(tiny, kv_cache_type="q4_0")
+        gguflm.LLM(tiny_llama, kv_cache_type="q4_0")
 
 
 def test_system_prompt_and_single_turn_use_the_chat_template(
@@ -104,18 +92,18 @@ def test_mirostat_and_samplers_run_and_repeat_with_a_seed(
     assert _json(capsys, model, *argv, "--no-warmup")["timings"]["warmup_seconds"] == 0
 
 
-def test_run_without_a_prompt_is_a_conversation(tiny: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "gguflm.cli", "run", tiny], input="/bye\n",
+def test_run_without_a_prompt_is_a_conversation(tiny_llama: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "gguflm.cli", "run", tiny_llama], input="/bye\n",
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "gguflm chat: " in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "gguflm.cli", "run", tiny, "-no-cnv"],
+    proc = subprocess.run([sys.executable, "-m", "gguflm.cli", "run", tiny_llama, "-no-cnv"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "-no-cnv needs a prompt" in proc.stderr
 
 
-def test_ctrl_c_ends_the_line_and_prints_the_timings(tiny: str) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "gguflm.cli", "run", tiny, "-p", PROMPT,
+def test_ctrl_c_ends_the_line_and_prints_the_timings(tiny_llama: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "gguflm.cli", "run", tiny_llama, "-p", PROMPT,
                              "-n", "-1", "--ignore-eos"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     assert proc.stdout is not None
