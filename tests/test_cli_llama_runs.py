@@ -6,6 +6,7 @@ matter, SmolLM2 (instruct, with a chat template) where it does."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import gguflm
+from gguflm.cli import main
 from test_cli_llama_flags import PROMPT, _json
 
 
@@ -119,3 +121,19 @@ def test_ctrl_c_ends_the_line_and_prints_the_timings(tiny_llama: str) -> None:
     assert proc.returncode == 130
     assert out.endswith(b"\n")
     assert "stop: interrupted (Ctrl-C)" in err.decode() and "tok/s" in err.decode()
+
+
+def test_llama_cpp_spellings_that_gguflm_maps(tiny_llama: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    # -n -2 (until the context is filled) and a quantized cache type (f16 here, noted)
+    assert main(["run", tiny_llama, "-p", PROMPT, "-n", "-2", "-c", "16", "-ctk", "q8_0",
+                 "-ctv", "q8_0", "--temp", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "note: -ctk/-ctv q8_0: gguflm's KV cache holds f16 or f32 numbers; using f16" in err
+    assert "stop: context full (n_ctx 16)" in err
+    # llama-bench's thread list and -o json
+    assert main(["bench", tiny_llama, "-p", "8", "-n", "2", "-r", "1", "-t", "1,2",
+                 "-o", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["threads"] == 1
+    assert "note: -t 1,2: gguflm bench measures one value a run; using 1" in err

@@ -88,6 +88,17 @@ def test_the_issues_command_lines_parse_as_llama_cpps() -> None:
     assert a.words == ["out.gguf", "Q4_K_M", "4"] and a.input_flag == "in.gguf"
 
 
+def test_llama_benchs_lists_and_switch_words() -> None:
+    a = _parse("bench", "-m", "m.gguf", "-n", "0", "-n", "16", "-p", "64,128", "-t", "1,2,4",
+               "-b", "128,256", "-fa", "1", "-o", "json", "-ngl", "10,20")
+    assert (a.n_gen, a.n_prompt, a.threads, a.batch_size, a.output) == \
+        ([0, 16], [64, 128], [1, 2, 4], [128, 256], "json")
+    assert _parse("bench", "-m", "m.gguf").n_prompt == [128]  # the default, once
+    assert _parse("run", "-p", "x", "-co", "1").color == "on"
+    assert [o for o, _ in _parse("run", "-p", "x", "-fa", "true").ignored_options] == \
+        ["-fa true"]
+
+
 @pytest.mark.parametrize("argv", [
     ["run", "-ctkx", "f16"], ["run", "-nocnv"], ["run", "--temperat", "1"],
     ["run", "-c5"], ["run", "-sy", "x"], ["serve", "--por", "8"],
@@ -98,6 +109,17 @@ def test_no_prefix_matching(argv: list[str], capsys: pytest.CaptureFixture[str])
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"unrecognized arguments: {argv[1]}" in err
     assert "invalid int value" not in err and "expected an integer" not in err
+
+
+def test_long_options_with_underscores_as_llama_cpp_reads_them() -> None:
+    known = frozenset(f for sub in _PARSER.get_default("subparsers").values()
+                      for f in sub._option_string_actions)
+    argv = normalize_argv(["run", "--repeat_penalty", "1.1", "--ctx_size", "64", "--n_predict",
+                           "3", "-p", "snake_case", "--no_such_thing"], known)
+    assert argv[-3:] == ["-p", "snake_case", "--no_such_thing"]  # only known options change
+    a, extra = _PARSER.parse_known_args(argv)
+    assert (a.sampling_repeat_penalty, a.ctx_size, a.n_predict) == (1.1, 64, 3)
+    assert a.prompt == "snake_case" and extra == ["--no_such_thing"]
 
 
 def test_ignored_options_get_one_note_per_reason() -> None:

@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     from .common import finish_model_argument, normalize_argv, note_shared_cores
 
     parser = build_parser()
-    argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    known = frozenset(flag for sub in parser.get_default("subparsers").values()
+                      for flag in sub._option_string_actions)
+    argv = normalize_argv(list(sys.argv[1:] if argv is None else argv), known)
     args, extra = parser.parse_known_args(argv)
     command = args.subparsers.get(args.command) if args.command else None
     if extra:  # an unknown option: the command's own usage, not the top-level one

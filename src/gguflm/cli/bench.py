@@ -32,10 +32,8 @@ from typing import Any
 
 from . import CLIError, UsageError
 from .common import (
-    add_batch_options,
     add_kv_cache_options,
     add_model_argument,
-    add_threads_argument,
     batch_size,
     kv_cache_type,
     say_if_compiling,
@@ -51,17 +49,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "logits for the last position) and generation (tg: N tokens one at a "
                     "time) in tokens/s, as llama-bench does.")
     add_model_argument(p, optional=True)
-    p.add_argument("-p", "--n-prompt", type=_sizes, default=[128], metavar="P[,P...]",
+    p.add_argument("-p", "--n-prompt", type=_sizes, action=_Extend, default=[128],
+                   metavar="P[,P...]",
                    help="prompt tokens for the pp test; a list runs one test each "
                         "(default 128; 0 skips it)")
-    p.add_argument("-n", "--n-gen", type=_sizes, default=[64], metavar="N[,N...]",
+    p.add_argument("-n", "--n-gen", type=_sizes, action=_Extend, default=[64],
+                   metavar="N[,N...]",
                    help="tokens for the tg test; a list runs one test each (default 64; 0 "
                         "skips it)")
-    add_threads_argument(p)
+    p.add_argument("-t", "--threads", type=_counts, default=None, metavar="N",
+                   help="threads (default: the cores available); llama-bench's list "
+                        "(1,2,4) runs the first only, with a note")
     p.add_argument("-r", "--repetitions", type=_positive, default=3, metavar="R",
                    help="timed repetitions of each test (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    add_batch_options(p)
+    p.add_argument("-o", "--output", choices=("md", "json", "csv", "jsonl", "sql"),
+                   default="md", help="llama-bench's output formats: md (the table, the "
+                                      "default) and json (--json); csv, jsonl and sql are "
+                                      "not made here: the table instead, with a note")
+    for short, long, what in (("-b", "--batch-size", "logical"), ("-ub", "--ubatch-size",
+                                                                    "physical")):
+        p.add_argument(short, long, type=_counts, default=None, metavar="N",
+                       help=f"{what} batch: pp's rows per product are min(-b, -ub), at most "
+                            "512 (default: 512); a list runs the first only, with a note")
     add_kv_cache_options(p)
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="time every repetition (none is an untimed warm-up first)")
@@ -71,6 +81,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a Python interpreter with llama-cpp-python, for --vs-llama-cpp when "
                         "it is not importable here")
     p.set_defaults(func=run, owns_cores=True)  # one user's command: spinning workers
+
+
+class _Extend(argparse.Action):
+    """llama-bench's lists: comma-separated, or the option repeated (the values add up;
+    the default goes once one is given)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        given = getattr(namespace, f"_{self.dest}_given", False)
+        old = getattr(namespace, self.dest) if given else []
+        setattr(namespace, self.dest, [*old, *values])
+        setattr(namespace, f"_{self.dest}_given", True)
+
+
+def _counts(text: str) -> list[int]:
+    """argparse type: a positive count or llama-bench's comma-separated list of them."""
+    return [_positive(x.strip()) for x in text.split(",")]
+
+
+def _first_of_lists(args: argparse.Namespace) -> None:
+    """-t/-b/-ub lists: gguflm bench measures one setting a run, the first (said in a
+    note); the lists become that one value."""
+    for name, flag in (("threads", "-t"), ("batch_size", "-b"), ("ubatch_size", "-ub")):
+        values = getattr(args, name)
+        if values is None:
+            continue
+        if len(values) > 1:
+            print(f"note: {flag} {','.join(map(str, values))}: gguflm bench measures one "
+                  f"value a run; using {values[0]}", file=sys.stderr)
+        setattr(args, name, values[0])
 
 
 def _sizes(text: str) -> list[int]:
@@ -275,6 +315,12 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output == "json":
+        args.json = True
+    elif args.output != "md":
+        print(f"note: -o {args.output}: gguflm bench prints llama-bench's markdown table or "
+              "JSON (-o json); here the table", file=sys.stderr)
+    _first_of_lists(args)
     tests = [("pp", n) for n in args.n_prompt if n] + [("tg", n) for n in args.n_gen if n]
     if not tests:
         raise UsageError("nothing to measure: -p and -n are both 0")

@@ -119,6 +119,8 @@ class Chat:
 def chat(args: argparse.Namespace) -> int:
     from ..api import InvalidRequestError
 
+    if args.n_predict == -2:  # llama.cpp's "until the context is filled"
+        args.n_predict = -1
     if args.n_predict < -1:
         raise UsageError(f"-n must be -1 (unlimited) or at least 0, got {args.n_predict}")
     llm = load_llm(args, parallel=1)

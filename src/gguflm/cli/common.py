@@ -78,12 +78,20 @@ def finish_model_argument(args: argparse.Namespace) -> None:
 
 # llama.cpp options whose value may be left out: without one of these after it, the
 # option is the plain switch (so that it never swallows the next argument, e.g. a MODEL)
-OPTIONAL_VALUES = {"-fa": ("on", "off", "auto"), "--flash-attn": ("on", "off", "auto"),
-                   "-co": ("on", "off", "auto"), "--color": ("on", "off", "auto")}
+# (llama.cpp reads on/enabled/true/1, off/disabled/false/0 and auto/-1 for these)
+_SWITCH_WORDS = ("on", "off", "auto", "enabled", "disabled", "true", "false", "1", "0", "-1")
+OPTIONAL_VALUES = {"-fa": _SWITCH_WORDS, "--flash-attn": _SWITCH_WORDS,
+                   "-co": _SWITCH_WORDS, "--color": _SWITCH_WORDS}
+SWITCH_VALUES = {"enabled": "on", "true": "on", "1": "on", "disabled": "off", "false": "off",
+                 "0": "off", "-1": "auto"}
 
 
-def normalize_argv(argv: list[str]) -> list[str]:
-    """``-fa`` and ``-co``/``--color`` without one of on/off/auto after them mean on."""
+def normalize_argv(argv: list[str], known: frozenset[str] = frozenset()) -> list[str]:
+    """``-fa`` and ``-co``/``--color`` without one of on/off/auto after them mean on; a
+    ``--long_name`` that is one of the ``known`` options with dashes is that option
+    (llama.cpp reads ``_`` in long options as ``-``: ``--repeat_penalty``)."""
+    argv = [a.replace("_", "-") if a.startswith("--") and "=" not in a and "_" in a
+            and a.replace("_", "-") in known else a for a in argv]
     out = []
     for i, a in enumerate(argv):
         values = OPTIONAL_VALUES.get(a)
@@ -95,6 +103,8 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 
 KV_CACHE_TYPES = ("f16", "f32")
+# llama.cpp's other cache types: accepted, and the cache is f16 (said in a note)
+LLAMA_KV_CACHE_TYPES = ("bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
 def add_kv_cache_options(p: argparse.ArgumentParser) -> None:
@@ -102,11 +112,12 @@ def add_kv_cache_options(p: argparse.ArgumentParser) -> None:
     one in gguflm)."""
     for short, long, what in (("-ctk", "--cache-type-k", "keys"),
                               ("-ctv", "--cache-type-v", "values")):
-        p.add_argument(short, long, choices=KV_CACHE_TYPES, type=str.lower, default=None,
-                       metavar="TYPE",
+        p.add_argument(short, long, choices=KV_CACHE_TYPES + LLAMA_KV_CACHE_TYPES,
+                       type=str.lower, default=None, metavar="TYPE",
                        help=f"number type of the KV cache's {what}: f16 (default, as llama.cpp) "
                             "or f32 (exact attention, twice the memory); keys and values "
-                            "share one type")
+                            "share one type (llama.cpp's quantized types are taken as f16, "
+                            "with a note)")
 
 
 def kv_cache_type(args: argparse.Namespace) -> str:
@@ -114,6 +125,15 @@ def kv_cache_type(args: argparse.Namespace) -> str:
     from . import UsageError
 
     k, v = getattr(args, "cache_type_k", None), getattr(args, "cache_type_v", None)
+    other = [t for t in (k, v) if t in LLAMA_KV_CACHE_TYPES]
+    if other and not getattr(args, "kv_noted", False):
+        args.kv_noted = True
+        if not getattr(args, "log_disable", False):
+            print(f"note: -ctk/-ctv {other[0]}: gguflm's KV cache holds f16 or f32 numbers; "
+                  "using f16 (more memory than a quantized cache, more exact)",
+                  file=sys.stderr, flush=True)
+    k = "f16" if k in LLAMA_KV_CACHE_TYPES else k
+    v = "f16" if v in LLAMA_KV_CACHE_TYPES else v
     if k and v and k != v:
         raise UsageError(f"-ctk {k} and -ctv {v}: gguflm's cache holds keys and values in "
                          "one type; give both the same")
@@ -145,9 +165,14 @@ def batch_size(args: argparse.Namespace) -> int:
 COLOR_CHOICES = ("on", "off", "auto")
 
 
+def _switch(text: str) -> str:
+    return SWITCH_VALUES.get(text.lower(), text.lower())
+
+
 def add_color_option(p: argparse.ArgumentParser, what: str) -> None:
     """llama.cpp's ``-co``/``--color [on|off|auto]`` (alone: on; see normalize_argv)."""
-    p.add_argument("-co", "--color", choices=COLOR_CHOICES, default="off", metavar="WHEN",
+    p.add_argument("-co", "--color", choices=COLOR_CHOICES, type=_switch, default="off",
+                   metavar="WHEN",
                    help=f"{what}: on (also -co alone), off (default), auto (on a terminal)")
 
 

@@ -67,8 +67,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     esc.add_argument("--no-escape", dest="escape", action="store_false",
                      help="take the prompt as it is (the default)")
     p.add_argument("-n", "--n-predict", "--predict", type=int, default=None, metavar="N",
-                   help=f"tokens to generate at most; -1: until the end of generation or "
-                        f"of the context (default: {DEFAULT_N_PREDICT})")
+                   help=f"tokens to generate at most; -1 (or -2, llama.cpp's 'until the "
+                        f"context is filled'): until the end of generation or of the context "
+                        f"(default: {DEFAULT_N_PREDICT})")
     p.add_argument("-c", "--ctx-size", type=non_negative_int, metavar="N_CTX",
                    help="context size in tokens; 0: the model's training context (default: "
                         "4096, llama.cpp's, or the model's training context if smaller; more "
@@ -166,8 +167,11 @@ def _checked(args: argparse.Namespace) -> tuple[int, object, list[str], dict, st
     if args.prompt is None and args.file is None:
         raise UsageError("-no-cnv needs a prompt: -p PROMPT or -f FILE")
     n_predict = DEFAULT_N_PREDICT if args.n_predict is None else args.n_predict
+    if n_predict == -2:  # llama.cpp's "until the context is filled": -1 here stops there too
+        n_predict = -1
     if n_predict < -1:
-        raise UsageError(f"-n must be -1 (unlimited) or at least 0, got {n_predict}")
+        raise UsageError(f"-n must be -1 (unlimited), -2 (until the context is full) or at "
+                         f"least 0, got {n_predict}")
     try:
         params = cli_sampler_params(args)
     except SamplingError as e:
