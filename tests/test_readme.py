@@ -121,8 +121,7 @@ def _needs_server(code: str, state: dict) -> None:
 
 
 @pytest.mark.parametrize("index", range(len(STEPS)))
-def test_readme_example(index: int, folder: dict, smollm2_path: Path,
-                        gemma3_path: Path) -> None:
+def test_readme_example(index: int, folder: dict, smollm2_path: Path) -> None:
     kind, code, expected = STEPS[index]
     if kind == "sh":
         if code == "make test":
