@@ -157,6 +157,11 @@ def test_samplers_order_and_spellings() -> None:
     assert parse_samplers("edkypmxt")[0] == "penalties"  # --sampler-seq's letters
     with pytest.raises(SamplingError, match="unknown sampler"):
         sampler_params({"samplers": "top_k;bogus"})
+    with pytest.raises(SamplingError) as e:  # an untrusted field: the message stays short
+        sampler_params({"samplers": "x" * 100_000})
+    assert len(str(e.value)) < 200
+    with pytest.raises(SamplingError, match="at most 64"):
+        sampler_params({"samplers": ["top_k"] * 65})
     logits = np.array([4.0, 3.9, 3.8, 0.0, -1.0], dtype=np.float32)
     # without temperature in the chain, temp 0 is not greedy (as in llama.cpp)
     only_k = Sampler(sampler_params({"samplers": "top_k", "top_k": 3, "temperature": 0.0,

@@ -34,7 +34,8 @@ COMMANDS = """\
   /help, /?              this list
   /set NAME VALUE        change a setting: temperature, top_p, top_k, min_p, typical_p,
                          repeat_penalty, repeat_last_n, presence_penalty,
-                         frequency_penalty, seed (-1: random), max_tokens (-1: the context)
+                         frequency_penalty, seed (-1: random), samplers, mirostat,
+                         mirostat_tau, mirostat_eta, max_tokens (-1: the context)
   /set system TEXT       replace the system message (starts the conversation over)
   /set verbose | quiet   show token counts and speeds after each reply, or not
   /show                  the current settings

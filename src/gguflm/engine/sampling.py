@@ -59,7 +59,7 @@ def parse_samplers(value: str | Iterable[str]) -> tuple[str, ...]:
         names = [n for n in value.split(";") if n] if ";" in value or value.lower() in \
             _SAMPLER_ALIASES else None
         if names is None:
-            if all(ch in _SAMPLER_CHARS for ch in value):
+            if all(ch in _SAMPLER_CHARS for ch in value) and len(value) <= 64:
                 return tuple(_SAMPLER_CHARS[ch] for ch in value)
             names = [value]
     else:
@@ -70,7 +70,8 @@ def parse_samplers(value: str | Iterable[str]) -> tuple[str, ...]:
     for name in names:
         key = name.lower() if isinstance(name, str) else None
         if key not in _SAMPLER_ALIASES:
-            raise SamplingError(f"samplers: unknown sampler {name!r} (known: "
+            shown = repr(name)[:40] + ("..." if len(repr(name)) > 40 else "")
+            raise SamplingError(f"samplers: unknown sampler {shown} (known: "
                                 f"{', '.join(_CANONICAL)})")
         out.append(_SAMPLER_ALIASES[key])
     return tuple(out)
