@@ -137,3 +137,13 @@ def test_llama_cpp_spellings_that_gguflm_maps(tiny_llama: str,
     out, err = capsys.readouterr()
     assert json.loads(out)["threads"] == 1
     assert "note: -t 1,2: gguflm bench measures one value a run; using 1" in err
+
+
+def test_chat_takes_llama_clis_first_message_and_single_turn(smollm2_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "gguflm.cli", "chat", str(smollm2_path),
+                           "-sys", "Answer in one short sentence.", "-p",
+                           "What is the capital of France?", "-st", "--temp", "0",
+                           "--log-disable"], input="", capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "The capital of France is Paris.\n"  # no prompt read: one turn

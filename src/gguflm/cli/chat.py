@@ -61,6 +61,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_argument(p, optional=True)
     p.add_argument("--system", "-sys", "--system-prompt", metavar="TEXT",
                    help="a system message to start with")
+    p.add_argument("-p", "--prompt", metavar="TEXT",
+                   help="the first message, answered before you type (llama-cli's -p)")
+    p.add_argument("-st", "--single-turn", action="store_true",
+                   help="answer the first message (-p, or the first line typed), then leave")
     p.add_argument("-n", "--n-predict", type=int, default=DEFAULT_N_PREDICT, metavar="N",
                    help=f"tokens per reply at most; -1: until the model ends its turn or the "
                         f"context is full (default: {DEFAULT_N_PREDICT})")
@@ -145,8 +149,15 @@ def chat(args: argparse.Namespace) -> int:
     if llm.chat_template.name.startswith("built-in") and not args.chat_template:
         say(f"note: {llm.model_path.name} has no chat template (it may be a pretrained base "
             f"model, not tuned for chat); using gguflm's {llm.chat_template.name} template")
+    first = getattr(args, "prompt", None)  # llama-cli's -p: the first message
     while True:
-        message = read_message(state.color)
+        if first is not None:
+            message, first = (first, True), None
+        elif getattr(args, "single_turn", False) and len(state.messages) > (1 if state.system
+                                                                             else 0):
+            return 0  # -st: one reply, then leave
+        else:
+            message = read_message(state.color)
         if message is None:
             return 0
         text, quoted = message
