@@ -147,3 +147,20 @@ def test_chat_takes_llama_clis_first_message_and_single_turn(smollm2_path: Path)
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "The capital of France is Paris.\n"  # no prompt read: one turn
+
+
+def test_context_shift_keeps_the_start_and_goes_on(tiny_llama: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["-p", PROMPT, "-c", "16", "-n", "40", "--ignore-eos", "--temp", "0"]
+    stopped = _json(capsys, tiny_llama, *argv)
+    assert stopped["stopped_by"] == "context" and len(stopped["generated_tokens"]) < 16
+    shifted = _json(capsys, tiny_llama, *argv, "--context-shift", "--keep", "2")
+    assert shifted["stopped_by"] == "max_tokens" and len(shifted["generated_tokens"]) == 40
+    # until the first shift, the same tokens
+    n = len(stopped["generated_tokens"])
+    assert shifted["generated_tokens"][:n] == stopped["generated_tokens"]
+    assert main(["run", tiny_llama, *argv, "--context-shift", "-s", "5"]) == 0
+    err = capsys.readouterr().err
+    assert "40 tokens; context shifted" in err and "seed 5]" in err
+    with pytest.raises(SystemExit):
+        main(["run", tiny_llama, *argv, "--context-shift", "--regex", "a+"])

@@ -78,10 +78,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore-eos", action="store_true",
                    help="never end at an end-of-generation token (they are not sampled): "
                         "generate until -n or the context is full")
+    shift = p.add_mutually_exclusive_group()
+    shift.add_argument("--context-shift", action="store_true",
+                       help="when the context is full, keep --keep tokens of the prompt, drop "
+                            "half of the rest and go on (llama.cpp's; the kept text is "
+                            "evaluated again, and each shift goes on with the next seed)")
+    shift.add_argument("--no-context-shift", dest="context_shift", action="store_false",
+                       help="stop when the context is full (the default, as llama.cpp's)")
     p.add_argument("--keep", type=int, default=0, metavar="N",
-                   help="tokens of the prompt a context shift keeps; gguflm, like llama.cpp "
-                        "by default, never shifts the context (generation stops when it is "
-                        "full), so this changes nothing")
+                   help="tokens of the prompt a context shift keeps (BOS besides); -1: all "
+                        "(default: 0)")
     turn = p.add_argument_group("one chat turn (the prompt as the user's message, through "
                                 "the model's chat template)")
     sysp = turn.add_mutually_exclusive_group()
@@ -182,6 +188,9 @@ def _checked(args: argparse.Namespace) -> tuple[int, object, list[str], dict, st
         raise UsageError(f"--stop: {e}") from None
     kv_cache_type(args)
     spec = constraint_spec(args)
+    if spec and args.context_shift:
+        raise UsageError("--context-shift cannot go with --json-schema, --grammar or --regex "
+                         "(a shift would restart the structure)")
     text = args.prompt if args.prompt is not None else read_text(args.file)
     if args.escape:
         text = process_escapes(text)
@@ -248,26 +257,21 @@ def run(args: argparse.Namespace) -> int:
     n_batch = min(128, batch_size(args)) if progress.enabled else batch_size(args)
     engine = Engine(model, tokenizer, n_ctx=n_ctx, n_slots=1, threads=args.threads,
                     n_batch=n_batch)
-    interrupted = False
     try:
-        seq = engine.submit(Request(prompt, params, n_predict, stops,
-                                    make_constraint(spec, tokenizer), args.lookup,
-                                    ignore_eos=args.ignore_eos))
-        try:
-            out = _stream(args, seq, prompt, tokenizer, progress)
-        except KeyboardInterrupt:  # stop, and say what was done, as llama.cpp does
-            interrupted = True
-            seq.cancel()
-            seq.wait()
-            out = ""
-            if not args.json:
-                sys.stdout.write("\n")
-                sys.stdout.flush()
+        request = Request(prompt, params, n_predict, stops, make_constraint(spec, tokenizer),
+                          args.lookup, ignore_eos=args.ignore_eos)
+        seq, generated, out, shifts, interrupted = _generate(args, engine, request, tokenizer,
+                                                             progress, _n_keep(args, prompt,
+                                                                               tokenizer))
+        if not args.json:
+            sys.stdout.write("\n")  # the line ends, however the text did
+            sys.stdout.flush()
     finally:
         engine.close()
     if seq.finish_reason == "error":
         raise CLIError(f"generation failed: {seq.error}")
     stopped_by = "cancelled" if interrupted else seq.stopped_by
+    seed = (seq.seed - shifts) % 2 ** 32  # each shift went on with the next seed
     t = seq.timings_dict()
     if args.json:
         if interrupted:
@@ -277,30 +281,74 @@ def run(args: argparse.Namespace) -> int:
                                      "generation_seconds", "generation_tokens_per_second")}
         stop = {"eos": "eos", "stop_string": "stop"}.get(seq.stopped_by or "", "length")
         print(json.dumps({
-            "model": str(path), "prompt_tokens": prompt, "generated_tokens": seq.tokens,
-            "text": out, "stop": stop, "stopped_by": seq.stopped_by, "seed": seq.seed,
+            "model": str(path), "prompt_tokens": prompt, "generated_tokens": generated,
+            "text": out, "stop": stop, "stopped_by": seq.stopped_by, "seed": seed,
             "n_ctx": n_ctx,
             "timings": timings | {"load_seconds": round(load_seconds, 6),
                                   "warmup_seconds": round(warmup_seconds, 6)},
         }, ensure_ascii=False))
         return 0
     if args.perf:
-        say(args, f"[{t['generated_tokens']} tokens, stop: "
+        shifted = f"; context shifted {shifts} times" if shifts else ""
+        say(args, f"[{len(generated)} tokens{shifted}, stop: "
                   f"{stop_description(stopped_by, n_predict, n_ctx)}; prompt "
                   f"{t['prompt_tokens']} tokens at {t['prompt_tokens_per_second']:.1f} tok/s, "
                   f"generation {t['generation_tokens_per_second']:.1f} tok/s; load "
                   f"{load_seconds:.2f} s, warm-up {warmup_seconds:.2f} s; seed "
-                  f"{seq.seed}{_lookup_note(t)}]")
+                  f"{seed}{_lookup_note(t)}]")
     return 130 if interrupted else 0
 
 
+def _n_keep(args: argparse.Namespace, prompt: list[int], tokenizer: object) -> int:
+    """Tokens a context shift keeps: --keep of the prompt, BOS besides (-1 or more than the
+    prompt: all of it), as llama.cpp counts them."""
+    if args.keep < 0 or args.keep > len(prompt):
+        return len(prompt)
+    return args.keep + int(tokenizer.bos_id is not None and prompt[0] == tokenizer.bos_id)
+
+
+def _generate(args: argparse.Namespace, engine: object, request: object, tokenizer: object,
+              progress: Progress, n_keep: int) -> tuple[object, list[int], str, int, bool]:
+    """Run ``request``, streaming (``_stream``); with --context-shift, go on past a full
+    context as llama.cpp does: the first ``n_keep`` tokens stay, half of the rest goes, the
+    rest is the next request's prompt. (The last sequence, every generated token, the
+    text, the shifts, whether Ctrl-C ended it.)"""
+    import dataclasses
+
+    generated: list[int] = []
+    parts: list[str] = []
+    shifts = 0
+    while True:
+        seq = engine.submit(request)
+        try:
+            parts.append(_stream(args, seq, request.prompt_ids, tokenizer, progress,
+                                 first=not shifts))
+        except KeyboardInterrupt:  # stop, and say what was done, as llama.cpp does
+            seq.cancel()
+            seq.wait()
+            return seq, generated + seq.tokens, "".join(parts), shifts, True
+        generated += seq.tokens
+        left = request.max_tokens - len(seq.tokens) if request.max_tokens >= 0 else -1
+        context = request.prompt_ids + seq.tokens
+        n_left = len(context) - n_keep
+        kept = context[:n_keep] + context[n_keep + n_left // 2:]
+        if (not args.context_shift or seq.stopped_by != "context" or left == 0
+                or len(kept) >= len(context) - 1):
+            return seq, generated, "".join(parts), shifts, False
+        shifts += 1
+        params = dataclasses.replace(request.params, seed=(seq.seed + 1) % 2 ** 32)
+        request = dataclasses.replace(request, prompt_ids=kept, max_tokens=left, params=params)
+
+
 def _stream(args: argparse.Namespace, seq: object, prompt: list[int], tokenizer: object,
-            progress: Progress) -> str:
-    """Show the prompt (--display-prompt) and its progress, then stream the text to stdout
-    (ending the line); with --json, collect it instead. The text."""
+            progress: Progress, first: bool = True) -> str:
+    """Show the prompt (--display-prompt) and its progress (the ``first`` part only), then
+    stream the text to stdout; with --json, collect it instead. The text."""
     from ..engine.sequence import PREFILL, WAITING
 
-    if args.display_prompt and not args.json:
+    if not first:
+        progress = Progress("", 0, enabled=False)
+    elif args.display_prompt and not args.json:
         shown = tokenizer.decode(prompt, special=args.special)
         sys.stdout.write(f"{YELLOW}{shown}{RESET}" if color_on(args, sys.stdout) else shown)
         sys.stdout.flush()
@@ -316,8 +364,6 @@ def _stream(args: argparse.Namespace, seq: object, prompt: list[int], tokenizer:
         parts.append(piece.text)
         sys.stdout.write(piece.text)
         sys.stdout.flush()
-    sys.stdout.write("\n")
-    sys.stdout.flush()
     return "".join(parts)
 
 
