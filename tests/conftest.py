@@ -40,6 +40,12 @@ def _model(name: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama(reference: Path) -> str:
+    """The reference data's tiny random-weight Llama (fast; its text is gibberish)."""
+    return str(reference / "tiny-llama-f16" / "tiny-llama-f16.gguf")
+
+
+@pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     return _model("smollm2-135m")
 

@@ -92,9 +92,10 @@ def test_gpu_options_are_accepted_and_noted(tiny: str,
     assert out["generated_tokens"] == base["generated_tokens"]
     assert main(["run", tiny, "-p", PROMPT, "-n", "1", "-ngl", "99", "-fa", "on"]) == 0
     err = capsys.readouterr().err
-    notes = [line for line in err.splitlines() if line.startswith("note: ignored")]
-    assert notes == ["note: ignored -ngl 99, -fa on (gguflm runs on the CPU, from the "
-                     "memory-mapped file)"]
+    notes = [line for line in err.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: -ngl 99, -fa on: ignored: gguflm runs on the CPU"]
+    assert main(["run", tiny, "-p", PROMPT, "-n", "1", "-ngl", "99", "--log-disable"]) == 0
+    assert capsys.readouterr().err == ""  # --log-disable: no note, no timings line
 
 
 def test_an_unknown_option_prints_the_commands_usage(capsys: pytest.CaptureFixture[str]) -> None:
@@ -108,7 +109,8 @@ def test_an_unknown_option_prints_the_commands_usage(capsys: pytest.CaptureFixtu
 
 
 def test_exit_codes_are_consistent(tiny: str, capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["-t", "0"], ["-c", "0"], ["--temp", "x"], ["-n", "-5"]):
+    for argv in (["-t", "0"], ["-c", "-1"], ["--temp", "x"], ["-n", "-5"], ["-ctk", "q9"],
+                 ["-ctk", "f32", "-ctv", "f16"], ["--mirostat", "3"], ["--samplers", "bogus"]):
         with pytest.raises(SystemExit) as e:
             main(["run", tiny, "-p", PROMPT, *argv])
         assert e.value.code == 2, argv

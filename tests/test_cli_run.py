@@ -63,7 +63,9 @@ def test_streamed_text_equals_json_text_for_the_same_seed(
     (["--repeat-penalty", "0"], "repeat-penalty must be > 0"),
     (["--seed", "-2"], "seed must be in"),
     (["-n", "-3"], "-n must be"),
-    (["-c", "0"], "must be at least 1, got 0"),
+    (["-c", "-1"], "must be at least 0, got -1"),
+    (["-ctk", "f32", "-ctv", "f16"], "one type"),
+    (["--mirostat", "3"], "mirostat must be 0, 1 or 2"),
 ])
 def test_bad_option_values_are_usage_errors(reference: Path, capsys: pytest.CaptureFixture[str],
                                             argv: list[str], message: str) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gguflm import gguf
 from gguflm.cli import main
 from gguflm.gguf.writer import GGUFWriter
 
@@ -29,6 +30,30 @@ def test_quantize_makes_llama_quantizes_file(reference: Path, tmp_path: Path,
     assert f"[{n}/{n}] blk.3.ffn_up.weight" in err[-2] and "F16 -> Q5_K" in err[-2]
     assert err[-1].startswith(f"wrote {out}: Q5_K_M (general.file_type 17), {n} tensors")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q.gguf"]
+
+
+def test_llama_quantizes_positionals_m_and_units(reference: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    """IN [OUT] TYPE [NTHREADS] as llama-quantize takes them, IN also as -m; OUT's default
+    name is llama-quantize's; sizes in MB of 10^6 bytes."""
+    src = tmp_path / "model-f16.gguf"
+    src.write_bytes((reference / "arch" / "qwen2" / "tiny-qwen2-f16.gguf").read_bytes())
+    assert main(["quantize", str(src), "Q8_0", "2"]) == 0
+    out = tmp_path / "ggml-model-Q8_0.gguf"
+    assert out.is_file()
+    last = capsys.readouterr().err.splitlines()[-1]
+    sizes = []
+    for path in (src, out):
+        with gguf.open(path) as f:
+            sizes.append(sum(t.nbytes for t in f.tensors.values()) / 1e6)
+    assert f"{sizes[0]:.1f} MB -> {sizes[1]:.1f} MB" in last  # 10^6 bytes, not MiB
+    again = tmp_path / "again.gguf"
+    assert main(["quantize", "-m", str(src), str(again), "Q8_0"]) == 0
+    assert again.read_bytes() == out.read_bytes()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["quantize", "-m", str(src)])
+    assert e.value.code == 2 and "IN [OUT] TYPE [NTHREADS]" in capsys.readouterr().err
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -9,6 +9,7 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,8 +103,18 @@ def test_openai_client_json_schema_and_tools(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
         model="m", messages=WEATHER_ASK, tools=[WEATHER], max_tokens=60, temperature=0,
         tool_choice={"type": "function", "function": {"name": "get_weather"}}, stream=True)
-    calls: dict[int, list[str]] = {}  # index -> [name, arguments]
-    finish = None
+    calls, finish, _ = _streamed_calls(stream)
+    assert calls and finish == "tool_calls"
+    for name, args in calls:  # parallel calls allowed: each one valid
+        assert name == "get_weather"
+        jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
+
+
+def _streamed_calls(stream: Any) -> tuple[list[list[str]], str | None, str | None]:
+    """What a client makes of a chat stream: [name, arguments] per call index, the
+    finish_reason and gguflm's finish_detail."""
+    calls: dict[int, list[str]] = {}
+    finish = detail = None
     for chunk in stream:
         if not chunk.choices:
             continue
@@ -112,10 +123,41 @@ def test_openai_client_json_schema_and_tools(client: openai.OpenAI) -> None:
             call[0] = tc.function.name or call[0]
             call[1] += tc.function.arguments or ""
         finish = chunk.choices[0].finish_reason or finish
-    assert calls and finish == "tool_calls"
-    for name, args in calls.values():  # parallel calls allowed: each one valid
-        assert name == "get_weather"
-        jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
+        detail = (chunk.choices[0].model_extra or {}).get("finish_detail") or detail
+    return [calls[i] for i in sorted(calls)], finish, detail
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_parallel_calls_are_whole_within_any_budget(client: openai.OpenAI,
+                                                             stream: bool) -> None:
+    """tool_choice "required" with parallel calls on (the default): SmolLM2 would repeat
+    the call until max_tokens; the repeat ends the reply, and a budget that runs out
+    inside a call leaves that call out and says so, never half an argument object."""
+    for max_tokens in (200, 64, 40, 24, 8):
+        args = dict(model="m", messages=WEATHER_ASK, tools=[WEATHER], tool_choice="required",
+                    max_tokens=max_tokens, temperature=0)
+        if stream:
+            got, finish, detail = _streamed_calls(client.chat.completions.create(
+                **args, stream=True))
+        else:
+            r = client.chat.completions.create(**args)
+            finish = r.choices[0].finish_reason
+            detail = (r.choices[0].model_extra or {}).get("finish_detail")
+            got = [[c.function.name, c.function.arguments]
+                   for c in r.choices[0].message.tool_calls or []]
+        keys = [json.dumps(json.loads(a), sort_keys=True) for _, a in got]  # whole JSON
+        assert len(set(keys)) == len(keys), got  # no call twice
+        for name, a in got:
+            assert name == "get_weather"
+            jsonschema.validate(json.loads(a), WEATHER["function"]["parameters"])
+        if finish == "length":  # only when the budget ran out inside a call
+            assert "ran out inside a tool call" in detail, (max_tokens, got)
+        else:
+            assert finish == "tool_calls" and got and detail is None, (max_tokens, finish)
+        if max_tokens >= 64:
+            assert finish == "tool_calls" and len(got) == 1, (max_tokens, got)
+        if max_tokens == 8:  # too few for even one call
+            assert finish == "length" and not got
 
 
 @pytest.mark.parametrize("extra, param", [

@@ -230,11 +230,19 @@ REPLIES = [  # (format, reply, content, [(name, arguments)])
     ("json", '{"name": "add", "arguments": {"a": 1, "b": 2}}\n{"name": "get_weather", '
      '"arguments": {"city": "X", "unit": "celsius"}}',
      None, [("add", '{"a": 1, "b": 2}'), ("get_weather", '{"city": "X", "unit": "celsius"}')]),
-    ("json", '{"name": "add", "arguments": {"a": 1, "b', None,
-     [("add", '{"a": 1, "b')]),  # cut off by max_tokens: what there is
-    ("json", '{"name": "add", "arguments": "{\\"a\\": 1', None,
-     [("add", '"{\\"a\\": 1')]),  # cut off inside string-encoded arguments: left raw
     ("json", "  \n  ", None, []),
+]
+# cut off by max_tokens inside a call: the call is left out, never half an object
+CUT_OFF = [  # (format, reply, content, [(name, arguments)] of the complete calls)
+    ("json", '{"name": "add", "arguments": {"a": 1, "b', None, []),
+    ("json", '{"name": "add", "arguments": "{\\"a\\": 1', None, []),  # string-encoded
+    ("json", '{"name": "ad', None, []),  # inside the name
+    ("json", '{"name": "add", "arguments": {"a": 1, "b": 2}}\n{"name": "get_weather", '
+     '"arguments": {"city": "Pa', None, [("add", '{"a": 1, "b": 2}')]),
+    ("hermes", 'Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n'
+     '</tool_call>\n<tool_call>\n{"name": "get_weather", "argu', "Sure.",
+     [("add", '{"a": 1, "b": 2}')]),
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Oslo"', None, []),
 ]
 
 
@@ -245,10 +253,41 @@ def test_replies_parse_into_content_and_calls(fmt, text, content, calls) -> None
     assert [(c.name, c.arguments) for c in reply.tool_calls] == calls
     assert all(CALL_ID.fullmatch(c.id) for c in reply.tool_calls)
     assert reply.finish_reason("stop") == ("tool_calls" if calls else "stop")
-    assert reply.finish_reason("length") == "length"
+    # out of tokens after the last complete call: the calls are made
+    assert reply.finish_reason("length") == ("tool_calls" if calls else "length")
+    assert not reply.truncated and reply.detail() is None
     message = reply.message()
     assert message["role"] == "assistant" and message["content"] == content
     assert ("tool_calls" in message) == bool(calls)
+
+
+@pytest.mark.parametrize("fmt, text, content, calls", CUT_OFF)
+def test_a_call_cut_off_is_left_out_and_the_reply_says_so(fmt, text, content, calls) -> None:
+    for chunks in ([text], list(text)):  # whole, and streamed a character at a time
+        parser, deltas = _stream(fmt, chunks)
+        reply = parser.result()
+        assert reply.content == content and reply.truncated
+        assert [(c.name, c.arguments) for c in reply.tool_calls] == calls
+        assert [(n, a) for _, n, a in _accumulate(deltas)[1]] == calls
+        for c in reply.tool_calls:
+            json.loads(c.arguments)  # whole JSON
+        assert reply.finish_reason("length") == "length"
+        assert "ran out inside a tool call" in reply.detail()
+
+
+def test_a_repeated_call_is_dropped_and_ends_the_reply() -> None:
+    one = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
+    other = '{"name": "add", "arguments": {"a": 3, "b": 4}}'
+    parser = ToolCallParser("json", CHECKED)
+    deltas = parser.feed(one + "\n" + other)
+    assert not parser.repeated
+    deltas += parser.feed("\n" + one.replace(": ", ":"))  # the same call, spaced otherwise
+    assert parser.repeated
+    deltas += parser.finish()
+    reply = parser.result()
+    assert [json.loads(c.arguments)["a"] for c in reply.tool_calls] == [1, 3]
+    assert len(_accumulate(deltas)[1]) == 2
+    assert reply.finish_reason("stop") == "tool_calls" and not reply.truncated
 
 
 def _accumulate(deltas: list[dict]) -> tuple[str | None, list[tuple[str, str, str]]]:
@@ -283,14 +322,14 @@ def test_streamed_deltas_add_up_to_the_parsed_reply(fmt, text, content, calls) -
     assert [(n, a) for _, n, a in got_calls] == calls
 
 
-def test_arguments_stream_in_fragments_before_the_call_ends() -> None:
+def test_a_call_streams_once_its_arguments_are_whole() -> None:
     text = '<tool_call>\n{"name": "add", "arguments": {"a": 12, "b": 30}}\n</tool_call>'
     parser = ToolCallParser("hermes", CHECKED)
-    head = parser.feed(text[:text.index('"b"')])
-    assert head[0]["tool_calls"][0]["function"] == {"name": "add", "arguments": ""}
-    assert "".join(d["tool_calls"][0]["function"]["arguments"] for d in head[1:]) == \
-        '{"a": 12, '
-    assert parser.feed(text[text.index('"b"'):]) and not parser.finish()
+    assert parser.feed(text[:text.index("}")]) == []  # held back: it might be cut off
+    (delta,) = parser.feed(text[text.index("}"):])
+    assert delta["tool_calls"][0]["function"] == {"name": "add",
+                                                  "arguments": '{"a": 12, "b": 30}'}
+    assert not parser.finish()
 
 
 @settings(max_examples=60, deadline=None)

@@ -62,7 +62,9 @@ class LLM:
     answers a conversation through the model's chat template, ``tokenize``/``detokenize``.
 
     ``model`` is a GGUF file or a known model name (pulled on first use). ``n_ctx`` is each
-    sequence's context size in tokens (default: 4096, at most the training context);
+    sequence's context size in tokens (default: 4096, at most the training context; 0: the
+    training context); ``kv_cache_type`` the KV cache's numbers (``"f16"``, llama.cpp's
+    default, or ``"f32"``); ``n_batch`` prompt tokens per step (default and most: 512);
     ``threads`` the kernel threads (default: the cores available); ``chat_template`` a file
     that replaces the model's template (Jinja text or a ``tokenizer_config.json``);
     ``parallel`` the sequences computed together (slots, default 4; more calls wait in
@@ -76,7 +78,7 @@ class LLM:
     tokens; engine/lookup.py); ``verbose`` prints what was
     loaded to stderr. llama-cpp-python's names work too: ``model_path``, ``n_threads``
     (``n_ctx`` and ``seed`` are the same); ``n_gpu_layers``, ``use_mmap``, ``use_mlock``,
-    ``flash_attn``, ``n_batch``, ``embedding`` and the like are accepted and ignored, with a
+    ``flash_attn``, ``embedding`` and the like are accepted and ignored, with a
     warning for the GPU ones. Constructing an LLM sets process-wide state once: numpy's
     OpenBLAS runs on one thread (see ``quant.matrix.limit_blas_threads``).
     """
@@ -88,10 +90,11 @@ class LLM:
                  kv_overrides: Mapping[str, bool | int | float | str] | None = None,
                  rope_style: str | None = None, pooling: str | None = None,
                  seed: int | None = None, lookup: int = 0, verbose: bool = False,
+                 kv_cache_type: str = "f16", n_batch: int | None = None,
                  model_path: str | os.PathLike[str] | None = None,
                  n_threads: int | None = None, **ignored: Any) -> None:
         from . import load_model
-        from .engine.scheduler import Engine
+        from .engine.scheduler import N_BATCH, Engine
         from .hub import DEFAULT_MODEL, KNOWN_MODELS, resolve_model
         from .quant.matrix import entry_point_defaults
         from .tokenizer import Tokenizer
@@ -100,11 +103,15 @@ class LLM:
         model, threads = _lcpp_aliases(model, model_path, threads, n_threads, ignored)
         name = os.fspath(model) if model is not None else DEFAULT_MODEL
         for arg, value in (("threads", threads), ("parallel", parallel),
-                           ("max_queue", max_queue), ("n_ctx", n_ctx)):
+                           ("max_queue", max_queue), ("n_ctx", n_ctx), ("n_batch", n_batch)):
+            least = 0 if arg == "n_ctx" else 1  # n_ctx 0: the model's own, as in llama.cpp
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                raise InvalidRequestError(f"{arg} must be a positive integer, got {value!r}",
-                                          param=arg)
+                                      or value < least):
+                raise InvalidRequestError(
+                    f"{arg} must be an integer of at least {least}, got {value!r}", param=arg)
+        if kv_cache_type not in ("f16", "f32"):
+            raise InvalidRequestError(f"kv_cache_type must be 'f16' or 'f32', got "
+                                      f"{kv_cache_type!r}", param="kv_cache_type")
         self.model_path = resolve_model(name)
         # the id clients see: a known name as given, else the file's name
         self.model_id = name if name in KNOWN_MODELS else self.model_path.name
@@ -113,6 +120,8 @@ class LLM:
         self.verbose = bool(verbose)
         self.lookup = _check_lookup(lookup)
         self.seed = self._default_seed(seed)
+        # sampling keywords for calls that leave them out (serve --temp ...); checked here
+        self.sampling_defaults: dict[str, Any] = {}
         if pooling is not None:  # checked before the file is opened
             self._check_pooling(pooling)
         t0 = time.perf_counter()
@@ -123,12 +132,15 @@ class LLM:
                                       or "rope" not in str(e) else "rope_style") from None
         self.tokenizer = Tokenizer.from_gguf(self.model.gguf)
         self.pooling = self._check_pooling(pooling)
-        self.n_ctx = n_ctx if n_ctx is not None else default_n_ctx(
-            int(self.model.config.n_ctx_train or 0))
+        n_ctx_train = int(self.model.config.n_ctx_train or 0)
+        self.n_ctx = n_ctx if n_ctx else (n_ctx_train if n_ctx == 0 and n_ctx_train
+                                          else default_n_ctx(n_ctx_train))
+        self.model.kv_f16 = kv_cache_type == "f16"
         self.chat_template = ChatTemplate.for_tokenizer(
             self.tokenizer, self.model.gguf.metadata, override=chat_template)
         self.engine = Engine(self.model, self.tokenizer, n_ctx=self.n_ctx, n_slots=parallel,
-                             threads=self.threads, max_queue=max_queue)
+                             threads=self.threads, max_queue=max_queue,
+                             **({"n_batch": min(n_batch, N_BATCH)} if n_batch else {}))
         # usage and finish reason of the last run, however it ended (None: not ended)
         self.last_run: dict[str, Any] | None = None
         self._max_token_bytes: int | None = None  # the longest token's text (see _check_fits)
@@ -194,7 +206,7 @@ class LLM:
             raise InvalidRequestError(str(e), param="stop") from None
         if seed is None:
             seed = self.seed  # the LLM's seed (llama-cpp-python's Llama(seed=...)), if any
-        sampling = dict(sampling)
+        sampling = self.sampling_defaults | {k: v for k, v in sampling.items() if v is not None}
         lookup = sampling.pop("lookup", None)
         lookup = self.lookup if lookup is None else _check_lookup(lookup)
         try:
@@ -360,7 +372,8 @@ class LLM:
         reply.feed("".join(texts))
         reply.finish()
         return Shapes("chat.completion", self.model_id).chat_result(
-            reply.message(), reply.finish_reason(seq.finish_reason), seq.usage())
+            reply.message(), reply.finish_reason(seq.finish_reason), seq.usage(),
+            reply.detail())
 
     def chat_request(self, messages: Sequence[Mapping[str, Any]], max_tokens: Any, stop: Any,
                      seed: Any, sampling: dict[str, Any],
@@ -386,7 +399,10 @@ class LLM:
 
             c = Constraint(plan.grammar, self.tokenizer)
         ids = self.chat_prompt_ids(messages, tools=template_tools)
-        return self._request(ids, max_tokens, stop, seed, sampling, c), plan
+        req = self._request(ids, max_tokens, stop, seed, sampling, c)
+        if plan is not None:
+            req.watch = plan.watcher()  # stops a model that repeats a call
+        return req, plan
 
     def constraint(self, response_format: Any = None, json_schema: Any = None,
                    grammar: Any = None, regex: Any = None) -> Any:
@@ -455,7 +471,7 @@ class LLM:
             texts.close()
         for delta in reply.finish():
             yield shape.chat_chunk(delta, None)
-        yield shape.chat_chunk({}, reply.finish_reason(seq.finish_reason))
+        yield shape.chat_chunk({}, reply.finish_reason(seq.finish_reason), reply.detail())
         if include_usage:
             yield shape.usage_chunk(seq.usage())
 
@@ -633,6 +649,10 @@ class ChatReply:
             return reason
         return self.parser.result().finish_reason(reason)
 
+    def detail(self) -> str | None:
+        """Why it ended, when finish_reason alone would mislead (a call cut off)."""
+        return self.parser.result().detail() if self.parser is not None else None
+
     def message(self) -> dict[str, Any]:
         if self.parser is not None:
             return self.parser.result().message()
@@ -657,17 +677,25 @@ class Shapes:
                           ) -> dict[str, Any]:
         return self.head | {"choices": choices, "usage": usage}
 
-    def chat_chunk(self, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    def chat_chunk(self, delta: dict[str, Any], finish: str | None,
+                   detail: str | None = None) -> dict[str, Any]:
         return self.head | {"choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                         "finish_reason": finish}]}
+                                         "finish_reason": finish} | _detail(detail)]}
 
     def chat_result(self, message: dict[str, Any], finish: str | None,
-                    usage: dict[str, Any]) -> dict[str, Any]:
+                    usage: dict[str, Any], detail: str | None = None) -> dict[str, Any]:
         return self.head | {"choices": [{"index": 0, "message": message, "logprobs": None,
-                                         "finish_reason": finish}], "usage": usage}
+                                         "finish_reason": finish} | _detail(detail)],
+                            "usage": usage}
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         return self.head | {"choices": [], "usage": usage}
+
+
+def _detail(detail: str | None) -> dict[str, str]:
+    """gguflm's own choice field ``finish_detail``: why finish_reason is what it is, when
+    it alone would mislead (OpenAI's clients keep unknown fields: ``choice.model_extra``)."""
+    return {"finish_detail": detail} if detail else {}
 
 
 def _is_ids(x: Any) -> bool:

@@ -86,6 +86,18 @@ _SAMPLING = tuple(SAMPLING_FIELDS)
 _BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
+def _log_config() -> dict[str, Any]:
+    """uvicorn's logging, with its access log (one line per request, serve -v) on stderr
+    like the rest, not on stdout."""
+    import copy
+
+    import uvicorn.config
+
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["handlers"]["access"]["stream"] = "ext://sys.stderr"
+    return config
+
+
 class RequestError(Exception):
     """An HTTP error answer: status, message, and OpenAI's ``type``/``param``/``code``."""
 
@@ -216,7 +228,8 @@ class APIServer:
         config = uvicorn.Config(
             self.app(), log_level="info" if verbose else "warning", access_log=verbose,
             timeout_keep_alive=KEEP_ALIVE_SECONDS, limit_concurrency=limit, lifespan="off",
-            http=_protocol(limit), ws="none", backlog=ACCEPT_BURST)
+            http=_protocol(limit), ws="none", backlog=ACCEPT_BURST,
+            log_config=_log_config())
         self._uvicorn = uvicorn.Server(config)
         self._stopped = threading.Event()
 
@@ -475,7 +488,8 @@ class APIServer:
                 else:
                     for delta in reply.finish():
                         yield shape.chat_chunk(delta, None)
-                    yield shape.chat_chunk({}, reply.finish_reason(seq.finish_reason))
+                    yield shape.chat_chunk({}, reply.finish_reason(seq.finish_reason),
+                                           reply.detail())
                     if _include_usage(body):
                         yield shape.usage_chunk(seq.usage())
 
@@ -483,7 +497,8 @@ class APIServer:
             reply.feed(seq.text)
             reply.finish()
             return JSONResponse(Shapes("chat.completion", self.llm.model_id).chat_result(
-                reply.message(), reply.finish_reason(seq.finish_reason), seq.usage()))
+                reply.message(), reply.finish_reason(seq.finish_reason), seq.usage(),
+                reply.detail()))
         return await self._answer(request, req, bool(body.get("stream")), chunks, result)
 
     async def _answer(self, request: Request, req: Any, stream: bool,

@@ -15,6 +15,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import Any
 
 # numpy's OpenBLAS on one thread unless the user chose (set before numpy is imported, so any
 # OpenBLAS build honours it). Our products run in the numba kernels; BLAS only gets the small
@@ -42,10 +43,25 @@ class UsageError(CLIError):
     status 2 (as argparse does for the errors it finds itself)."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse without guessing: an option is only ever its exact spelling (or
+    ``--name=value``). argparse would otherwise read a single-dash word it does not know
+    as a shorter option plus a value (``-ctk`` as ``-c tk``) or as the start of a longer
+    one; llama.cpp's single-dash long options (``-no-cnv``, ``-sys``) need exact matches."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def _get_option_tuples(self, option_string: str) -> list:
+        return []  # no prefixes, no "-cVALUE": unknown options are reported as unknown
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
+    from .llama_options import TOOLS_OF, add_llama_options
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gguflm", description="Read, check, write and run GGUF model files.")
     parser.add_argument("--version", action="version", version=f"gguflm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -57,15 +73,20 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         mod.register(sub)
+    for name in TOOLS_OF:  # last: they fill in what the commands do not have
+        if name in sub.choices:
+            add_llama_options(sub.choices[name], name)
     parser.set_defaults(subparsers=sub.choices)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .common import finish_model_argument, normalize_argv
+    from .common import finish_model_argument, normalize_argv, note_shared_cores
 
     parser = build_parser()
-    argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    known = frozenset(flag for sub in parser.get_default("subparsers").values()
+                      for flag in sub._option_string_actions)
+    argv = normalize_argv(list(sys.argv[1:] if argv is None else argv), known)
     args, extra = parser.parse_known_args(argv)
     command = args.subparsers.get(args.command) if args.command else None
     if extra:  # an unknown option: the command's own usage, not the top-level one
@@ -81,9 +102,13 @@ def main(argv: list[str] | None = None) -> int:
                          serving=getattr(args, "serving", False))
     try:
         finish_model_argument(args)
-        if getattr(args, "ignored_options", None):
-            print(f"note: ignored {', '.join(args.ignored_options)} (gguflm runs on the CPU, "
-                  "from the memory-mapped file)", file=sys.stderr)
+        if getattr(args, "owns_cores", False) or getattr(args, "serving", False):
+            note_shared_cores(args)
+        if getattr(args, "ignored_options", None) and not getattr(args, "log_disable", False):
+            from .llama_options import notes
+
+            for line in notes(args.ignored_options):
+                print(line, file=sys.stderr)
         return int(args.func(args) or 0)
     except UsageError as e:
         (command or parser).error(str(e))

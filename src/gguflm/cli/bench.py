@@ -31,7 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from . import CLIError, UsageError
-from .common import add_ignored_options, add_model_argument, add_threads_argument, say_if_compiling
+from .common import (
+    add_kv_cache_options,
+    add_model_argument,
+    batch_size,
+    kv_cache_type,
+    say_if_compiling,
+)
 from .common import non_negative_int as _non_negative
 from .common import positive_int as _positive
 
@@ -43,23 +49,68 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "logits for the last position) and generation (tg: N tokens one at a "
                     "time) in tokens/s, as llama-bench does.")
     add_model_argument(p, optional=True)
-    p.add_argument("-p", "--n-prompt", type=_sizes, default=[128], metavar="P[,P...]",
+    p.add_argument("-p", "--n-prompt", type=_sizes, action=_Extend, default=[128],
+                   metavar="P[,P...]",
                    help="prompt tokens for the pp test; a list runs one test each "
                         "(default 128; 0 skips it)")
-    p.add_argument("-n", "--n-gen", type=_sizes, default=[64], metavar="N[,N...]",
+    p.add_argument("-n", "--n-gen", type=_sizes, action=_Extend, default=[64],
+                   metavar="N[,N...]",
                    help="tokens for the tg test; a list runs one test each (default 64; 0 "
                         "skips it)")
-    add_threads_argument(p)
-    add_ignored_options(p)
+    p.add_argument("-t", "--threads", type=_counts, default=None, metavar="N",
+                   help="threads (default: the cores available); llama-bench's list "
+                        "(1,2,4) runs the first only, with a note")
     p.add_argument("-r", "--repetitions", type=_positive, default=3, metavar="R",
                    help="timed repetitions of each test (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("-o", "--output", choices=("md", "json", "csv", "jsonl", "sql"),
+                   default="md", help="llama-bench's output formats: md (the table, the "
+                                      "default) and json (--json); csv, jsonl and sql are "
+                                      "not made here: the table instead, with a note")
+    for short, long, what in (("-b", "--batch-size", "logical"), ("-ub", "--ubatch-size",
+                                                                    "physical")):
+        p.add_argument(short, long, type=_counts, default=None, metavar="N",
+                       help=f"{what} batch: pp's rows per product are min(-b, -ub), at most "
+                            "512 (default: 512); a list runs the first only, with a note")
+    add_kv_cache_options(p)
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="time every repetition (none is an untimed warm-up first)")
     p.add_argument("--vs-llama-cpp", action="store_true",
                    help="also run llama.cpp (llama-cpp-python) and print the ratios")
     p.add_argument("--llama-python", default=None, metavar="PY",
                    help="a Python interpreter with llama-cpp-python, for --vs-llama-cpp when "
                         "it is not importable here")
     p.set_defaults(func=run, owns_cores=True)  # one user's command: spinning workers
+
+
+class _Extend(argparse.Action):
+    """llama-bench's lists: comma-separated, or the option repeated (the values add up;
+    the default goes once one is given)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        given = getattr(namespace, f"_{self.dest}_given", False)
+        old = getattr(namespace, self.dest) if given else []
+        setattr(namespace, self.dest, [*old, *values])
+        setattr(namespace, f"_{self.dest}_given", True)
+
+
+def _counts(text: str) -> list[int]:
+    """argparse type: a positive count or llama-bench's comma-separated list of them."""
+    return [_positive(x.strip()) for x in text.split(",")]
+
+
+def _first_of_lists(args: argparse.Namespace) -> None:
+    """-t/-b/-ub lists: gguflm bench measures one setting a run, the first (said in a
+    note); the lists become that one value."""
+    for name, flag in (("threads", "-t"), ("batch_size", "-b"), ("ubatch_size", "-ub")):
+        values = getattr(args, name)
+        if values is None:
+            continue
+        if len(values) > 1:
+            print(f"note: {flag} {','.join(map(str, values))}: gguflm bench measures one "
+                  f"value a run; using {values[0]}", file=sys.stderr)
+        setattr(args, name, values[0])
 
 
 def _sizes(text: str) -> list[int]:
@@ -91,13 +142,14 @@ def _token_ids(n_vocab: int, count: int, seed: int) -> list[int]:
 class _Ours:
     """Our model: one timed pp or tg run per call (seconds)."""
 
-    def __init__(self, model: Any, n_ctx: int) -> None:
-        self.model, self.n_ctx = model, n_ctx
+    def __init__(self, model: Any, n_ctx: int, n_batch: int) -> None:
+        self.model, self.n_ctx, self.n_batch = model, n_ctx, n_batch
 
     def pp(self, prompt: list[int]) -> float:
         cache = self.model.new_cache(self.n_ctx)
         t0 = time.perf_counter()
-        self.model.forward(prompt, cache)
+        for i in range(0, len(prompt), self.n_batch):  # -b/-ub rows per product
+            self.model.forward(prompt[i:i + self.n_batch], cache)
         return time.perf_counter() - t0
 
     def tg(self, gen: list[int]) -> float:
@@ -214,14 +266,15 @@ def _llama_runner(python: str | None, path: Path, threads: int, n_ctx: int, n_ba
 
 
 def _measure(runners: dict[str, Any], tests: list[tuple[str, int]], prompt: list[int],
-             gen: list[int], reps: int) -> dict[str, dict[tuple[str, int], dict[str, float]]]:
+             gen: list[int], reps: int, warmup: bool = True
+             ) -> dict[str, dict[tuple[str, int], dict[str, float]]]:
     """Each test, each runner in turn within a repetition (so that a noisy neighbour hits
-    both alike); the first repetition is an untimed warm-up."""
+    both alike); the first repetition is an untimed warm-up (unless not ``warmup``)."""
     res: dict[str, dict[tuple[str, int], Any]] = {name: {} for name in runners}
     for test, n in tests:
         ids = (prompt if test == "pp" else gen)[:n]
         times: dict[str, list[float]] = {name: [] for name in runners}
-        for rep in range(reps + 1):
+        for rep in range(0 if warmup else 1, reps + 1):
             for name, runner in runners.items():
                 dt = getattr(runner, test)(ids)
                 if rep:
@@ -262,6 +315,12 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output == "json":
+        args.json = True
+    elif args.output != "md":
+        print(f"note: -o {args.output}: gguflm bench prints llama-bench's markdown table or "
+              "JSON (-o json); here the table", file=sys.stderr)
+    _first_of_lists(args)
     tests = [("pp", n) for n in args.n_prompt if n] + [("tg", n) for n in args.n_gen if n]
     if not tests:
         raise UsageError("nothing to measure: -p and -n are both 0")
@@ -277,6 +336,7 @@ def run(args: argparse.Namespace) -> int:
     compile_s = kernels.warm_up()
     t0 = time.perf_counter()
     model = load_model(path)
+    model.kv_f16 = kv_cache_type(args) == "f16"
     load_s = time.perf_counter() - t0
     n_vocab = model.config.n_vocab
     prompt = _token_ids(n_vocab, max(args.n_prompt), seed=1)
@@ -287,12 +347,12 @@ def run(args: argparse.Namespace) -> int:
     model.forward(gen[:1] or prompt[:1], model.new_cache(4))
     warmup_s = time.perf_counter() - t0
     n_ctx = max(len(prompt), len(gen), 1)
-    runners: dict[str, Any] = {"gguflm": _Ours(model, n_ctx)}
+    runners: dict[str, Any] = {"gguflm": _Ours(model, n_ctx, batch_size(args))}
     if args.vs_llama_cpp:
         runners["llama.cpp"] = _llama_runner(args.llama_python, path, threads, n_ctx,
                                              max(len(prompt), 1), prompt, gen)
     try:
-        measured = _measure(runners, tests, prompt, gen, args.repetitions)
+        measured = _measure(runners, tests, prompt, gen, args.repetitions, args.warmup)
     finally:
         for runner in runners.values():
             runner.close()

@@ -17,11 +17,13 @@ from typing import Any
 
 from . import CLIError, UsageError
 from .common import (
+    add_color_option,
     add_constraint_options,
-    add_ignored_options,
     add_load_options,
     add_lookup_option,
     add_model_argument,
+    add_status_options,
+    color_on,
     constraint_spec,
 )
 from .serve import add_model_options, load_llm
@@ -32,7 +34,8 @@ COMMANDS = """\
   /help, /?              this list
   /set NAME VALUE        change a setting: temperature, top_p, top_k, min_p, typical_p,
                          repeat_penalty, repeat_last_n, presence_penalty,
-                         frequency_penalty, seed (-1: random), max_tokens (-1: the context)
+                         frequency_penalty, seed (-1: random), samplers, mirostat,
+                         mirostat_tau, mirostat_eta, max_tokens (-1: the context)
   /set system TEXT       replace the system message (starts the conversation over)
   /set verbose | quiet   show token counts and speeds after each reply, or not
   /show                  the current settings
@@ -56,7 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     f"{DEFAULT_MODEL}) through its chat template. Replies stream as they are "
                     f"generated; earlier turns are not evaluated again. {HELP}.")
     add_model_argument(p, optional=True)
-    p.add_argument("--system", metavar="TEXT", help="a system message to start with")
+    p.add_argument("--system", "-sys", "--system-prompt", metavar="TEXT",
+                   help="a system message to start with")
+    p.add_argument("-p", "--prompt", metavar="TEXT",
+                   help="the first message, answered before you type (llama-cli's -p)")
+    p.add_argument("-st", "--single-turn", action="store_true",
+                   help="answer the first message (-p, or the first line typed), then leave")
     p.add_argument("-n", "--n-predict", type=int, default=DEFAULT_N_PREDICT, metavar="N",
                    help=f"tokens per reply at most; -1: until the model ends its turn or the "
                         f"context is full (default: {DEFAULT_N_PREDICT})")
@@ -67,9 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-v", "--verbose", action="store_true",
                    help="after each reply, show token counts (new and cached prompt tokens) "
                         "and speeds")
-    p.add_argument("--color", action="store_true", help="show what you type in colour")
+    add_color_option(p, "show what you type in colour")
+    add_status_options(p, perf=False)
     add_load_options(p)
-    add_ignored_options(p)
     p.set_defaults(func=chat, owns_cores=True)  # one user's command: spinning workers
 
 
@@ -97,7 +105,8 @@ class Chat:
         self.constraint = constraint_spec(args)  # every reply kept valid
         self.max_tokens = args.n_predict
         self.verbose = args.verbose
-        self.color = args.color and sys.stdout.isatty()
+        self.color = color_on(args, sys.stdout) if isinstance(args.color, str) \
+            else bool(args.color) and sys.stdout.isatty()
         self.messages = self.start()
 
     def start(self) -> list[dict[str, str]]:
@@ -115,6 +124,8 @@ class Chat:
 def chat(args: argparse.Namespace) -> int:
     from ..api import InvalidRequestError
 
+    if args.n_predict == -2:  # llama.cpp's "until the context is filled"
+        args.n_predict = -1
     if args.n_predict < -1:
         raise UsageError(f"-n must be -1 (unlimited) or at least 0, got {args.n_predict}")
     llm = load_llm(args, parallel=1)
@@ -132,13 +143,21 @@ def chat(args: argparse.Namespace) -> int:
         import readline  # noqa: F401 - line editing and history for input()
     except ImportError:
         pass
-    say(f"gguflm chat: {llm.model_id} (n_ctx {llm.n_ctx}, chat template: "
+    banner = say if not getattr(args, "log_disable", False) else (lambda text: None)
+    banner(f"gguflm chat: {llm.model_id} (n_ctx {llm.n_ctx}, chat template: "
         f"{llm.chat_template.name}, replies of up to {_limit(state.max_tokens)}). {HELP}.")
     if llm.chat_template.name.startswith("built-in") and not args.chat_template:
         say(f"note: {llm.model_path.name} has no chat template (it may be a pretrained base "
             f"model, not tuned for chat); using gguflm's {llm.chat_template.name} template")
+    first = getattr(args, "prompt", None)  # llama-cli's -p: the first message
     while True:
-        message = read_message(state.color)
+        if first is not None:
+            message, first = (first, True), None
+        elif getattr(args, "single_turn", False) and len(state.messages) > (1 if state.system
+                                                                             else 0):
+            return 0  # -st: one reply, then leave
+        else:
+            message = read_message(state.color)
         if message is None:
             return 0
         text, quoted = message
@@ -210,9 +229,7 @@ def command(state: Chat, text: str) -> str | None:
         state.messages = state.start()
         say("[conversation cleared]")
     elif word == "/show":
-        values = {k: v for k, v in state.sampling.items() if v is not None}
-        shown = ", ".join(f"{k} {v}" for k, v in values.items()) or "llama.cpp's defaults"
-        say(f"[sampling: {shown}; max_tokens {state.max_tokens}; stop "
+        say(f"[sampling: {_sampling_shown(state)}; max_tokens {state.max_tokens}; stop "
             f"{state.stop or 'none'}; verbose {'on' if state.verbose else 'off'}; system: "
             f"{state.system!r}; {len(state.messages)} messages]")
     elif word == "/set":
@@ -220,6 +237,21 @@ def command(state: Chat, text: str) -> str | None:
     else:
         say(f"[unknown command {word}; /help lists the commands]")
     return None
+
+
+def _sampling_shown(state: Chat) -> str:
+    """Every sampling setting's value in effect (the defaults are llama.cpp's)."""
+    from ..engine.params import PARAMS
+
+    shown = []
+    for prm in PARAMS:
+        value = state.sampling.get(prm.name)
+        if value is None:
+            value = "random" if prm.name == "seed" else prm.default
+        if isinstance(value, tuple | list):
+            value = ";".join(value)
+        shown.append(f"{prm.name} {value}")
+    return ", ".join(shown)
 
 
 def _set(state: Chat, rest: str) -> None:

@@ -1,5 +1,5 @@
 """What several commands share: the MODEL argument (positional or ``-m``), integer option
-types, llama.cpp's options that mean nothing here (accepted and noted), the model-loading
+types, llama.cpp's the optional values of some llama.cpp options, the model-loading
 options (``--override-kv``, ``--no-bos``, ``--rope-style``), reading a text file, loading a
 model with its tokenizer and warming it up, and a progress line for long work.
 
@@ -10,6 +10,7 @@ module keeps ``gguflm --help`` fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -75,58 +76,129 @@ def finish_model_argument(args: argparse.Namespace) -> None:
         args.model = args.model_default
 
 
-class _Ignored(argparse.Action):
-    """A llama.cpp option that means nothing here: accepted, remembered, noted once."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
-        seen = list(getattr(namespace, "ignored_options", None) or [])
-        value = (values[0] if values else None) if isinstance(values, list) else values
-        seen.append(option_string if value in (None, True) else f"{option_string} {value}")
-        namespace.ignored_options = seen
-
-
-# llama.cpp's GPU and memory options: (flags, takes a value). ``-fa`` takes on|off|auto or
-# nothing (see ``normalize_argv``).
-IGNORED_OPTIONS = (
-    (("-ngl", "--n-gpu-layers", "--gpu-layers"), True),
-    (("--mlock",), False),
-    (("--no-mmap",), False),
-    (("-fa", "--flash-attn"), None),
-    (("-dev", "--device"), True),
-    (("-mg", "--main-gpu"), True),
-)
-FLASH_ATTN_VALUES = ("on", "off", "auto")
+# llama.cpp options whose value may be left out: without one of these after it, the
+# option is the plain switch (so that it never swallows the next argument, e.g. a MODEL)
+# (llama.cpp reads on/enabled/true/1, off/disabled/false/0 and auto/-1 for these)
+_SWITCH_WORDS = ("on", "off", "auto", "enabled", "disabled", "true", "false", "1", "0", "-1")
+OPTIONAL_VALUES = {"-fa": _SWITCH_WORDS, "--flash-attn": _SWITCH_WORDS,
+                   "-co": _SWITCH_WORDS, "--color": _SWITCH_WORDS}
+SWITCH_VALUES = {"enabled": "on", "true": "on", "1": "on", "disabled": "off", "false": "off",
+                 "0": "off", "-1": "auto"}
 
 
-def add_ignored_options(p: argparse.ArgumentParser) -> None:
-    """llama.cpp's GPU/memory options (-ngl, --mlock, --no-mmap, -fa, ...): accepted, and
-    noted on stderr as ignored, so that a llama.cpp command line runs as it is."""
-    g = p.add_argument_group("llama.cpp's GPU and memory options")
-    for i, (flags, value) in enumerate(IGNORED_OPTIONS):
-        shown = ("accepted and ignored, as are --mlock, --no-mmap, -fa/--flash-attn "
-                 "[on|off|auto], -dev, -mg: gguflm runs on the CPU from the memory-mapped "
-                 "file" if i == 0 else argparse.SUPPRESS)
-        if value is None:
-            g.add_argument(*flags, action=_Ignored, nargs="?", const=True,
-                           choices=FLASH_ATTN_VALUES, help=shown)
-        elif value:
-            g.add_argument(*flags, action=_Ignored, nargs=1, metavar="N", help=shown)
-        else:
-            g.add_argument(*flags, action=_Ignored, nargs=0, help=shown)
-    p.set_defaults(ignored_options=None)
-
-
-def normalize_argv(argv: list[str]) -> list[str]:
-    """``-fa`` without one of on/off/auto after it is the plain switch (so that it never
-    swallows the next argument, e.g. a MODEL)."""
+def normalize_argv(argv: list[str], known: frozenset[str] = frozenset()) -> list[str]:
+    """``-fa`` and ``-co``/``--color`` without one of on/off/auto after them mean on; a
+    ``--long_name`` that is one of the ``known`` options with dashes is that option
+    (llama.cpp reads ``_`` in long options as ``-``: ``--repeat_penalty``)."""
+    argv = [a.replace("_", "-") if a.startswith("--") and "=" not in a and "_" in a
+            and a.replace("_", "-") in known else a for a in argv]
     out = []
     for i, a in enumerate(argv):
-        if a in ("-fa", "--flash-attn") and (i + 1 >= len(argv)
-                                              or argv[i + 1] not in FLASH_ATTN_VALUES):
-            a = f"{a}=on" if a.startswith("--") else "--flash-attn=on"
+        values = OPTIONAL_VALUES.get(a)
+        if values and (i + 1 >= len(argv) or argv[i + 1] not in values):
+            out += [a, "on"]
+            continue
         out.append(a)
     return out
+
+
+KV_CACHE_TYPES = ("f16", "f32")
+# llama.cpp's other cache types: accepted, and the cache is f16 (said in a note)
+LLAMA_KV_CACHE_TYPES = ("bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+def add_kv_cache_options(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's ``-ctk``/``-ctv``: the KV cache's number type (keys and values share
+    one in gguflm)."""
+    for short, long, what in (("-ctk", "--cache-type-k", "keys"),
+                              ("-ctv", "--cache-type-v", "values")):
+        p.add_argument(short, long, choices=KV_CACHE_TYPES + LLAMA_KV_CACHE_TYPES,
+                       type=str.lower, default=None, metavar="TYPE",
+                       help=f"number type of the KV cache's {what}: f16 (default, as llama.cpp) "
+                            "or f32 (exact attention, twice the memory); keys and values "
+                            "share one type (llama.cpp's quantized types are taken as f16, "
+                            "with a note)")
+
+
+def kv_cache_type(args: argparse.Namespace) -> str:
+    """The cache type ``-ctk``/``-ctv`` ask for (default f16); a UsageError for two."""
+    from . import UsageError
+
+    k, v = getattr(args, "cache_type_k", None), getattr(args, "cache_type_v", None)
+    other = [t for t in (k, v) if t in LLAMA_KV_CACHE_TYPES]
+    if other and not getattr(args, "kv_noted", False):
+        args.kv_noted = True
+        if not getattr(args, "log_disable", False):
+            print(f"note: -ctk/-ctv {other[0]}: gguflm's KV cache holds f16 or f32 numbers; "
+                  "using f16 (more memory than a quantized cache, more exact)",
+                  file=sys.stderr, flush=True)
+    k = "f16" if k in LLAMA_KV_CACHE_TYPES else k
+    v = "f16" if v in LLAMA_KV_CACHE_TYPES else v
+    if k and v and k != v:
+        raise UsageError(f"-ctk {k} and -ctv {v}: gguflm's cache holds keys and values in "
+                         "one type; give both the same")
+    return k or v or "f16"
+
+
+def add_batch_options(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's ``-b``/``-ub``: prompt tokens evaluated per step (see ``batch_size``)."""
+    from ..engine.scheduler import N_BATCH
+
+    p.add_argument("-b", "--batch-size", type=positive_int, default=None, metavar="N",
+                   help=f"logical batch: prompt tokens per step at most (default: {N_BATCH}, "
+                        f"also the most gguflm takes)")
+    p.add_argument("-ub", "--ubatch-size", type=positive_int, default=None, metavar="N",
+                   help=f"physical batch: the rows one product computes at most; gguflm's "
+                        f"steps are single products, so a step holds min(-b, -ub) rows "
+                        f"(default: {N_BATCH}); the logits do not depend on it")
+
+
+def batch_size(args: argparse.Namespace) -> int:
+    """Rows per step from ``-b``/``-ub`` (the smaller; at most the engine's N_BATCH)."""
+    from ..engine.scheduler import N_BATCH
+
+    sizes = [n for n in (getattr(args, "batch_size", None), getattr(args, "ubatch_size", None))
+             if n is not None]
+    return min([N_BATCH, *sizes])
+
+
+COLOR_CHOICES = ("on", "off", "auto")
+
+
+def _switch(text: str) -> str:
+    return SWITCH_VALUES.get(text.lower(), text.lower())
+
+
+def add_color_option(p: argparse.ArgumentParser, what: str) -> None:
+    """llama.cpp's ``-co``/``--color [on|off|auto]`` (alone: on; see normalize_argv)."""
+    p.add_argument("-co", "--color", choices=COLOR_CHOICES, type=_switch, default="off",
+                   metavar="WHEN",
+                   help=f"{what}: on (also -co alone), off (default), auto (on a terminal)")
+
+
+def color_on(args: argparse.Namespace, stream: Any) -> bool:
+    """Whether ``--color`` asks for colour on ``stream``."""
+    return args.color == "on" or (args.color == "auto" and stream.isatty())
+
+
+def add_status_options(p: argparse.ArgumentParser, perf: bool = True) -> None:
+    """What a command prints besides its output: --no-warmup, --log-disable and (``perf``)
+    --no-perf."""
+    warm = p.add_mutually_exclusive_group()
+    warm.add_argument("--no-warmup", dest="warmup", action="store_false", default=True,
+                      help="skip the warm-up run (the first step then pays for loading, or "
+                           "compiling, the kernels)")
+    warm.add_argument("--warmup", dest="warmup", action="store_true",
+                      help="warm the kernels up before the timed work (the default)")
+    p.add_argument("--log-disable", action="store_true",
+                   help="print nothing on stderr but errors (no notes, no timings)")
+    if not perf:
+        return
+    timings = p.add_mutually_exclusive_group()
+    timings.add_argument("--no-perf", "--no-show-timings", dest="perf", action="store_false",
+                      default=True, help="do not print the timings line at the end")
+    timings.add_argument("--perf", "--show-timings", dest="perf", action="store_true",
+                      help="print the timings line at the end (the default)")
 
 
 def add_load_options(p: argparse.ArgumentParser) -> None:
@@ -298,6 +370,45 @@ def process_escapes(text: str) -> str:
     return out.decode("utf-8", "replace")
 
 
+# the commands that keep every core busy while they work
+BUSY_COMMANDS = ("run", "chat", "bench", "perplexity", "serve", "embed", "quantize")
+
+
+def other_gguflm_processes(proc: Path = Path("/proc")) -> list[tuple[int, str]]:
+    """(pid, "gguflm COMMAND") of the other running gguflm processes that work the cores
+    (Linux: read from /proc; elsewhere none are found)."""
+    found = []
+    me = {os.getpid(), os.getppid()}
+    for entry in proc.glob("[0-9]*"):
+        try:
+            pid = int(entry.name)
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except (OSError, ValueError):
+            continue
+        if pid in me:
+            continue
+        for i, word in enumerate(argv[:-1]):
+            starts = word == "gguflm.cli" and i > 0 and argv[i - 1] == "-m"
+            if (starts or os.path.basename(word) == "gguflm") and argv[i + 1] in BUSY_COMMANDS:
+                found.append((pid, f"gguflm {argv[i + 1]}"))
+                break
+    return sorted(found)
+
+
+def note_shared_cores(args: argparse.Namespace) -> None:
+    """On a terminal, one note when another gguflm process works the same cores: both then
+    run at a fraction of their speed (each sizes its threads to every core)."""
+    if not sys.stderr.isatty() or getattr(args, "log_disable", False):
+        return
+    others = other_gguflm_processes()
+    if others:
+        pid, what = others[0]
+        more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+        print(f"note: another gguflm process is running ({what}, pid {pid}{more}); while it "
+              f"works, both share the {os.cpu_count()} cores and run slower (-t N gives "
+              f"each a part)", file=sys.stderr, flush=True)
+
+
 def say_if_compiling() -> None:
     """One line on stderr when the kernels are not compiled yet (the first product then
     compiles them, a few minutes once), so a silent pause is explained."""
@@ -331,11 +442,15 @@ def add_lookup_option(p: argparse.ArgumentParser) -> None:
 def add_constraint_options(p: argparse.ArgumentParser) -> None:
     """Structured output: ``--json-schema``, ``--grammar``, ``--regex`` (at most one)."""
     g = p.add_argument_group("structured output (at most one; every token kept valid)")
-    g.add_argument("--json-schema", metavar="FILE_OR_JSON",
+    g.add_argument("-j", "--json-schema", metavar="FILE_OR_JSON",
                    help="the output is JSON matching this schema (JSON text, or a file)")
-    g.add_argument("--grammar", metavar="FILE",
-                   help="the output is a sentence of this GBNF (or Lark) grammar file "
-                        "(llama.cpp's grammars/*.gbnf work unchanged)")
+    g.add_argument("-jf", "--json-schema-file", metavar="FILE",
+                   help="the same, the schema read from FILE")
+    g.add_argument("--grammar", metavar="GBNF",
+                   help="the output is a sentence of this GBNF (or Lark) grammar: its text, "
+                        "or a file (llama.cpp's grammars/*.gbnf work unchanged)")
+    g.add_argument("--grammar-file", metavar="FILE",
+                   help="the same, the grammar read from FILE")
     g.add_argument("--regex", metavar="RE", help="the output fully matches this expression")
 
 
@@ -346,13 +461,18 @@ def constraint_spec(args: argparse.Namespace) -> dict[str, Any]:
     from ..engine.schema import schema_from_arg
 
     spec: dict[str, Any] = {}
+    schemas = [a for a in (args.json_schema, args.json_schema_file) if a is not None]
     try:
-        if args.json_schema is not None:
-            spec["json_schema"] = schema_from_arg(args.json_schema)
+        for schema in schemas:
+            spec["json_schema"] = schema_from_arg(schema)  # JSON text, or a file
     except InvalidRequestError as e:
         raise CLIError(f"--json-schema: {e}") from None
-    if args.grammar is not None:
-        spec["grammar"] = read_text(args.grammar)
+    grammars = [a for a in (args.grammar, args.grammar_file) if a is not None]
+    for grammar in grammars:
+        is_file = grammar is args.grammar_file or Path(grammar).is_file()
+        spec["grammar"] = read_text(grammar) if is_file else grammar
+    if len(schemas) + len(grammars) > 1:
+        raise CLIError("give at most one of --json-schema, --grammar and --regex")
     if args.regex is not None:
         spec["regex"] = args.regex
     if len(spec) > 1:

@@ -8,7 +8,7 @@ import json
 import sys
 
 from . import CLIError, UsageError
-from .common import add_ignored_options, add_load_options, add_model_argument, read_text
+from .common import add_load_options, add_model_argument, add_status_options, read_text
 from .serve import add_model_options, load_llm
 
 
@@ -39,8 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true",
                    help="print OpenAI's embeddings object (data[i].embedding, usage)")
     add_model_options(p)
+    add_status_options(p, perf=False)
     add_load_options(p)
-    add_ignored_options(p)
     p.set_defaults(func=run, chat_template=None, owns_cores=True)
 
 

@@ -17,12 +17,15 @@ from pathlib import Path
 from . import CLIError, UsageError
 from .common import (
     Progress,
-    add_ignored_options,
+    add_kv_cache_options,
     add_load_options,
     add_model_argument,
+    add_status_options,
     add_threads_argument,
+    kv_cache_type,
     load_model,
     load_options,
+    non_negative_int,
     positive_int,
     read_text,
     warm_up,
@@ -38,26 +41,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_argument(p, optional=True)
     add_threads_argument(p)
     p.add_argument("-f", "--file", required=True, type=Path, help="the text file to score")
-    p.add_argument("-c", "--ctx-size", type=positive_int, default=128, metavar="N_CTX",
-                   help="tokens per chunk (default 128)")
+    p.add_argument("-c", "--ctx-size", type=non_negative_int, default=128, metavar="N_CTX",
+                   help="tokens per chunk; 0: the model's training context (default 128)")
     p.add_argument("--chunks", type=positive_int, default=None, metavar="N",
                    help="score only the first N chunks")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object (ppl, ppl_error, chunks, tokens, timings)")
+                   help="print one JSON object: model, ppl, ppl_error, n_ctx, n_chunks, "
+                        "n_tokens, n_scored, running (the estimate after each chunk), timings")
+    add_kv_cache_options(p)
+    add_status_options(p, perf=False)
     add_load_options(p)
-    add_ignored_options(p)
     p.set_defaults(func=run, owns_cores=True)  # one user's command: spinning workers
 
 
 def run(args: argparse.Namespace) -> int:
     text = read_text(args.file)
-    if args.ctx_size < 4:
-        raise UsageError(f"-c/--ctx-size must be at least 4, got {args.ctx_size}")
+    if 0 < args.ctx_size < 4:
+        raise UsageError(f"-c/--ctx-size must be at least 4 (or 0), got {args.ctx_size}")
+    kv = kv_cache_type(args)
 
     from ..engine.perplexity import perplexity
 
     loaded = load_model(args.model, args.threads, load_options(args))
     model, tok = loaded.model, loaded.tokenizer
+    model.kv_f16 = kv == "f16"
+    if args.ctx_size == 0:  # llama.cpp's -c 0: the model's own context
+        args.ctx_size = int(model.config.n_ctx_train or 0) or 4096
     tokens = tok.encode(text, add_special=True)
     bos = tok.bos_id if tok.add_bos else None
     n_chunks = len(tokens) // args.ctx_size
@@ -66,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"perplexity: {len(tokens)} tokens, n_ctx {args.ctx_size}, {n_chunks} chunks",
               file=sys.stderr)
-    warmup = warm_up(model)
+    warmup = warm_up(model) if args.warmup else 0.0
     progress = Progress("perplexity", n_chunks, "chunks", enabled=not args.json)
 
     def step(i: int, n: int, ppl: float) -> None:

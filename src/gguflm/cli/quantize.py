@@ -1,4 +1,4 @@
-"""``gguflm quantize IN OUT TYPE``: llama-quantize's file, byte for byte, from Python.
+"""``gguflm quantize IN [OUT] TYPE [NTHREADS]``: llama-quantize's file, byte for byte.
 
 Progress goes to stderr: on a terminal one bar that advances tensor by tensor, otherwise
 one line per tensor (like llama-quantize's log). The output appears only when complete.
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import CLIError
+from . import CLIError, UsageError
 from .common import add_threads_argument
 
 _BAR = 24
@@ -26,10 +26,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Write OUT, the GGUF model IN quantized to TYPE exactly as llama.cpp's "
                     "llama-quantize does without an importance matrix: the same per-tensor "
                     f"types and the same bytes. TYPE: {types}.")
-    p.add_argument("input", metavar="IN", help="GGUF model (F32/F16/BF16; a quantized one "
-                   "with --allow-requantize) or a known model name")
-    p.add_argument("output", metavar="OUT", help="the new file (must not be IN)")
-    p.add_argument("type", metavar="TYPE", help="file type, e.g. Q4_K_M, Q8_0, F16, COPY")
+    p.add_argument("words", nargs="*", metavar="IN [OUT] TYPE [NTHREADS]",
+                   help="IN: a GGUF model (F32/F16/BF16; a quantized one with "
+                        "--allow-requantize) or a known model name; OUT: the new file (must "
+                        "not be IN; default: ggml-model-TYPE.gguf beside IN, as "
+                        "llama-quantize names it); TYPE: e.g. Q4_K_M, Q8_0, F16, COPY; "
+                        "NTHREADS: the same as -t")
+    p.add_argument("-m", "--model", dest="input_flag", metavar="IN",
+                   help="IN as an option (then the words are [OUT] TYPE [NTHREADS])")
     p.add_argument("--allow-requantize", action="store_true",
                    help="allow quantizing tensors that are already quantized (dequantized "
                         "first; worse than quantizing from 16 or 32 bits)")
@@ -82,9 +86,11 @@ def run(args: argparse.Namespace) -> int:
     from ..quant.quantize_file import check_output, plan, quantize_file
     from .pull import resolve
 
-    ft = file_type(args.type)  # an unknown type is the first error, before any file access
-    src = resolve(args.input)
-    out = Path(args.output)
+    inp, output, type_name = _words(args)
+    ft = file_type(type_name)  # an unknown type is the first error, before any file access
+    src = resolve(inp)
+    out = Path(output) if output is not None else (
+        (src.parent if Path(inp).exists() else Path.cwd()) / f"ggml-model-{type_name}.gguf")
     check_output(src, out)
     if not out.parent.is_dir():
         raise CLIError(f"cannot write {out}: {out.parent} is not a directory")
@@ -112,12 +118,31 @@ def run(args: argparse.Namespace) -> int:
     n = len(report.tensors)
     converted = sum(p.converted for p in report.tensors)
     fell = f"; {report.n_fallback} fell back to a smaller block" if report.n_fallback else ""
-    mb = 1 << 20
+    mb = 1e6  # MB: 10^6 bytes, as everywhere in gguflm
     print(f"wrote {report.path}: {report.file_type.name} (general.file_type "
           f"{report.ftype}), {n} tensors ({converted} converted, {n - converted} kept{fell}), "
           f"{report.bytes_in / mb:.1f} MB -> {report.bytes_out / mb:.1f} MB in "
           f"{report.seconds:.1f} s", file=sys.stderr)
     return 0
+
+
+def _words(args: argparse.Namespace) -> tuple[str, str | None, str]:
+    """IN, OUT (None: the default name) and TYPE from llama-quantize's positional words
+    ``IN [OUT] TYPE [NTHREADS]`` (IN may come as -m); NTHREADS sets -t."""
+    words = list(args.words)
+    if args.input_flag is not None:
+        words.insert(0, args.input_flag)
+    if len(words) >= 3 and words[-1].isdigit():
+        n = int(words.pop())
+        if n < 1:
+            raise UsageError(f"NTHREADS must be at least 1, got {n}")
+        args.threads = args.threads or n
+    if len(words) == 2:
+        return words[0], None, words[1]
+    if len(words) == 3:
+        return words[0], words[1], words[2]
+    raise UsageError("give IN [OUT] TYPE [NTHREADS] (IN also as -m IN), e.g. "
+                     "gguflm quantize model-f16.gguf model-q4_k_m.gguf Q4_K_M")
 
 
 def _ggml_type(name: str | None) -> Any:

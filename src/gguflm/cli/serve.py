@@ -8,12 +8,17 @@ import sys
 
 from . import CLIError, UsageError
 from .common import (
-    add_ignored_options,
+    add_batch_options,
+    add_kv_cache_options,
     add_load_options,
     add_lookup_option,
     add_model_argument,
+    add_status_options,
     add_threads_argument,
+    batch_size,
+    kv_cache_type,
     load_options,
+    non_negative_int,
     positive_int,
     say_if_compiling,
     say_if_not_compiled,
@@ -21,6 +26,7 @@ from .common import (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..engine.params import add_cli_options
     from ..engine.scheduler import DEFAULT_MAX_QUEUE, DEFAULT_SLOTS
     from ..hub import DEFAULT_MODEL
 
@@ -29,9 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serve MODEL (a GGUF file or a known model name, default "
                     f"{DEFAULT_MODEL}) over HTTP: GET /health and /v1/models, POST "
                     "/v1/completions and /v1/chat/completions (JSON, or Server-Sent Events "
-                    "with \"stream\": true), GET /slots and /metrics, and a chat page at "
-                    "GET /. Up to --parallel requests are computed together (continuous "
-                    "batching); the rest wait in arrival order.")
+                    "with \"stream\": true), POST /v1/embeddings, GET /slots and /metrics, "
+                    "and a chat page at GET /. Up to --parallel requests are computed "
+                    "together (continuous batching); the rest wait in arrival order.")
     add_model_argument(p, optional=True)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1, this machine only)")
@@ -48,18 +54,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="pooling of /v1/embeddings (default: the model's pooling_type, else "
                         "mean; none is refused there: one vector per token)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request to stderr")
+    p.add_argument("-a", "--alias", metavar="NAME",
+                   help="the model's id in the API (default: the known name given, else the "
+                        "file's name)")
+    add_status_options(p, perf=False)
     add_lookup_option(p)
+    add_cli_options(p, "sampling: the defaults of requests that leave a field out",
+                    stops=False)
     add_access_options(p)
     add_load_options(p)
-    add_ignored_options(p)
     p.set_defaults(func=serve, serving=True)  # workers spin briefly between products
 
 
 def add_access_options(p: argparse.ArgumentParser) -> None:
     """The chat page and who may use the server (see gguflm.access)."""
-    p.add_argument("--no-webui", dest="webui", action="store_false",
-                   help="do not serve the chat page at GET /")
-    p.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
+    ui = p.add_mutually_exclusive_group()
+    ui.add_argument("--no-webui", "--no-ui", dest="webui", action="store_false",
+                    help="do not serve the chat page at GET /")
+    ui.add_argument("--webui", "--ui", dest="webui", action="store_true", default=True,
+                    help="serve the chat page at GET / (the default)")
+    p.add_argument("--cors", "--cors-origins", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN (scheme://host[:port], or * for any) use "
                         "the API; repeat or separate with commas (default: only the server's "
                         "own page)")
@@ -85,14 +99,18 @@ def access_options(args: argparse.Namespace) -> dict:
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
-    """-c, -t and --chat-template, shared with ``gguflm chat``."""
-    p.add_argument("-c", "--ctx-size", type=positive_int, metavar="N_CTX",
-                   help="context size in tokens (default: 4096, at most the model's training "
-                        "context)")
+    """-c, -t, -b/-ub, -ctk/-ctv, --chat-template and --jinja, shared with ``gguflm chat``."""
+    p.add_argument("-c", "--ctx-size", type=non_negative_int, metavar="N_CTX",
+                   help="context size in tokens; 0: the model's training context (default: "
+                        "4096, at most the model's training context)")
     add_threads_argument(p)
-    p.add_argument("--chat-template", metavar="FILE",
+    add_batch_options(p)
+    add_kv_cache_options(p)
+    p.add_argument("--chat-template", "--chat-template-file", metavar="FILE",
                    help="use this chat template (Jinja text, or a tokenizer_config.json) "
                         "instead of the model's")
+    p.add_argument("--jinja", action="store_true",
+                   help="accepted: gguflm always renders chat templates with Jinja")
 
 
 def load_llm(args: argparse.Namespace, parallel: int | None = None,  # noqa: ANN201 - an LLM
@@ -109,19 +127,24 @@ def load_llm(args: argparse.Namespace, parallel: int | None = None,  # noqa: ANN
         llm = LLM(path, n_ctx=args.ctx_size, threads=args.threads,
                   chat_template=args.chat_template, parallel=parallel or DEFAULT_SLOTS,
                   max_queue=max_queue or DEFAULT_MAX_QUEUE, pooling=getattr(args, "pooling", None),
-                  lookup=getattr(args, "lookup", 0),
-                  **load_options(args))
+                  lookup=getattr(args, "lookup", 0), kv_cache_type=kv_cache_type(args),
+                  n_batch=batch_size(args), **load_options(args))
     except InvalidRequestError as e:
         raise CLIError(str(e)) from None
-    if args.model in KNOWN_MODELS:
+    if getattr(args, "alias", None):
+        llm.model_id = args.alias
+    elif args.model in KNOWN_MODELS:
         llm.model_id = args.model  # the name the user gave, as clients will see it
     say_if_not_compiled(llm.model)
-    say_if_compiling()
-    llm.warm_up()  # the first request should not pay for loading the kernels
+    if getattr(args, "warmup", True):
+        say_if_compiling()
+        llm.warm_up()  # the first request should not pay for loading the kernels
     return llm
 
 
 def serve(args: argparse.Namespace) -> int:
+    from ..engine.params import cli_sampler_params, cli_values
+    from ..engine.sampling import SamplingError
     from ..engine.scheduler import DEFAULT_MAX_QUEUE
     from ..server import make_server
 
@@ -131,19 +154,28 @@ def serve(args: argparse.Namespace) -> int:
     if max_queue < 1:
         raise UsageError(f"--max-queue must be at least 1, got {max_queue}")
     access = access_options(args)
+    try:
+        cli_sampler_params(args)  # bad defaults fail here, not in every request
+    except SamplingError as e:
+        raise UsageError(f"invalid sampling option: {e}".replace("_", "-")) from None
     llm = load_llm(args, parallel=args.parallel, max_queue=max_queue)
+    llm.sampling_defaults = {k: v for k, v in cli_values(args).items()
+                             if v is not None and k != "seed"}
+    if args.sampling_seed is not None and args.sampling_seed >= 0:
+        llm.seed = args.sampling_seed
     try:
         server = make_server(llm, args.host, args.port, verbose=args.verbose, **access)
     except OSError as e:
         raise CLIError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
-    print(f"gguflm serve: {llm.model_id} (n_ctx {llm.n_ctx}, {llm.engine.n_slots} slots, "
+    log = (lambda *a, **k: None) if args.log_disable else print  # noqa: E731
+    log(f"gguflm serve: {llm.model_id} (n_ctx {llm.n_ctx}, {llm.engine.n_slots} slots, "
           f"{llm.threads} threads, chat template: {llm.chat_template.name}) listening on "
           f"{server.url}/v1",
           file=sys.stderr, flush=True)
     if access["webui"]:
         # 0.0.0.0 means every address; a browser on this machine reaches it as 127.0.0.1
         page = server.url.replace("//0.0.0.0:", "//127.0.0.1:") + "/"
-        print(f"gguflm serve: chat page at {page}"
+        log(f"gguflm serve: chat page at {page}"
               + (" (it will ask for the API key)" if access["api_key"] else ""),
               file=sys.stderr, flush=True)
     try:

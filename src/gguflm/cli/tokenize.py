@@ -7,7 +7,7 @@ import json
 import re
 import sys
 
-from . import CLIError
+from . import CLIError, UsageError
 from .common import add_model_argument, read_text
 
 
@@ -18,11 +18,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "included, or a known model name), as llama.cpp does: one line per token, "
                     "id -> piece (special tokens shown).")
     add_model_argument(p)
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("text", nargs="?", metavar="TEXT", help="the text to tokenize")
+    src.add_argument("-p", "--prompt", metavar="TEXT",
+                     help="the same as TEXT (llama-tokenize's spelling)")
     src.add_argument("-f", "--file", metavar="FILE", help="read the text from FILE ('-': stdin)")
-    p.add_argument("--special", action="store_true",
-                   help="parse special tokens written in the text (e.g. <|im_start|>)")
+    src.add_argument("--stdin", action="store_true", help="read the text from stdin (-f -)")
+    special = p.add_mutually_exclusive_group()
+    special.add_argument("--special", action="store_true",
+                         help="parse special tokens written in the text (e.g. <|im_start|>)")
+    special.add_argument("--no-parse-special", dest="special", action="store_false",
+                         help="take special tokens' text as plain text (gguflm's default; "
+                              "llama-tokenize parses them unless given this)")
+    p.add_argument("--show-count", action="store_true",
+                   help="print the number of tokens at the end")
+    p.add_argument("--log-disable", action="store_true",
+                   help="accepted: tokenize prints no status lines")
     p.add_argument("--no-bos", action="store_true",
                    help="do not add the BOS/EOS tokens the model asks for")
     out = p.add_mutually_exclusive_group()
@@ -51,9 +62,14 @@ def _tokenizer(model: str):
 
 
 def _read_text(args: argparse.Namespace) -> str:
-    if args.file is None:
-        return args.text
-    return read_text(args.file, errors="surrogateescape")
+    if args.stdin:
+        args.file = "-"
+    if args.file is not None:
+        return read_text(args.file, errors="surrogateescape")
+    text = args.text if args.text is not None else args.prompt
+    if text is None:
+        raise UsageError("give the text to tokenize: TEXT, -p TEXT, -f FILE or --stdin")
+    return text
 
 
 def _show(piece: bytes) -> str:
@@ -88,6 +104,8 @@ def run_tokenize(args: argparse.Namespace) -> int:
     else:
         for t in ids:
             print(f"{t:>7} -> {_quoted(tok.token_to_piece(t, special=True))}")
+    if args.show_count and not args.json:
+        print(f"Total number of tokens: {len(ids)}")  # llama-tokenize's words
     return 0
 
 

@@ -38,13 +38,15 @@ class Param:
 
 
 PARAMS: tuple[Param, ...] = (
-    Param("temperature", "temp", float, ("--temp",), "temperature; 0 or less: greedy"),
+    Param("temperature", "temp", float, ("--temp", "--temperature"),
+          "temperature; 0 or less: greedy"),
     Param("top_k", "top_k", int, ("--top-k",), "keep the K most likely tokens; 0: off"),
     Param("top_p", "top_p", float, ("--top-p",),
           "nucleus sampling: keep probability mass P; 1: off"),
     Param("min_p", "min_p", float, ("--min-p",),
           "keep tokens at least P times as likely as the best; 0: off"),
-    Param("typical_p", "typical_p", float, ("--typical-p",), "locally typical sampling; 1: off"),
+    Param("typical_p", "typical_p", float, ("--typical", "--typical-p"),
+          "locally typical sampling; 1: off"),
     Param("repeat_penalty", "repeat_penalty", float, ("--repeat-penalty",),
           "penalize repeated tokens; 1: off"),
     Param("repeat_last_n", "repeat_last_n", int, ("--repeat-last-n",),
@@ -55,6 +57,17 @@ PARAMS: tuple[Param, ...] = (
           "subtract this times a token's count"),
     Param("seed", "seed", int, ("-s", "--seed"),
           "random seed, 0..4294967295; -1: a random one (the same seed gives the same text)"),
+    Param("samplers", "samplers", str, ("--samplers", "--sampler-seq", "--sampling-seq"),
+          "the chain's steps in order, names separated by ';' (penalties, top_k, typ_p, "
+          "top_p, min_p, temperature; dry, top_n_sigma, xtc do nothing here) or "
+          "--sampler-seq's letters (ekypmt)"),
+    Param("mirostat", "mirostat", int, ("--mirostat",),
+          "Mirostat sampling instead of the chain: 1 Mirostat, 2 Mirostat 2.0, 0 off "
+          "(temperature still applies first)"),
+    Param("mirostat_tau", "mirostat_tau", float, ("--mirostat-ent",),
+          "Mirostat's target entropy (surprise, in bits)"),
+    Param("mirostat_eta", "mirostat_eta", float, ("--mirostat-lr",),
+          "Mirostat's learning rate"),
 )
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplerParams)}
@@ -62,9 +75,10 @@ _DEFAULTS["seed"] = -1
 BY_NAME = {p.name: p for p in PARAMS}
 
 # JSON field -> (allowed Python types, description) for the server's request checks
+_JSON_TYPES = {int: ((int,), "an integer"), float: ((int, float), "a number"),
+               str: ((str, list), "a string or a list of strings")}
 SAMPLING_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
-    p.name: (((int,), "an integer") if p.type is int else ((int, float), "a number"))
-    for p in PARAMS
+    p.name: _JSON_TYPES[p.type] for p in PARAMS
 }
 
 
@@ -93,17 +107,29 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def add_cli_options(p: argparse.ArgumentParser) -> None:
+def add_cli_options(p: argparse.ArgumentParser,
+                    title: str = "sampling (defaults: llama.cpp's)", stops: bool = True) -> None:
     """Every sampling option (``--temp``, ``--top-k``, ...), in a group of their own, and
-    the stop strings (``--stop``, llama.cpp's ``-r/--reverse-prompt``: see ``cli_stops``)."""
-    g = p.add_argument_group("sampling (defaults: llama.cpp's)")
+    (``stops``) the stop strings (``--stop``, llama.cpp's ``-r/--reverse-prompt``: see
+    ``cli_stops``)."""
+    g = p.add_argument_group(title)
     for prm in PARAMS:
         g.add_argument(*prm.flags, dest=f"sampling_{prm.name}", type=prm.type, default=None,
-                       metavar=prm.name.split("_")[-1].upper() if prm.type is int else "X",
-                       help=f"{prm.help} (default: {prm.default})")
+                       metavar=_metavar(prm), help=f"{prm.help} (default: {_shown(prm)})")
+    if not stops:
+        return
     g.add_argument("--stop", "-r", "--reverse-prompt", dest="stop", action="append",
                    default=[], metavar="TEXT",
                    help="end the text where TEXT appears (not included); repeat for more")
+
+
+def _metavar(prm: Param) -> str:
+    word = prm.name.split("_")[-1].upper()
+    return {int: word if len(word) <= 4 else "N", float: "X", str: "LIST"}[prm.type]
+
+
+def _shown(prm: Param) -> str:
+    return ";".join(prm.default) if isinstance(prm.default, tuple) else str(prm.default)
 
 
 def cli_stops(args: argparse.Namespace) -> list[str]:

@@ -7,7 +7,11 @@ common/sampling.cpp; each step as in src/llama-sampler.cpp):
 
 Each step narrows or reshapes a candidate list (token ids with logits, in an order that
 matters for the draw, as in llama.cpp). ``temp <= 0`` keeps only the highest logit
-(greedy), after the penalties.
+(greedy), after the penalties. ``samplers`` reorders or drops steps (llama.cpp's
+``--samplers``). ``mirostat`` 1 or 2 replaces the chain, as in llama.cpp, with temperature
+then Mirostat (v1: top-k from an estimated Zipf exponent; v2: a surprise cut-off), whose
+target surprise ``mu`` the sampler keeps and steers by ``mirostat_eta`` toward
+``mirostat_tau``.
 
 The sampler owns its RNG: numpy's MT19937 seeded exactly as ``std::mt19937(seed)``, and
 each draw is the double ``std::uniform_real_distribution<double>(0, 1)`` makes from two
@@ -23,10 +27,54 @@ import os
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-__all__ = ["Candidates", "Sampler", "SamplerParams", "SamplingError"]
+__all__ = ["DEFAULT_SAMPLERS", "Candidates", "Sampler", "SamplerParams", "SamplingError",
+           "parse_samplers"]
+
+# llama.cpp's default chain (common.h); dry, top_n_sigma and xtc are off at its defaults
+# and gguflm does not have them, so they are accepted as steps that do nothing
+DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p",
+                    "xtc", "temperature")
+_CANONICAL = ("dry", "top_k", "top_p", "top_n_sigma", "typ_p", "min_p", "temperature", "xtc",
+              "penalties")
+# llama.cpp's spellings (common_sampler_types_from_names): kebab-case, no dash, and these
+_SAMPLER_ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p",
+                    **{n.replace("_", "-"): n for n in _CANONICAL if "_" in n},
+                    **{n.replace("_", ""): n for n in _CANONICAL if "_" in n},
+                    **{n: n for n in _CANONICAL}}
+# --sampler-seq's letters (common_sampler_type_to_chr)
+_SAMPLER_CHARS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma",
+                  "m": "min_p", "t": "temperature", "x": "xtc", "e": "penalties"}
+
+
+def parse_samplers(value: str | Iterable[str]) -> tuple[str, ...]:
+    """The sampler steps of ``value``: names separated by ';' (``--samplers``; also a list
+    of names) or, for a word of --sampler-seq's letters (``edkypmxt``), those letters."""
+    if not isinstance(value, str | list | tuple):
+        raise SamplingError(f"samplers must be a string or a list of names, got {value!r}")
+    if isinstance(value, str):
+        names = [n for n in value.split(";") if n] if ";" in value or value.lower() in \
+            _SAMPLER_ALIASES else None
+        if names is None:
+            if all(ch in _SAMPLER_CHARS for ch in value) and len(value) <= 64:
+                return tuple(_SAMPLER_CHARS[ch] for ch in value)
+            names = [value]
+    else:
+        names = list(value)
+    if len(names) > 64:
+        raise SamplingError(f"samplers: at most 64 steps, got {len(names)}")
+    out = []
+    for name in names:
+        key = name.lower() if isinstance(name, str) else None
+        if key not in _SAMPLER_ALIASES:
+            shown = repr(name)[:40] + ("..." if len(repr(name)) > 40 else "")
+            raise SamplingError(f"samplers: unknown sampler {shown} (known: "
+                                f"{', '.join(_CANONICAL)})")
+        out.append(_SAMPLER_ALIASES[key])
+    return tuple(out)
 
 
 class SamplingError(ValueError):
@@ -48,6 +96,10 @@ class SamplerParams:
     presence_penalty: float = 0.0
     min_keep: int = 0  # top-p/min-p/typical-p keep at least this many candidates
     seed: int | None = None  # None: a random seed (Sampler.seed tells which)
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS  # the chain's steps, in order
+    mirostat: int = 0  # 0: off; 1: Mirostat; 2: Mirostat 2.0 (instead of the chain)
+    mirostat_tau: float = 5.0  # target surprise (entropy), in bits
+    mirostat_eta: float = 0.1  # learning rate
 
     def __post_init__(self) -> None:
         _finite("temp", self.temp)
@@ -66,6 +118,12 @@ class SamplerParams:
         _int("min_keep", self.min_keep)
         if self.min_keep < 0:
             raise SamplingError(f"min_keep must be >= 0, got {self.min_keep}")
+        object.__setattr__(self, "samplers", parse_samplers(self.samplers))
+        _int("mirostat", self.mirostat)
+        if self.mirostat not in (0, 1, 2):
+            raise SamplingError(f"mirostat must be 0, 1 or 2, got {self.mirostat}")
+        _finite("mirostat_tau", self.mirostat_tau)
+        _finite("mirostat_eta", self.mirostat_eta)
         if self.seed is not None:
             _int("seed", self.seed)
             if not 0 <= self.seed <= 0xFFFFFFFF:
@@ -73,11 +131,13 @@ class SamplerParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temp <= 0
+        """The chain keeps only the highest logit (temperature <= 0 is one of its steps)."""
+        return self.temp <= 0 and not self.mirostat and "temperature" in self.samplers
 
     @property
     def penalties_on(self) -> bool:
-        return self.repeat_last_n != 0 and (
+        return self.repeat_last_n != 0 and not self.mirostat and "penalties" in self.samplers \
+            and (
             self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
             or self.presence_penalty != 0.0)
 
@@ -158,10 +218,15 @@ def apply_penalties(c: Candidates, counts: Counter[int], repeat: float, frequenc
     count * frequency + presence for every token seen in the recent history."""
     if not counts:
         return
-    # first in the chain: candidate i is still token i
     pos = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
     n = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
-    inside = (pos >= 0) & (pos < len(c))
+    if c.sorted or len(c) != c.ids[-1] + 1:  # after another step (--samplers): by id
+        where = {int(t): i for i, t in enumerate(c.ids)}
+        found = [(where[t], k) for t, k in zip(pos.tolist(), n.tolist(), strict=True)
+                 if t in where]
+        pos = np.array([i for i, _ in found], dtype=np.int64)
+        n = np.array([k for _, k in found], dtype=np.float32)
+    inside = (pos >= 0) & (pos < len(c))  # first in the chain: candidate i is token i
     pos, n = pos[inside], n[inside]
     lg = c.logits[pos]
     lg = np.where(lg <= 0, lg * np.float32(repeat), lg / np.float32(repeat))
@@ -236,6 +301,69 @@ def draw(c: Candidates, u: float) -> int:
     return int(c.ids[min(i, len(c) - 1)])
 
 
+# --- Mirostat (llama.cpp's llama_sampler_mirostat / _v2, float32 as there) -------------
+
+MIROSTAT_M = 100  # tokens v1 estimates the Zipf exponent from (llama.cpp passes 100)
+
+
+def _softmax_sorted(c: Candidates) -> np.ndarray:
+    """llama_sampler_softmax_impl(sorted): sort, then glibc's expf (the double exp,
+    rounded: numpy's float32 exp is an ulp off for many inputs, and Mirostat feeds the
+    probabilities back into mu) and a left-to-right float sum."""
+    c.sort()
+    return _glibc_softmax(c.logits)
+
+
+def _glibc_softmax(logits: np.ndarray) -> np.ndarray:
+    x = (logits - logits.max()).astype(np.float64)
+    p = np.exp(x).astype(np.float32)
+    return p / _seqsum(p)
+
+
+def mirostat_v1_top_k(p: np.ndarray, mu: float, n_vocab: int, m: int = MIROSTAT_M) -> int:
+    """How many candidates Mirostat keeps: the k whose expected surprise is ``mu``, for
+    the Zipf exponent s_hat estimated by least squares from the first ``m`` sorted
+    probabilities ``p``."""
+    f = np.float32
+    n = min(m - 1, len(p) - 1)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        i = np.arange(n, dtype=np.float32)
+        t = _f32(np.log, (i + f(2)) / (i + f(1)))  # logf, powf: glibc's, rounded doubles
+        b = _f32(np.log, p[:n] / p[1:n + 1])
+        s_hat = _seqsum(t * b) / _seqsum(t * t) if n else f("nan")
+        eps = s_hat - f(1)
+        k = _f32(np.power, (eps * _f32(np.power, f(2), f(mu)))
+                 / (f(1) - _f32(np.power, f(n_vocab), -eps)), f(1) / s_hat)
+    # C's int(k); x86 gives INT_MIN for NaN and out-of-range values, then max(., 1)
+    if not math.isfinite(k) or not -2.0 ** 31 <= k < 2.0 ** 31:
+        return 1
+    return max(int(k), 1)
+
+
+def _f32(fn: Any, *args: Any) -> Any:
+    return fn(*(np.asarray(a, dtype=np.float64) for a in args)).astype(np.float32)
+
+
+def mirostat_v2_cut(p: np.ndarray, mu: float) -> int:
+    """How many sorted candidates Mirostat 2.0 keeps: those before the first whose
+    surprise ``-log2 p`` exceeds ``mu`` (at least one)."""
+    with np.errstate(divide="ignore"):
+        over = -_f32(np.log2, p) > np.float32(mu)
+    return max(int(np.argmax(over)) if over.any() else len(p), 1)
+
+
+def discrete_draw(p: np.ndarray, u: float | None) -> int:
+    """``std::discrete_distribution`` on float probabilities ``p``: normalized in double,
+    cumulative, the last set to 1, the first reaching u. libstdc++ draws nothing for one
+    candidate (``u`` may then be None)."""
+    if len(p) < 2:
+        return 0
+    pd = p.astype(np.float64)
+    cum = np.cumsum(pd / np.cumsum(pd)[-1])
+    cum[-1] = 1.0
+    return min(int(np.searchsorted(cum, u, side="left")), len(p) - 1)
+
+
 # --- the sampler ----------------------------------------------------------------------
 
 class Sampler:
@@ -257,6 +385,7 @@ class Sampler:
         n = self.params.repeat_last_n
         self._history: deque[int] = deque(maxlen=None if n < 0 else n)
         self._counts: Counter[int] = Counter()
+        self.mu = 2.0 * self.params.mirostat_tau  # Mirostat's running target (float32)
 
     def uniform(self) -> float:
         """The next draw in [0, 1): ``std::uniform_real_distribution<double>(0, 1)``."""
@@ -281,26 +410,56 @@ class Sampler:
             self.accept(t)
 
     def reset(self) -> None:
-        """Forget the token history (the random stream continues)."""
+        """Forget the token history and Mirostat's mu (the random stream continues)."""
         self._history.clear()
         self._counts.clear()
+        self.mu = 2.0 * self.params.mirostat_tau
 
     def candidates(self, logits: np.ndarray) -> Candidates:
         """The candidate list the final draw picks from (the whole chain but the draw)."""
         p = self.params
         c = Candidates.from_logits(logits)
-        if p.penalties_on:
-            apply_penalties(c, self._counts, p.repeat_penalty, p.frequency_penalty,
-                            p.presence_penalty)
-        if p.greedy:  # nothing below can change the argmax
+        if p.mirostat:
             apply_temperature(c, p.temp)
             return c
-        apply_top_k(c, p.top_k)
-        apply_typical(c, p.typical_p, p.min_keep)
-        apply_top_p(c, p.top_p, p.min_keep)
-        apply_min_p(c, p.min_p, p.min_keep)
-        apply_temperature(c, p.temp)
+        if p.greedy and p.samplers == DEFAULT_SAMPLERS:  # nothing else changes the argmax
+            if p.penalties_on:
+                apply_penalties(c, self._counts, p.repeat_penalty, p.frequency_penalty,
+                                p.presence_penalty)
+            apply_temperature(c, p.temp)
+            return c
+        for step in p.samplers:
+            if step == "penalties" and p.penalties_on:
+                apply_penalties(c, self._counts, p.repeat_penalty, p.frequency_penalty,
+                                p.presence_penalty)
+            elif step == "top_k":
+                apply_top_k(c, p.top_k)
+            elif step == "typ_p":
+                apply_typical(c, p.typical_p, p.min_keep)
+            elif step == "top_p":
+                apply_top_p(c, p.top_p, p.min_keep)
+            elif step == "min_p":
+                apply_min_p(c, p.min_p, p.min_keep)
+            elif step == "temperature":
+                apply_temperature(c, p.temp)
         return c
+
+    def _mirostat(self, c: Candidates, n_vocab: int) -> int:
+        """Mirostat's pick from the tempered candidates, and its update of mu."""
+        p = _softmax_sorted(c)
+        if self.params.mirostat == 1:
+            keep = mirostat_v1_top_k(p, self.mu, n_vocab)
+        else:
+            keep = mirostat_v2_cut(p, self.mu)
+        c.take(slice(0, keep), sorted=True)
+        p = _glibc_softmax(c.logits)
+        idx = discrete_draw(p, self.uniform() if len(c) > 1 else None)
+        f = np.float32
+        # glibc's log2f: the double result rounded (numpy's float32 log2 may differ by an ulp)
+        surprise = f(-math.log2(p[idx])) if p[idx] > 0 else f("inf")
+        self.mu = float(f(self.mu) - f(self.params.mirostat_eta) *
+                        (surprise - f(self.params.mirostat_tau)))
+        return int(c.ids[idx])
 
     def sample(self, logits: np.ndarray) -> int:
         """The next token id for ``logits`` (n_vocab,); does not ``accept`` it."""
@@ -312,5 +471,7 @@ class Sampler:
             self.uniform()  # drawn even when greedy, keeping the stream aligned
             return int(np.argmax(logits))
         c = self.candidates(logits)
+        if p.mirostat:
+            return self._mirostat(c, int(np.size(logits)))
         u = self.uniform()  # drawn even when greedy, keeping the stream aligned
         return draw(c, u)

@@ -46,7 +46,11 @@ class Request:
     an end-of-generation token or the end of the context), sampled with ``params``;
     ``stop`` strings end the text (not included); ``constraint`` masks each step's logits;
     ``lookup`` > 0 drafts up to that many tokens per step from the text so far
-    (lookup.py: fewer forward passes, the same tokens)."""
+    (lookup.py: fewer forward passes, the same tokens); ``ignore_eos``: end-of-generation
+    tokens are never sampled (llama.cpp's --ignore-eos: their logits are -inf); ``watch``,
+    if given, sees each piece of text as it is emitted (on the engine's thread) and ends
+    the sequence (``stopped_by`` "watch", finish_reason "stop") by returning True: the
+    tool-call reader stops a model that repeats a call it has made."""
 
     prompt_ids: list[int]
     params: SamplerParams = field(default_factory=SamplerParams)
@@ -54,6 +58,8 @@ class Request:
     stop: list[str] = field(default_factory=list)
     constraint: Constraint | None = None
     lookup: int = 0
+    ignore_eos: bool = False
+    watch: Callable[[str], bool] | None = None
 
 
 class Piece(NamedTuple):
@@ -273,8 +279,11 @@ class Sequence:
             self.timings.prompt_done = now
             self.sampler.accept_all(self.prompt_ids)  # the penalties see the prompt
         c = self.request.constraint
-        if c is not None:
+        if c is not None or self.request.ignore_eos:
             logits = np.array(logits, dtype=np.float32)
+        if self.request.ignore_eos and self._eog:
+            logits[list(self._eog)] = -np.inf
+        if c is not None:
             c.mask(logits)
         token = self.sampler.sample(logits)
         self.sampler.accept(token)
@@ -292,6 +301,8 @@ class Sequence:
         self._emit(Piece(text, (token,)))
         if self._scanner.hit:
             self._finish("stop", "stop_string")
+        elif text and self.request.watch is not None and self.request.watch(text):
+            self._finish("stop", "watch")
         elif 0 <= self.request.max_tokens <= len(self.tokens):
             self._finish("length", "max_tokens")
         elif n_cached_now >= n_ctx:  # no room to evaluate this token

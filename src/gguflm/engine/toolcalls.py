@@ -39,17 +39,35 @@ class ToolCall:
                 "function": {"name": self.name, "arguments": self.arguments}}
 
 
+TRUNCATED = ("the token budget (max_tokens) ran out inside a tool call; that call was "
+             "left out (the calls before it are complete)")
+
+
 @dataclass
 class ParsedReply:
-    """A reply split into ``content`` (None when empty) and ``tool_calls``."""
+    """A reply split into ``content`` (None when empty) and ``tool_calls`` (each complete:
+    its arguments whole JSON). ``truncated``: the reply was cut off inside a call, which is
+    left out; ``repeated``: the model began a call it had made already (a loop; the repeat
+    is left out and the reply ends there)."""
 
     content: str | None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    truncated: bool = False
+    repeated: bool = False
 
     def finish_reason(self, reason: str) -> str:
-        """OpenAI's finish_reason: ``tool_calls`` for a reply that ended (``stop``) with
-        calls in it; ``length`` and the others stay."""
-        return "tool_calls" if self.tool_calls and reason == "stop" else reason
+        """OpenAI's finish_reason: ``length`` when the budget ran out inside a call;
+        ``tool_calls`` for a reply with calls that ended (``stop``), ran out of tokens
+        after its last call, or was ended at a repeated call; the others stay."""
+        if self.truncated:
+            return "length"
+        if self.tool_calls and (reason in ("stop", "length") or self.repeated):
+            return "tool_calls"
+        return reason
+
+    def detail(self) -> str | None:
+        """Why the reply ended, in words, when finish_reason alone would mislead."""
+        return TRUNCATED if self.truncated else None
 
     def message(self) -> dict[str, Any]:
         """The assistant message object of a chat completion."""
@@ -121,10 +139,12 @@ class _Scan:
 class ToolCallParser:
     """Reads a reply as it streams: ``feed(text)`` returns OpenAI delta objects
     (``{"content": ...}``, or ``{"tool_calls": [{"index", "id", "type", "function":
-    {"name", "arguments": ""}}]}`` when a call's name is known, then ``{"tool_calls":
-    [{"index", "function": {"arguments": fragment}}]}`` as its arguments arrive);
-    ``finish()`` the last ones; ``result()`` the whole ``ParsedReply``, equal to what the
-    deltas add up to. Text that only might start a call is held back until it is clear.
+    {"name", "arguments"}}]}`` once a call is complete: a call is held back until its
+    arguments are whole JSON, so that neither a stream nor a reply cut off by max_tokens
+    ever carries half an argument object); ``finish()`` the last ones; ``result()`` the
+    whole ``ParsedReply``, equal to what the deltas add up to. Text that only might start
+    a call is held back until it is clear. ``repeated`` turns true when the model repeats
+    a call (the same function and arguments): the caller should stop generating.
 
     Calls are recognised only for the ``tools`` given (an unknown function name leaves the
     text as content). Leading and trailing whitespace of the content is dropped.
@@ -147,6 +167,8 @@ class ToolCallParser:
         self._opaque_scan: _Scan | None = None  # the search for the end of an opaque call
         self._opaque_pos = 0
         self._finished = False
+        self.truncated = False  # cut off inside a call (left out)
+        self.repeated = False  # a call made twice (the repeat left out)
 
     # --- public ---
 
@@ -159,13 +181,29 @@ class ToolCallParser:
     def finish(self) -> list[dict[str, Any]]:
         out = self._run(final=True)
         if self._state == "args":  # cut off inside the arguments (max_tokens)
-            self._end_args(out)
+            self._calls.pop()
+            self.truncated = True
         self._finished = True
         return out
 
     def result(self) -> ParsedReply:
         content = "".join(self._content)
-        return ParsedReply(content or None, list(self._calls))
+        return ParsedReply(content or None, list(self._calls), self.truncated, self.repeated)
+
+    def _complete(self, call: ToolCall, out: list[dict[str, Any]]) -> None:
+        """A call is whole: emit it, unless it repeats an earlier one (then drop it and
+        note the loop)."""
+        key = _call_key(call)
+        if any(_call_key(c) == key for c in self._calls if c is not call):
+            if self._calls and self._calls[-1] is call:
+                self._calls.pop()
+            self.repeated = True
+            return
+        if not self._calls or self._calls[-1] is not call:
+            self._calls.append(call)
+        out.append({"tool_calls": [{
+            "index": len(self._calls) - 1, "id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}]})
 
     def parse(self, text: str) -> ParsedReply:
         """The whole reply at once (the same reading as streaming it)."""
@@ -240,11 +278,7 @@ class ToolCallParser:
             except ValueError:
                 name = None
             if name in self._names:
-                call = ToolCall(self._new_id(), name, "")
-                self._calls.append(call)
-                out.append({"tool_calls": [{
-                    "index": len(self._calls) - 1, "id": call.id, "type": "function",
-                    "function": {"name": name, "arguments": ""}}]})
+                self._calls.append(ToolCall(self._new_id(), name, ""))  # emitted when whole
                 self._buf = self._buf[m.end():]
                 self._scan, self._arg_parts = _Scan(), []
                 self._state = "args"
@@ -267,9 +301,6 @@ class ToolCallParser:
             piece = piece.lstrip()
         if piece:
             self._arg_parts.append(piece)
-            if scan.kind != '"':  # a JSON-string encoding is decoded once it is complete
-                out.append({"tool_calls": [{"index": len(self._calls) - 1,
-                                            "function": {"arguments": piece}}]})
         if scan.done:
             self._end_args(out)
             self._scan = _Scan(depth=1)  # the rest of the call object
@@ -277,18 +308,16 @@ class ToolCallParser:
             return True
         return False
 
-    def _end_args(self, out: list[dict[str, Any]] | None = None) -> None:
+    def _end_args(self, out: list[dict[str, Any]]) -> None:
         raw = "".join(self._arg_parts)
         call = self._calls[-1]
         if self._scan is not None and self._scan.kind == '"':
-            try:
+            try:  # a JSON-string encoding of the arguments
                 raw = json.loads(raw)
             except ValueError:
                 pass
-            if out is not None and raw:
-                out.append({"tool_calls": [{"index": len(self._calls) - 1,
-                                            "function": {"arguments": raw}}]})
         call.arguments = raw
+        self._complete(call, out)
 
     def _tail(self, out: list[dict[str, Any]], final: bool) -> bool:
         scan = self._scan
@@ -353,17 +382,30 @@ class ToolCallParser:
             next_state = "after"
         self._opaque_scan = None
         call = self._whole_call(body)
-        if call is None:
+        if call is None and final and self._cut_off(body):
+            self.truncated = True  # the start of a call, cut off: left out
+        elif call is None:
             self._emit_content(out, raw)
             next_state = "text" if self.format == "hermes" else "plain"
         else:
-            self._calls.append(call)
-            out.append({"tool_calls": [{
-                "index": len(self._calls) - 1, "id": call.id, "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments}}]})
+            self._complete(call, out)
         self._buf = rest
         self._state = next_state
         return True
+
+    def _cut_off(self, body: str) -> bool:
+        """Whether ``body``, the unfinished end of a reply, is the start of a call of one
+        of the tools (rather than text that merely began like one)."""
+        head = _HEADER.match(body, partial=True)
+        if head is None:
+            return False
+        if head.partial:  # the name itself may be cut: a prefix of a known one
+            name = head.group(1) or ""
+            return not name or any(n.startswith(name) for n in self._names)
+        try:
+            return json.loads(f'"{head.group(1)}"') in self._names
+        except ValueError:
+            return False
 
     def _whole_call(self, body: str) -> ToolCall | None:
         try:
@@ -378,6 +420,14 @@ class ToolCallParser:
         else:
             text = json.dumps(args, ensure_ascii=False)
         return ToolCall(self._new_id(), obj["name"], text)
+
+
+def _call_key(call: ToolCall) -> tuple[str, Any]:
+    """What makes two calls the same: the function and the arguments' value."""
+    try:
+        return call.name, json.dumps(json.loads(call.arguments), sort_keys=True)
+    except ValueError:
+        return call.name, call.arguments
 
 
 def _prefix_overlap(text: str, marker: str) -> int:

@@ -246,6 +246,19 @@ class ToolPlan:
         """The finished reply as content and tool calls."""
         return self.parser().parse(text)
 
+    def watcher(self) -> Callable[[str], bool] | None:
+        """For ``Request.watch``: fed the reply as it is generated, True once the model
+        repeats a call it has made (small models loop on parallel calls: the same call
+        again and again until max_tokens, the last one cut off). None with ``none``."""
+        if self.choice == "none":
+            return None
+        parser = self.parser()
+
+        def repeated(text: str) -> bool:
+            parser.feed(text)
+            return parser.repeated
+        return repeated
+
 
 def plan_tools(messages: Sequence[Mapping[str, Any]], tools: Any, tool_choice: Any = None,
                template_source: str | None = None,
