@@ -1,0 +1,276 @@
+"""``gguflm convert``: Hugging Face checkpoints to the GGUF llama.cpp's converter writes.
+
+- all-MiniLM-L6-v2 (the checkpoint ``gguflm pull all-minilm-l6-v2`` keeps in the cache, or
+  ``$GGUFLM_MINILM_DIR``) against the manifest of llama.cpp's own ``--outtype f16`` output:
+  every key, type and value (``general.name`` included), every tensor's name, type, shape
+  and sha256, in order.
+- Decoder families on small random checkpoints written here, with the tokenizer.json of
+  llama.cpp's test vocabularies (which llama.cpp's converter made from the real tokenizers):
+  tensor names and types, the Llama Q/K permutation, keys, and the vocabulary round trip.
+- Bad inputs: one ``error:`` line naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gguflm import gguf
+from gguflm.convert import ConvertError, convert
+from gguflm.gguf.types import type_name
+
+REF = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
+
+
+def _minilm_dir() -> Path:
+    from gguflm.hub import checkpoint_dir
+
+    folder = Path(os.environ.get("GGUFLM_MINILM_DIR") or checkpoint_dir("all-minilm-l6-v2"))
+    if not (folder / "model.safetensors").is_file():
+        pytest.skip(f"the all-MiniLM-L6-v2 checkpoint is not at {folder}: run "
+                    "`gguflm pull all-minilm-l6-v2` (or set GGUFLM_MINILM_DIR)")
+    return folder
+
+
+def _manifest(reference: Path) -> dict:
+    path = reference / "minilm" / "convert-f16-manifest.json"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    return json.loads(path.read_text("utf-8"))
+
+
+def _value_matches(value: object, want: object) -> bool:
+    if isinstance(want, dict) and "sha256" in want:
+        items = value.tolist() if hasattr(value, "tolist") else list(value)
+        text = json.dumps(items, ensure_ascii=False)
+        return len(items) == want["len"] and hashlib.sha256(text.encode()).hexdigest() == \
+            want["sha256"]
+    return (value.item() if hasattr(value, "item") else value) == want
+
+
+def test_minilm_f16_is_llama_cpp_output(reference: Path, tmp_path: Path) -> None:
+    manifest = _manifest(reference)
+    out = convert(_minilm_dir(), tmp_path / "m.gguf", "f16")
+    with gguf.open(out) as f:
+        assert list(f.metadata) == list(manifest["metadata"])
+        for key, spec in manifest["metadata"].items():
+            assert type_name(f.types[key]).upper() == spec["type"], key
+            assert _value_matches(f.metadata[key], spec["value"]), key
+        assert list(f.tensors) == [t["name"] for t in manifest["tensors"]]
+        for t in manifest["tensors"]:
+            info = f.tensors[t["name"]]
+            assert (info.type.ggml_name, list(info.shape)) == (t["type"], t["shape"])
+            assert hashlib.sha256(bytes(info.data)).hexdigest() == t["sha256"], t["name"]
+
+
+def test_minilm_other_outtypes(tmp_path: Path) -> None:
+    folder = _minilm_dir()
+    with gguf.open(convert(folder, tmp_path / "f32.gguf", "f32")) as f:
+        assert f.metadata["general.file_type"] == 0
+        assert {t.type.ggml_name for t in f.tensors.values()} == {"F32"}
+        from gguflm.convert.safetensors import read_header
+
+        src = {t.name: t for t in read_header(folder / "model.safetensors")}
+        q = np.asarray(f.tensors["blk.0.attn_q.weight"].data)
+        want = src["encoder.layer.0.attention.self.query.weight"].load()
+        assert np.array_equal(q.view(np.float32).reshape(want.shape), want)
+    with gguf.open(convert(folder, tmp_path / "{ftype}.gguf", "q8_0")) as f:
+        assert Path(f.path).name == "q8_0.gguf"
+        assert f.metadata["general.file_type"] == 7
+        assert f.tensors["token_embd.weight"].type.ggml_name == "Q8_0"
+        assert f.tensors["blk.0.attn_q.bias"].type.ggml_name == "F32"
+
+
+# --- random decoder checkpoints ---------------------------------------------------------------
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    names = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16"}
+    for name, arr in tensors.items():
+        raw = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": names[arr.dtype], "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    head = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+
+
+def tokenizer_json(vocab_file: Path, folder: Path) -> dict:
+    """A tokenizer.json + tokenizer_config.json rebuilt from a llama.cpp vocabulary file."""
+    with gguf.open(vocab_file) as f:
+        md = dict(f.metadata)
+    tokens = list(md["tokenizer.ggml.tokens"])
+    types = np.asarray(md["tokenizer.ggml.token_type"]).tolist()
+    added = [{"id": i, "content": t, "special": ty == 3, "normalized": False}
+             for i, (t, ty) in enumerate(zip(tokens, types)) if ty in (3, 4)]
+    bos = md.get("tokenizer.ggml.bos_token_id")
+    bos_text = tokens[bos] if bos is not None else None
+    add_bos = md.get("tokenizer.ggml.add_bos_token", md["tokenizer.ggml.pre"] == "llama-bpe")
+    post = ({"type": "TemplateProcessing", "single": [
+        {"SpecialToken": {"id": bos_text, "type_id": 0}}, {"Sequence": {"id": "A"}}]}
+        if add_bos else {"type": "ByteLevel"})
+    tj = {"added_tokens": added, "post_processor": post,
+          "model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(tokens)},
+                    "merges": list(md["tokenizer.ggml.merges"])}}
+    (folder / "tokenizer.json").write_text(json.dumps(tj), "utf-8")
+    config = {"bos_token": bos_text} if add_bos else {}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), "utf-8")
+    return md
+
+
+ARCHS = {  # HF architecture -> (GGUF arch, vocabulary, Q/K norms, biases)
+    "LlamaForCausalLM": ("llama", "llama-bpe", False, False),
+    "Qwen2ForCausalLM": ("qwen2", "qwen2", False, True),
+    "Qwen3ForCausalLM": ("qwen3", "qwen2", True, False),
+}
+
+
+def random_decoder(folder: Path, hf_arch: str, n_vocab: int) -> dict[str, np.ndarray]:
+    _, _, qk_norm, bias = ARCHS[hf_arch]
+    rng = np.random.default_rng(0)
+    d, heads, kv, hd, ff = 64, 4, 2, 16, 96
+    w = {"model.embed_tokens.weight": rng.standard_normal((n_vocab, d), np.float32),
+         "model.norm.weight": rng.standard_normal(d, np.float32),
+         "lm_head.weight": rng.standard_normal((n_vocab, d), np.float32)}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        shapes = {"self_attn.q_proj": (heads * hd, d), "self_attn.k_proj": (kv * hd, d),
+                  "self_attn.v_proj": (kv * hd, d), "self_attn.o_proj": (d, heads * hd),
+                  "mlp.gate_proj": (ff, d), "mlp.up_proj": (ff, d), "mlp.down_proj": (d, ff)}
+        for name, shape in shapes.items():
+            w[p + name + ".weight"] = rng.standard_normal(shape, np.float32)
+            if bias and name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+                w[p + name + ".bias"] = rng.standard_normal(shape[0], np.float32)
+        w[p + "input_layernorm.weight"] = rng.standard_normal(d, np.float32)
+        w[p + "post_attention_layernorm.weight"] = rng.standard_normal(d, np.float32)
+        if qk_norm:
+            w[p + "self_attn.q_norm.weight"] = rng.standard_normal(hd, np.float32)
+            w[p + "self_attn.k_norm.weight"] = rng.standard_normal(hd, np.float32)
+    write_safetensors(folder / "model.safetensors", w)
+    config = {"architectures": [hf_arch], "hidden_size": d, "num_attention_heads": heads,
+              "num_key_value_heads": kv, "num_hidden_layers": 2, "intermediate_size": ff,
+              "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+              "vocab_size": n_vocab, "tie_word_embeddings": False}
+    if qk_norm:
+        config["head_dim"] = hd
+    (folder / "config.json").write_text(json.dumps(config), "utf-8")
+    return w
+
+
+def _permuted(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Row r of head h: HF rotate-half order (i, i + d/2) -> llama.cpp's pairs (2i, 2i+1)."""
+    d = w.shape[0] // n_head
+    order = [h * d + (j // 2 if j % 2 == 0 else d // 2 + j // 2)
+             for h in range(n_head) for j in range(d)]
+    return w[order]
+
+
+@pytest.mark.parametrize("hf_arch", list(ARCHS))
+def test_decoder_layout(hf_arch: str, tmp_path: Path) -> None:
+    arch, vocab_name, qk_norm, bias = ARCHS[hf_arch]
+    vocab_file = REF / "vocab" / f"ggml-vocab-{vocab_name}.gguf"
+    if not vocab_file.is_file():
+        pytest.skip(f"{vocab_file} not found")
+    md = tokenizer_json(vocab_file, tmp_path)
+    n_vocab = len(md["tokenizer.ggml.tokens"])
+    w = random_decoder(tmp_path, hf_arch, n_vocab)
+    with gguf.open(convert(tmp_path, tmp_path / "out.gguf", "f32")) as f:
+        assert f.metadata["general.architecture"] == arch
+        for key in ("model", "pre", "tokens", "merges", "token_type"):
+            got, want = f.metadata[f"tokenizer.ggml.{key}"], md[f"tokenizer.ggml.{key}"]
+            assert np.array_equal(np.asarray(got), np.asarray(want)), key
+        assert f.metadata[f"{arch}.attention.head_count_kv"] == 2
+        assert f.metadata[f"{arch}.rope.freq_base"] == 10000.0
+        names = set(f.tensors)
+        assert {"token_embd.weight", "output.weight", "output_norm.weight",
+                "blk.1.ffn_gate.weight", "blk.1.attn_output.weight"} <= names
+        assert ("blk.0.attn_q.bias" in names) == bias
+        assert ("blk.0.attn_k_norm.weight" in names) == qk_norm
+
+        def data(name: str) -> np.ndarray:
+            t = f.tensors[name]
+            return np.asarray(t.data).view(np.float32).reshape(tuple(reversed(t.shape)))
+
+        q, k = w["model.layers.0.self_attn.q_proj.weight"], \
+            w["model.layers.0.self_attn.k_proj.weight"]
+        if arch == "llama":
+            assert np.array_equal(data("blk.0.attn_q.weight"), _permuted(q, 4))
+            assert np.array_equal(data("blk.0.attn_k.weight"), _permuted(k, 2))
+            assert f.metadata["llama.rope.dimension_count"] == 16
+        else:
+            assert np.array_equal(data("blk.0.attn_q.weight"), q)
+            assert np.array_equal(data("blk.0.attn_k.weight"), k)
+    with gguf.open(convert(tmp_path, tmp_path / "f16.gguf", "f16")) as f:
+        assert f.tensors["blk.0.attn_q.weight"].type.ggml_name == "F16"
+        assert f.tensors["blk.0.attn_norm.weight"].type.ggml_name == "F32"
+
+
+# --- bad inputs --------------------------------------------------------------------------------
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gguflm.cli", "convert", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _one_error_line(proc: subprocess.CompletedProcess, names: str) -> None:
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert names in lines[0], lines[0]
+
+
+def _checkpoint(folder: Path) -> None:
+    (folder / "config.json").write_text(json.dumps(
+        {"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 1}), "utf-8")
+    write_safetensors(folder / "model.safetensors",
+                      {"model.norm.weight": np.ones(8, np.float32)})
+
+
+def test_bad_inputs(tmp_path: Path) -> None:
+    _one_error_line(_cli(str(tmp_path / "nowhere")), "nowhere")
+    _one_error_line(_cli(str(tmp_path)), "config.json")
+    _checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text('{"architectures": ["Mamba9000"]}', "utf-8")
+    proc = _cli(str(tmp_path))
+    _one_error_line(proc, "config.json")
+    assert "Mamba9000" in proc.stderr
+    (tmp_path / "config.json").write_text("{not json", "utf-8")
+    _one_error_line(_cli(str(tmp_path)), "config.json")
+
+    _checkpoint(tmp_path)
+    st = tmp_path / "model.safetensors"
+    raw = st.read_bytes()
+    st.write_bytes(raw[:20])  # truncated inside the header
+    _one_error_line(_cli(str(tmp_path)), "model.safetensors")
+    st.write_bytes(raw[:-4])  # the data is shorter than the header says
+    proc = _cli(str(tmp_path))
+    _one_error_line(proc, "model.safetensors")
+    assert "model.norm.weight" in proc.stderr
+    head_len = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + head_len])
+    head["model.norm.weight"]["shape"] = [9]  # a lying shape: 36 bytes in 32
+    new = json.dumps(head).encode()
+    st.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + head_len:])
+    _one_error_line(_cli(str(tmp_path)), "model.safetensors")
+    st.write_bytes(struct.pack("<Q", 1 << 60) + raw[8:])  # an absurd header length
+    _one_error_line(_cli(str(tmp_path)), "model.safetensors")
+
+
+def test_missing_tokenizer_and_unmapped_tensor(tmp_path: Path) -> None:
+    _checkpoint(tmp_path)
+    with pytest.raises(ConvertError, match="tokenizer.json"):
+        convert(tmp_path, tmp_path / "x.gguf")
+    write_safetensors(tmp_path / "model.safetensors",
+                      {"model.mystery.weight": np.ones(8, np.float32)})
+    with pytest.raises(ConvertError, match="model.mystery.weight"):
+        convert(tmp_path, tmp_path / "x.gguf")
+    assert not (tmp_path / "x.gguf").exists()
