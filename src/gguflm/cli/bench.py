@@ -31,7 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from . import CLIError, UsageError
-from .common import add_ignored_options, add_model_argument, add_threads_argument, say_if_compiling
+from .common import (
+    add_ignored_options,
+    add_model_argument,
+    add_threads_argument,
+    refuse_encoder,
+    say_if_compiling,
+)
 from .common import non_negative_int as _non_negative
 from .common import positive_int as _positive
 
@@ -277,6 +283,7 @@ def run(args: argparse.Namespace) -> int:
     compile_s = kernels.warm_up()
     t0 = time.perf_counter()
     model = load_model(path)
+    refuse_encoder(model, path)
     load_s = time.perf_counter() - t0
     n_vocab = model.config.n_vocab
     prompt = _token_ids(n_vocab, max(args.n_prompt), seed=1)

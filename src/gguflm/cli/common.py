@@ -207,8 +207,16 @@ def load_model(name: str, threads: int | None = None,
     say_if_compiling()
     t0 = time.perf_counter()
     model = load(path, **(options or {}))
+    refuse_encoder(model, path)
     tokenizer = Tokenizer.from_gguf(model.gguf)
     return Loaded(path, model, tokenizer, time.perf_counter() - t0)
+
+
+def refuse_encoder(model: Any, path: Any) -> None:
+    """A CLIError for an embedding model given to a command that needs logits."""
+    if model.is_encoder:
+        raise CLIError(f"{path} is an embedding model ({model.config.arch} encoder): it cannot "
+                       "generate text or score tokens; use `gguflm embed` or /v1/embeddings")
 
 
 def warm_up(model: Any) -> float:
