@@ -93,7 +93,7 @@ def test_minilm_other_outtypes(tmp_path: Path) -> None:
 
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
     header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    names = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16"}
+    names = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype("<u2"): "BF16"}
     for name, arr in tensors.items():
         raw = np.ascontiguousarray(arr).tobytes()
         header[name] = {"dtype": names[arr.dtype], "shape": list(arr.shape),
@@ -265,6 +265,23 @@ def test_bad_inputs(tmp_path: Path) -> None:
     _one_error_line(_cli(str(tmp_path)), "model.safetensors")
 
 
+def test_auto_keeps_bf16(tmp_path: Path) -> None:
+    vocab_file = REF / "vocab" / "ggml-vocab-qwen2.gguf"
+    if not vocab_file.is_file():
+        pytest.skip(f"{vocab_file} not found")
+    n_vocab = len(tokenizer_json(vocab_file, tmp_path)["tokenizer.ggml.tokens"])
+    w = random_decoder(tmp_path, "Qwen2ForCausalLM", n_vocab)
+    bf16 = {k: (v.view(np.uint32) >> 16).astype("<u2") for k, v in w.items()}
+    write_safetensors(tmp_path / "model.safetensors", bf16)
+    with gguf.open(convert(tmp_path, tmp_path / "auto.gguf")) as f:
+        assert f.metadata["general.file_type"] == 32
+        t = f.tensors["blk.0.ffn_up.weight"]
+        assert t.type.ggml_name == "BF16"
+        assert np.array_equal(np.asarray(t.data).view("<u2").reshape(-1),
+                              bf16["model.layers.0.mlp.up_proj.weight"].reshape(-1))
+        assert f.tensors["blk.0.attn_q.bias"].type.ggml_name == "F32"
+
+
 def test_missing_tokenizer_and_unmapped_tensor(tmp_path: Path) -> None:
     _checkpoint(tmp_path)
     with pytest.raises(ConvertError, match="tokenizer.json"):
@@ -274,3 +291,11 @@ def test_missing_tokenizer_and_unmapped_tensor(tmp_path: Path) -> None:
     with pytest.raises(ConvertError, match="model.mystery.weight"):
         convert(tmp_path, tmp_path / "x.gguf")
     assert not (tmp_path / "x.gguf").exists()
+    write_safetensors(tmp_path / "model.safetensors", {"model.norm.weight": np.ones(8, "<f4")})
+    (tmp_path / "tokenizer.json").write_text(json.dumps(
+        {"model": {"vocab": {"a": 0}, "merges": []}}), "utf-8")
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 1,
+         "vocab_size": 10 ** 12}), "utf-8")
+    with pytest.raises(ConvertError, match="vocab_size"):
+        convert(tmp_path, tmp_path / "x.gguf")

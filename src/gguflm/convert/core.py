@@ -69,11 +69,13 @@ def index_tensors(folder: Path) -> list[STensor]:
     return tensors
 
 
-def choose_outtype(outtype: str, tensors: list[STensor]) -> str:
-    """``auto``: the first matrix's 16-bit type (bf16 or f16), else f16."""
+def choose_outtype(outtype: str, tensors: list[STensor], conv: ModelConverter) -> str:
+    """``auto``: the 16-bit type (bf16 or f16) of the first matrix the converter keeps,
+    else f16."""
     if outtype != "auto":
         return outtype
-    first = next((t for t in tensors if len(t.shape) >= 2), None)
+    first = next((t for t in tensors if len(t.shape) >= 2 and not t.name.endswith(_SKIPPED)
+                  and conv.tensor_name(t.name) is not None), None)
     return "bf16" if first is not None and first.dtype == "BF16" else "f16"
 
 
@@ -139,9 +141,10 @@ def convert(folder: str | Path, outfile: str | Path | None = None,
     hparams = read_json(folder / "config.json")
     conv_cls = _converter_class(folder, hparams)
     tensors = index_tensors(folder)
-    outtype = choose_outtype(outtype, tensors)
+    conv = conv_cls(folder, hparams, 0)
+    outtype = choose_outtype(outtype, tensors, conv)
     file_type, qtype, tag = OUTTYPES[outtype]
-    conv = conv_cls(folder, hparams, file_type)
+    conv.file_type = file_type
     planned = plan(conv, tensors, qtype)
     total = sum(math.prod(p.shape) for p in planned)
     names = naming(hparams.get("_name_or_path"), folder.name, total)

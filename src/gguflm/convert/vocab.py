@@ -18,6 +18,7 @@ from .pretok_hashes import CHECK_TEXT, PRE_BY_HASH
 K = "tokenizer.ggml."
 CONTROL, NORMAL, USER_DEFINED, UNUSED = 3, 1, 4, 5
 MAX_JSON_BYTES = 256 << 20
+MAX_VOCAB = 1 << 22  # tokens; the largest real vocabularies have about 260k
 _ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id",
             "sep": "seperator_token_id", "pad": "padding_token_id",
             "mask": "mask_token_id", "eot": "eot_token_id", "eom": "eom_token_id"}
@@ -62,6 +63,9 @@ def base_vocab(folder: Path, vocab_size: int | None) -> tuple[list[str], list[in
             by_id[entry["id"]] = entry["content"]
             added[entry["id"]] = entry
     n = vocab_size if vocab_size is not None else len(by_id)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_VOCAB:
+        raise ConvertError(f"vocab_size {n!r} is not a vocabulary size (1..{MAX_VOCAB})",
+                           path=str(folder / "config.json"))
     if max(by_id) >= n:
         raise ConvertError(f"token id {max(by_id)} is beyond vocab_size {n}", path=str(path))
     tokens, types = [], []
