@@ -119,7 +119,8 @@ def tokenizer_json(vocab_file: Path, folder: Path) -> dict:
         {"SpecialToken": {"id": bos_text, "type_id": 0}}, {"Sequence": {"id": "A"}}]}
         if add_bos else {"type": "ByteLevel"})
     tj = {"added_tokens": added, "post_processor": post,
-          "model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(tokens)},
+          "model": {"type": "BPE", "vocab": {t: i for i, (t, ty) in enumerate(zip(tokens, types))
+                                             if ty not in (3, 4)},  # added ones apart, as HF
                     "merges": list(md["tokenizer.ggml.merges"])}}
     (folder / "tokenizer.json").write_text(json.dumps(tj), "utf-8")
     config = {"bos_token": bos_text} if add_bos else {}
@@ -131,6 +132,7 @@ ARCHS = {  # HF architecture -> (GGUF arch, vocabulary, Q/K norms, biases)
     "LlamaForCausalLM": ("llama", "llama-bpe", False, False),
     "Qwen2ForCausalLM": ("qwen2", "qwen2", False, True),
     "Qwen3ForCausalLM": ("qwen3", "qwen2", True, False),
+    "Gemma3ForCausalLM": ("gemma3", "qwen2", True, False),
 }
 
 
@@ -155,6 +157,12 @@ def random_decoder(folder: Path, hf_arch: str, n_vocab: int) -> dict[str, np.nda
         if qk_norm:
             w[p + "self_attn.q_norm.weight"] = rng.standard_normal(hd, np.float32)
             w[p + "self_attn.k_norm.weight"] = rng.standard_normal(hd, np.float32)
+        if hf_arch.startswith("Gemma3"):
+            w[p + "pre_feedforward_layernorm.weight"] = rng.standard_normal(d, np.float32)
+            w[p + "post_feedforward_layernorm.weight"] = rng.standard_normal(d, np.float32)
+    if hf_arch.startswith("Gemma3"):
+        del w["lm_head.weight"]  # tied, and 8 rows beyond the tokenizer's (the cut)
+        w["model.embed_tokens.weight"] = rng.standard_normal((n_vocab + 8, d), np.float32)
     write_safetensors(folder / "model.safetensors", w)
     config = {"architectures": [hf_arch], "hidden_size": d, "num_attention_heads": heads,
               "num_key_value_heads": kv, "num_hidden_layers": 2, "intermediate_size": ff,
@@ -162,6 +170,9 @@ def random_decoder(folder: Path, hf_arch: str, n_vocab: int) -> dict[str, np.nda
               "vocab_size": n_vocab, "tie_word_embeddings": False}
     if qk_norm:
         config["head_dim"] = hd
+    if hf_arch.startswith("Gemma3"):
+        config.update(sliding_window=32, sliding_window_pattern=6, rope_local_base_freq=10000.0,
+                      rope_theta=1e6, query_pre_attn_scalar=hd)
     (folder / "config.json").write_text(json.dumps(config), "utf-8")
     return w
 
@@ -189,10 +200,11 @@ def test_decoder_layout(hf_arch: str, tmp_path: Path) -> None:
             got, want = f.metadata[f"tokenizer.ggml.{key}"], md[f"tokenizer.ggml.{key}"]
             assert np.array_equal(np.asarray(got), np.asarray(want)), key
         assert f.metadata[f"{arch}.attention.head_count_kv"] == 2
-        assert f.metadata[f"{arch}.rope.freq_base"] == 10000.0
+        assert f.metadata[f"{arch}.rope.freq_base"] == (1e6 if arch == "gemma3" else 10000.0)
         names = set(f.tensors)
-        assert {"token_embd.weight", "output.weight", "output_norm.weight",
+        assert {"token_embd.weight", "output_norm.weight",
                 "blk.1.ffn_gate.weight", "blk.1.attn_output.weight"} <= names
+        assert ("output.weight" in names) == (arch != "gemma3")
         assert ("blk.0.attn_q.bias" in names) == bias
         assert ("blk.0.attn_k_norm.weight" in names) == qk_norm
 
@@ -202,6 +214,18 @@ def test_decoder_layout(hf_arch: str, tmp_path: Path) -> None:
 
         q, k = w["model.layers.0.self_attn.q_proj.weight"], \
             w["model.layers.0.self_attn.k_proj.weight"]
+        if arch == "gemma3":
+            assert data("token_embd.weight").shape == (n_vocab, 64)  # cut to the tokenizer
+            assert np.array_equal(data("blk.1.post_ffw_norm.weight"),
+                                  w["model.layers.1.post_feedforward_layernorm.weight"] + 1)
+            assert np.array_equal(data("output_norm.weight"), w["model.norm.weight"] + 1)
+            assert f.metadata["gemma3.attention.sliding_window"] == 32
+            assert f.metadata["gemma3.rope.freq_base_swa"] == 10000.0
+            assert f.metadata["gemma3.attention.key_length"] == 16
+            from gguflm import load_model
+
+            model = load_model(f.path)  # gguflm's gemma3 runs what the converter wrote
+            assert np.isfinite(model.logits([1, 2, 3])).all()
         if arch == "llama":
             assert np.array_equal(data("blk.0.attn_q.weight"), _permuted(q, 4))
             assert np.array_equal(data("blk.0.attn_k.weight"), _permuted(k, 2))
@@ -286,6 +310,10 @@ def test_missing_tokenizer_and_unmapped_tensor(tmp_path: Path) -> None:
     _checkpoint(tmp_path)
     with pytest.raises(ConvertError, match="tokenizer.json"):
         convert(tmp_path, tmp_path / "x.gguf")
+    (tmp_path / "tokenizer.model").write_bytes(b"\n\x05")
+    with pytest.raises(ConvertError, match="tokenizer.model"):
+        convert(tmp_path, tmp_path / "x.gguf")
+    (tmp_path / "tokenizer.model").unlink()
     write_safetensors(tmp_path / "model.safetensors",
                       {"model.mystery.weight": np.ones(8, np.float32)})
     with pytest.raises(ConvertError, match="model.mystery.weight"):

@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "checkpoint in HF_DIR (config.json, *.safetensors, tokenizer.json): the "
                     "same keys, tensors, types and bytes. Architectures: BertModel "
                     "(sentence-transformers too), LlamaForCausalLM, Qwen2ForCausalLM, "
-                    "Qwen3ForCausalLM.")
+                    "Qwen3ForCausalLM, Gemma3ForCausalLM.")
     p.add_argument("model", metavar="HF_DIR", help="the checkpoint folder")
     p.add_argument("--outfile", metavar="OUT",
                    help="the GGUF file to write ({ftype} is replaced by the type); default: "

@@ -40,8 +40,12 @@ class ModelConverter:
                            path=str(self.folder))
 
     def modify(self, gguf_name: str, data: np.ndarray) -> np.ndarray:
-        """The tensor as written (same shape); most architectures write it unchanged."""
+        """The tensor as written (of shape ``out_shape``); most write it unchanged."""
         return data
+
+    def out_shape(self, gguf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The numpy shape ``modify`` gives a tensor of checkpoint shape ``shape``."""
+        return shape
 
     def forced_f32(self, gguf_name: str) -> bool:
         """Tensors the converter keeps in F32 beyond 1-D ones, norms and biases."""

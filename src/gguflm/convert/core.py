@@ -94,7 +94,7 @@ def plan(conv: ModelConverter, tensors: list[STensor], qtype: GGMLType) -> list[
             gtype = GGMLType.F16  # the converter's fallback when Q8_0 cannot hold the rows
         else:
             gtype = qtype
-        out.append(Planned(name, t, gtype, t.shape))
+        out.append(Planned(name, t, gtype, conv.out_shape(name, t.shape)))
     return out
 
 
@@ -105,6 +105,8 @@ def encode(p: Planned, conv: ModelConverter) -> Callable[[], np.ndarray]:
         if data.dtype not in (np.float16, np.float32):
             data = data.astype(np.float32)
         data = conv.modify(p.name, np.asarray(data))
+        if data.shape != p.shape:
+            raise ConvertError(f"became {data.shape}, planned {p.shape}", tensor=p.name)
         if p.type == GGMLType.F32:
             return np.ascontiguousarray(data, dtype="<f4")
         if p.type == GGMLType.F16:

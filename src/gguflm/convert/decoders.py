@@ -1,8 +1,10 @@
 """Decoder families -> GGUF, as llama.cpp's converter lays them out: ``LlamaForCausalLM``
-(``llama``, with the Q/K row permutation llama.cpp's RoPE expects), ``Qwen2ForCausalLM``,
-``Qwen3ForCausalLM`` (``qwen2``/``qwen3``, no permutation). Vocabulary: byte-level BPE from
-``tokenizer.json`` (the converter's ``_set_vocab_gpt2``); a SentencePiece ``tokenizer.model``
-is not read (it needs protobuf parsing gguflm does not have) and is refused by name.
+(``llama``, with the Q/K row permutation llama.cpp's RoPE expects), ``Qwen2ForCausalLM`` and
+``Qwen3ForCausalLM`` (``qwen2``/``qwen3``, no permutation), ``Gemma3ForCausalLM``
+(``gemma3``: RMSNorm weights stored as 1 + w, the embedding cut to the tokenizer's size).
+Vocabulary: byte-level BPE from ``tokenizer.json`` (the converter's ``_set_vocab_gpt2``); a
+SentencePiece ``tokenizer.model`` is not read (it needs protobuf parsing gguflm does not
+have) and is refused by name.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 from ..gguf.types import ArrayType, ValueType
 from .base import ModelConverter, register
 from .errors import ConvertError
-from .params import find, text_parameters
+from .params import find, rope_parameters, text_parameters
 from .vocab import K, base_vocab, check_ids, pre_name, special_vocab
 
 _GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
@@ -41,23 +43,27 @@ def permute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
 
 
 class DecoderConverter(ModelConverter):
+    layer_names: dict[str, str] = _LAYER
+
     def tensor_name(self, name: str) -> str | None:
+        name = name.replace("language_model.", "")  # the converter's generic filter
         stem, _, suffix = name.rpartition(".")
         if stem in _GLOBAL and suffix in ("weight", "bias"):
             return f"{_GLOBAL[stem]}.{suffix}"
         m = _BLOCK.fullmatch(name)
-        if m and m.group(2) in _LAYER and int(m.group(1)) < self.n_layers:
-            return f"blk.{m.group(1)}.{_LAYER[m.group(2)]}.{m.group(3)}"
+        if m and m.group(2) in self.layer_names and int(m.group(1)) < self.n_layers:
+            return f"blk.{m.group(1)}.{self.layer_names[m.group(2)]}.{m.group(3)}"
         return self.unmapped(name)
 
     def parameters(self) -> list[tuple[str, Any, Any]]:
         return text_parameters(self.gguf_arch, self.hparams, self.file_type)
 
     def vocabulary(self) -> list[tuple[str, Any, Any]]:
-        if not (self.folder / "tokenizer.json").is_file() and \
-                (self.folder / "tokenizer.model").is_file():
+        if (self.folder / "tokenizer.model").is_file():  # llama.cpp would prefer it
             raise ConvertError("a SentencePiece tokenizer.model is not supported (gguflm "
-                               "converts tokenizer.json vocabularies)",
+                               "converts tokenizer.json vocabularies; llama.cpp's converter "
+                               "reads this file first, so using tokenizer.json instead would "
+                               "make a different file)",
                                path=str(self.folder / "tokenizer.model"))
         tokens, types, _ = base_vocab(self.folder, self.hparams.get("vocab_size"))
         specials = special_vocab(self.folder, len(tokens), load_merges=True)
@@ -125,3 +131,57 @@ class Qwen2Converter(DecoderConverter):
 @register("Qwen3ForCausalLM")
 class Qwen3Converter(DecoderConverter):
     gguf_arch = "qwen3"
+
+
+@register("Gemma3ForCausalLM")
+class Gemma3Converter(DecoderConverter):
+    """llama.cpp's ``Gemma3Model`` (text only; a SentencePiece ``tokenizer.model`` is refused
+    by the shared vocabulary step, so this is its ``tokenizer.json`` branch)."""
+
+    gguf_arch = "gemma3"
+    layer_names = {**_LAYER, "post_attention_layernorm": "post_attention_norm",
+                   "pre_feedforward_layernorm": "ffn_norm",
+                   "post_feedforward_layernorm": "post_ffw_norm"}
+
+    def parameters(self) -> list[tuple[str, Any, Any]]:
+        hp, a = self.hparams, self.gguf_arch
+        keys = {k: (v, t) for k, v, t in super().parameters()}  # later values replace
+        theta = rope_parameters(hp)
+        theta = theta.get("full_attention", theta).get("rope_theta", 1_000_000.0)
+        u32, f32 = ValueType.UINT32, ValueType.FLOAT32
+        extra = [(f"{a}.context_length", hp.get("max_position_embeddings", 131072), u32),
+                 (f"{a}.attention.head_count", hp.get("num_attention_heads", 8), u32),
+                 (f"{a}.attention.layer_norm_rms_epsilon", hp.get("rms_norm_eps", 1e-6), f32),
+                 (f"{a}.attention.key_length", hp.get("head_dim", 256), u32),
+                 (f"{a}.attention.value_length", hp.get("head_dim", 256), u32),
+                 (f"{a}.rope.freq_base", theta, f32)]
+        if hp.get("attn_logit_softcapping") is not None:
+            raise ConvertError("attn_logit_softcapping is set: not a Gemma 3 config",
+                               path=str(self.folder / "config.json"))
+        if hp.get("final_logit_softcapping"):
+            extra.append((f"{a}.final_logit_softcapping", hp["final_logit_softcapping"], f32))
+        if hp.get("sliding_window_pattern") != 1:
+            extra.append((f"{a}.attention.sliding_window", hp.get("sliding_window"), u32))
+        extra.append((f"{a}.attention.head_count_kv", hp.get("num_key_value_heads", 4), u32))
+        for key, value, vtype in extra:
+            keys[key] = (value, vtype)
+        return [(k, v, t) for k, (v, t) in keys.items()]
+
+    def out_shape(self, gguf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if gguf_name == "token_embd.weight":
+            return (min(shape[0], self._n_vocab_real()), *shape[1:])
+        return shape
+
+    def _n_vocab_real(self) -> int:
+        """The converter's count: the vocab plus the added tokens (even those it repeats)."""
+        from .vocab import read_json
+
+        tj = read_json(self.folder / "tokenizer.json")
+        return len(tj.get("model", {}).get("vocab", {})) + len(tj.get("added_tokens", []))
+
+    def modify(self, gguf_name: str, data: np.ndarray) -> np.ndarray:
+        if gguf_name == "token_embd.weight":
+            data = data[:self._n_vocab_real()]
+        if gguf_name.endswith("norm.weight"):  # Gemma3RMSNorm scales by 1 + w
+            data = data + np.asarray(1.0, data.dtype)
+        return data
