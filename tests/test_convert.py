@@ -327,3 +327,61 @@ def test_missing_tokenizer_and_unmapped_tensor(tmp_path: Path) -> None:
          "vocab_size": 10 ** 12}), "utf-8")
     with pytest.raises(ConvertError, match="vocab_size"):
         convert(tmp_path, tmp_path / "x.gguf")
+
+
+def _hf_llama_logits(w: dict[str, np.ndarray], ids: list[int], heads: int, kv: int,
+                     eps: float = 1e-6, theta: float = 10000.0) -> np.ndarray:
+    """Hugging Face's Llama in float64 on the checkpoint's own (unpermuted) weights:
+    rotate-half RoPE, grouped-query causal attention, SwiGLU."""
+    g = {k: v.astype(np.float64) for k, v in w.items()}
+
+    def norm(x: np.ndarray, wt: np.ndarray) -> np.ndarray:
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * wt
+
+    def rope(x: np.ndarray) -> np.ndarray:  # x (T, H, d)
+        d = x.shape[-1]
+        inv = theta ** (-np.arange(0, d, 2) / d)
+        ang = np.arange(len(x))[:, None] * inv[None]              # (T, d/2)
+        cos = np.cos(np.concatenate([ang, ang], -1))[:, None]
+        sin = np.sin(np.concatenate([ang, ang], -1))[:, None]
+        rot = np.concatenate([-x[..., d // 2:], x[..., :d // 2]], -1)
+        return x * cos + rot * sin
+
+    x, n = g["model.embed_tokens.weight"][ids], len(ids)
+    for i in range(2):
+        p = f"model.layers.{i}."
+        h = norm(x, g[p + "input_layernorm.weight"])
+        q = (h @ g[p + "self_attn.q_proj.weight"].T).reshape(n, heads, -1)
+        k = (h @ g[p + "self_attn.k_proj.weight"].T).reshape(n, kv, -1)
+        v = (h @ g[p + "self_attn.v_proj.weight"].T).reshape(n, kv, -1)
+        q, k = rope(q), rope(k)
+        k, v = np.repeat(k, heads // kv, 1), np.repeat(v, heads // kv, 1)
+        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(q.shape[-1])
+        s += np.triu(np.full((n, n), -np.inf), 1)
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        o = np.einsum("hts,shd->thd", a, v).reshape(n, -1)
+        x = x + o @ g[p + "self_attn.o_proj.weight"].T
+        h = norm(x, g[p + "post_attention_layernorm.weight"])
+        gate, up = h @ g[p + "mlp.gate_proj.weight"].T, h @ g[p + "mlp.up_proj.weight"].T
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ g[p + "mlp.down_proj.weight"].T
+    return norm(x, g["model.norm.weight"]) @ g["lm_head.weight"].T
+
+
+def test_converted_llama_runs_like_hugging_face(tmp_path: Path) -> None:
+    """The permuted file through gguflm's llama (NORM RoPE) gives Hugging Face's logits."""
+    vocab_file = REF / "vocab" / "ggml-vocab-llama-bpe.gguf"
+    if not vocab_file.is_file():
+        pytest.skip(f"{vocab_file} not found")
+    from gguflm import load_model
+
+    n_vocab = len(tokenizer_json(vocab_file, tmp_path)["tokenizer.ggml.tokens"])
+    w = random_decoder(tmp_path, "LlamaForCausalLM", n_vocab)
+    w = {k: (v * 0.1 if v.ndim == 2 else 1 + 0.1 * v) for k, v in w.items()}  # tame scales
+    write_safetensors(tmp_path / "model.safetensors", w)
+    model = load_model(convert(tmp_path, tmp_path / "llama.gguf", "f32"))
+    model.kv_f16 = False
+    ids = [128000, 791, 4062, 14198, 39935, 35308, 927, 279]
+    got = model.logits(ids)
+    want = _hf_llama_logits(w, ids, heads=4, kv=2)
+    assert np.abs(got - want).max() < 1e-3 * max(1.0, np.abs(want).max())
