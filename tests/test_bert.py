@@ -217,6 +217,9 @@ def test_embed_and_run_commands(minilm_path: Path, capsys: pytest.CaptureFixture
     assert main(["run", str(minilm_path), "-p", "hello", "-n", "4"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "embedding model" in err[0]
+    assert main(["chat", str(minilm_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "embedding model" in err[0]
     assert main(["inspect", str(minilm_path)]) == 0
     out = capsys.readouterr().out
     assert "numpy reference forward" in out and "KV cache" not in out
