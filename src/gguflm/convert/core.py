@@ -23,7 +23,7 @@ from ..gguf.writer import GGUFWriter, to_bf16_bits
 from . import bert, decoders  # noqa: F401 - register the architectures
 from .base import REGISTRY, ModelConverter
 from .errors import ConvertError
-from .naming import naming
+from .naming import Naming, naming
 from .safetensors import STensor, read_header
 from .vocab import read_json
 
@@ -119,7 +119,7 @@ def encode(p: Planned, conv: ModelConverter) -> Callable[[], np.ndarray]:
     return make
 
 
-def default_filename(n: object, tag: str) -> str:
+def default_filename(n: Naming, tag: str) -> str:
     """gguf-py's ``naming_convention``: ``Base-Name-SIZE-finetune-version-TYPE.gguf``."""
     base = (n.basename or n.name or "ggml-model").strip().replace(" ", "-").replace("/", "-")
     parts = [base] + [f"{s.strip().replace(' ', '-')}" for s in (n.size_label, n.finetune,
