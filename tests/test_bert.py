@@ -223,3 +223,91 @@ def test_embed_and_run_commands(minilm_path: Path, capsys: pytest.CaptureFixture
     assert main(["inspect", str(minilm_path)]) == 0
     out = capsys.readouterr().out
     assert "numpy reference forward" in out and "KV cache" not in out
+
+
+# --- nomic-bert: a random NomicBertModel checkpoint, converted, against float64 -------------
+
+def test_nomic_bert_converted_runs_like_its_reference(tmp_path: Path) -> None:
+    import shutil
+
+    from gguflm.convert import convert
+    from gguflm.hub import checkpoint_dir
+    from test_convert import write_safetensors
+
+    source = checkpoint_dir("all-minilm-l6-v2")
+    if not (source / "tokenizer.json").is_file():
+        pytest.skip(f"no WordPiece tokenizer at {source}: `gguflm pull all-minilm-l6-v2`")
+    for name in ("tokenizer.json", "tokenizer_config.json", "modules.json"):
+        shutil.copy(source / name, tmp_path / name)
+    shutil.copytree(source / "1_Pooling", tmp_path / "1_Pooling")
+    rng = np.random.default_rng(2)
+    d, ff, n_vocab = 32, 48, 30522
+
+    def r(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    w = {"embeddings.word_embeddings.weight": r(n_vocab, d),
+         "embeddings.token_type_embeddings.weight": r(2, d, scale=0.3),
+         "emb_ln.weight": 1 + r(d, scale=0.1), "emb_ln.bias": r(d, scale=0.1)}
+    for i in range(2):
+        p = f"encoder.layers.{i}."
+        w |= {p + "attn.Wqkv.weight": r(3 * d, d, scale=d ** -0.5),
+              p + "attn.out_proj.weight": r(d, d, scale=d ** -0.5),
+              p + "mlp.fc11.weight": r(ff, d, scale=d ** -0.5),
+              p + "mlp.fc12.weight": r(ff, d, scale=d ** -0.5),
+              p + "mlp.fc2.weight": r(d, ff, scale=ff ** -0.5)}
+        for n in ("norm1", "norm2"):
+            w |= {p + n + ".weight": 1 + r(d, scale=0.1), p + n + ".bias": r(d, scale=0.1)}
+    write_safetensors(tmp_path / "model.safetensors", w)
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["NomicBertModel"], "n_embd": d, "n_head": HEADS, "n_inner": ff,
+        "n_layer": 2, "n_positions": 2048, "max_trained_positions": 2048,
+        "rotary_emb_base": 1000, "type_vocab_size": 2, "layer_norm_epsilon": 1e-12,
+        "vocab_size": n_vocab, "activation_function": "swiglu", "causal": False,
+        "qkv_proj_bias": False, "mlp_fc1_bias": False, "mlp_fc2_bias": False,
+        "prenorm": False, "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False,
+        "rotary_emb_scale_base": None}), "utf-8")
+    path = convert(tmp_path, tmp_path / "nomic.gguf", "f32")
+    llm = LLM(path)
+    try:
+        assert llm.model.config.arch == "nomic-bert" and llm.model.config.n_ctx_train == 512
+        for text in TEXTS[:3]:
+            ids = llm.tokenize(text)
+            want = _nomic_reference(w, ids).mean(0)
+            assert np.abs(np.asarray(llm.embed(text, normalize=False)) - want).max() < 2e-4
+    finally:
+        llm.close()
+
+
+def _nomic_reference(w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
+    """nomic-bert in float64: NEOX (rotate-half) RoPE, SwiGLU down(silu(fc12) * fc11)."""
+    g = {k: v.astype(np.float64) for k, v in w.items()}
+
+    def ln(x: np.ndarray, p: str) -> np.ndarray:
+        x = x - x.mean(-1, keepdims=True)
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-12) * g[p + ".weight"] + \
+            g[p + ".bias"]
+
+    def rope(x: np.ndarray) -> np.ndarray:  # (H, T, dh)
+        dh = x.shape[-1]
+        ang = np.arange(x.shape[1])[:, None] * 1000.0 ** (-np.arange(0, dh, 2) / dh)
+        cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+        return x * cos + np.concatenate([-x[..., dh // 2:], x[..., :dh // 2]], -1) * sin
+
+    n, d = len(ids), 32
+    dh = d // HEADS
+    x = ln(g["embeddings.word_embeddings.weight"][ids]
+           + g["embeddings.token_type_embeddings.weight"][0], "emb_ln")
+    for i in range(2):
+        p = f"encoder.layers.{i}."
+        q, k, v = (y.reshape(n, HEADS, dh).transpose(1, 0, 2)
+                   for y in np.split(x @ g[p + "attn.Wqkv.weight"].T, 3, axis=1))
+        q, k = rope(q), rope(k)
+        s = q @ k.transpose(0, 2, 1) / math.sqrt(dh)
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        o = (a @ v).transpose(1, 0, 2).reshape(n, d)
+        x = ln(x + o @ g[p + "attn.out_proj.weight"].T, p + "norm1")
+        gate, up = x @ g[p + "mlp.fc12.weight"].T, x @ g[p + "mlp.fc11.weight"].T
+        x = ln(x + (gate / (1 + np.exp(-gate)) * up) @ g[p + "mlp.fc2.weight"].T, p + "norm2")
+    return x

@@ -16,8 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Write the GGUF file llama.cpp's convert_hf_to_gguf.py writes for the "
                     "checkpoint in HF_DIR (config.json, *.safetensors, tokenizer.json): the "
                     "same keys, tensors, types and bytes. Architectures: BertModel "
-                    "(sentence-transformers too), LlamaForCausalLM, Qwen2ForCausalLM, "
-                    "Qwen3ForCausalLM, Gemma3ForCausalLM.")
+                    "(sentence-transformers too), NomicBertModel, LlamaForCausalLM, "
+                    "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM.")
     p.add_argument("model", metavar="HF_DIR", help="the checkpoint folder")
     p.add_argument("--outfile", metavar="OUT",
                    help="the GGUF file to write ({ftype} is replaced by the type); default: "

@@ -106,3 +106,45 @@ def _wordpiece(tokens: list[str], types: list[int], specials: list, tj: dict) ->
         if norm.get("strip_accents") is not None:
             meta[K + "normalizer.strip_accents"] = bool(norm["strip_accents"])
     return Tokenizer.from_metadata(meta)
+
+
+_NOMIC_LAYER = {"attn.Wqkv": "attn_qkv", "attn.out_proj": "attn_output",
+                "norm1": "attn_output_norm", "mlp.fc11": "ffn_up", "mlp.fc12": "ffn_gate",
+                "mlp.fc2": "ffn_down", "norm2": "layer_output_norm"}
+_NOMIC_BLOCK = re.compile(r"encoder\.layers\.(\d+)\.(.+)\.(weight|bias)")
+# what llama.cpp's converter asserts of a (non-MoE) nomic-bert config
+_NOMIC_CONFIG = {"activation_function": "swiglu", "causal": False, "qkv_proj_bias": False,
+                 "mlp_fc1_bias": False, "mlp_fc2_bias": False, "prenorm": False,
+                 "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False,
+                 "rotary_emb_scale_base": None}
+
+
+@register("NomicBertModel")
+class NomicBertConverter(BertConverter):
+    """nomic-embed-text v1/v1.5 -> ``nomic-bert`` (llama.cpp's ``NomicBertModel``; the MoE
+    v2 and XLM-RoBERTa vocabularies are not supported)."""
+
+    gguf_arch = "nomic-bert"
+
+    def __init__(self, folder: Any, hparams: dict, file_type: int) -> None:
+        where = str(folder / "config.json")
+        if hparams.get("moe_every_n_layers"):
+            raise ConvertError("nomic-bert-moe is not supported", path=where)
+        for key, want in _NOMIC_CONFIG.items():
+            if hparams.get(key, "absent") != want:
+                raise ConvertError(f"{key} is {hparams.get(key, 'absent')!r}; the converter "
+                                   f"supports {want!r}", path=where)
+        npos, mtp = hparams.get("n_positions"), hparams.get("max_trained_positions", 2048)
+        if (npos, mtp) not in ((8192, 2048), (2048, 2048)):
+            raise ConvertError(f"unrecognized n_positions {npos} / max_trained_positions "
+                               f"{mtp}", path=where)
+        hparams["n_positions"] = 2048 if npos == 8192 else 512  # what they were trained for
+        super().__init__(folder, hparams, file_type)
+
+    def tensor_name(self, name: str) -> str | None:
+        if name == "emb_ln.weight" or name == "emb_ln.bias":
+            return "token_embd_norm." + name.rpartition(".")[2]
+        m = _NOMIC_BLOCK.fullmatch(name)
+        if m and m.group(2) in _NOMIC_LAYER and int(m.group(1)) < self.n_layers:
+            return f"blk.{m.group(1)}.{_NOMIC_LAYER[m.group(2)]}.{m.group(3)}"
+        return super().tensor_name(name)

@@ -1,5 +1,5 @@
-"""BERT encoders (``general.architecture`` = ``bert``: all-MiniLM, bge, e5), as llama.cpp's
-src/models/bert.cpp runs them.
+"""BERT encoders (``general.architecture`` = ``bert``: all-MiniLM, bge, e5; ``nomic-bert``:
+nomic-embed-text), as llama.cpp's src/models/bert.cpp runs them.
 
 Embeddings: token + position (0..T-1) + token type 0, then LayerNorm. Each block, post-norm:
 x = LayerNorm(x + attn(x)); x = LayerNorm(x + down(GELU(up(x)))), every product with its
@@ -110,25 +110,39 @@ class Bert(Model):
         spans = np.cumsum([0] + [len(a) for a in arrays])
         ids = np.concatenate(arrays)
         pos = np.concatenate([np.arange(len(a)) for a in arrays])
-        x = self.token_embd.rows(ids) + self.position_embd.rows(pos)   # (T, n_embd)
+        x = self._embed(ids, pos)                                     # (T, n_embd)
         if self.token_types is not None:
             x += self.token_types.rows([0])
         x = layernorm(x, self.token_embd_norm, self.token_embd_norm_bias, c.norm_eps)
+        rot = self._rope_table(pos)
         for layer in self.layers:
-            x = self._block(x, layer, spans)
+            x = self._block(x, layer, spans, rot)
         return [x[a:b] for a, b in zip(spans[:-1], spans[1:])]
 
-    def _block(self, x: np.ndarray, layer: Any, spans: np.ndarray) -> np.ndarray:
+    # what nomic-bert changes (below): positions, RoPE, the FFN
+    def _embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        return self.token_embd.rows(ids) + self.position_embd.rows(pos)
+
+    def _rope_table(self, pos: np.ndarray) -> np.ndarray | None:
+        return None  # learned positions, no RoPE
+
+    def _ffn(self, x: np.ndarray, layer: Any) -> np.ndarray:
+        h = _gelu(ops.linear(x, layer.ffn_up, layer.ffn_up_bias))
+        return ops.linear(h, layer.ffn_down, layer.ffn_down_bias)
+
+    def _block(self, x: np.ndarray, layer: Any, spans: np.ndarray, rot: np.ndarray | None
+               ) -> np.ndarray:
         c = self.config
         q, k, v = ops.qkv(x, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)  # (T, H, d)
+        if rot is not None:
+            q, k = ops.rope_neox(q, rot), ops.rope_neox(k, rot)
         att = np.empty((len(x), c.n_head, c.head_dim_v), np.float32)
         scale = np.float32(1.0 / math.sqrt(c.head_dim))
         for a, b in zip(spans[:-1], spans[1:]):
             att[a:b] = _attention(q[a:b], k[a:b], v[a:b], scale)
         y = ops.linear(att.reshape(len(x), -1), layer.attn_output, layer.attn_output_bias)
         x = layernorm(x + y, layer.attn_output_norm, layer.attn_output_norm_bias, c.norm_eps)
-        h = _gelu(ops.linear(x, layer.ffn_up, layer.ffn_up_bias))
-        y = ops.linear(h, layer.ffn_down, layer.ffn_down_bias)
+        y = self._ffn(x, layer)
         return layernorm(x + y, layer.layer_output_norm, layer.layer_output_norm_bias,
                          c.norm_eps)
 
@@ -148,6 +162,39 @@ class Bert(Model):
 
     def __repr__(self) -> str:
         return f"{super().__repr__()[:-1]}; {FORWARD_PATH})"
+
+
+@register("nomic-bert")
+class NomicBert(Bert):
+    """nomic-embed-text (``nomic-bert``), as llama.cpp's bert.cpp runs it: no learned
+    positions but NEOX RoPE on Q and K (``rope.freq_base``), one fused ``attn_qkv``, and a
+    SwiGLU FFN ``down(silu(gate(x)) * up(x))`` without biases."""
+
+    def load_tensors(self, w: Weights) -> None:
+        c = self.config
+        self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
+        self.token_types = w.get("token_types.weight", (c.n_token_types, c.n_embd),
+                                 optional=True)
+        self.token_embd_norm = w.get("token_embd_norm.weight", (c.n_embd,))
+        self.token_embd_norm_bias = w.get("token_embd_norm.bias", (c.n_embd,))
+        self.layers = [w.layer(i, {
+            "attn_output": (c.n_embd, c.n_embd_q),
+            "attn_output_norm": (c.n_embd,), "attn_output_norm.bias": (c.n_embd,),
+            "ffn_up": (c.n_ff, c.n_embd), "ffn_gate": (c.n_ff, c.n_embd),
+            "ffn_down": (c.n_embd, c.n_ff),
+            "layer_output_norm": (c.n_embd,), "layer_output_norm.bias": (c.n_embd,),
+        }, optional={"attn_output.bias": (c.n_embd,)}, qkv=c) for i in range(c.n_layer)]
+
+    def _embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        return self.token_embd.rows(ids)
+
+    def _rope_table(self, pos: np.ndarray) -> np.ndarray:
+        c = self.config
+        return ops.rope_table(pos, c.rope_dim, c.rope_base, c.rope_freq_scale)
+
+    def _ffn(self, x: np.ndarray, layer: Any) -> np.ndarray:
+        gate, up = ops.linear_many(x, (layer.ffn_gate, layer.ffn_up), (None, None))
+        return ops.linear(ops.swiglu(gate, up), layer.ffn_down)
 
 
 def _gelu(h: np.ndarray, rows: int = 64) -> np.ndarray:
