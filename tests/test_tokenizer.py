@@ -211,7 +211,7 @@ def test_unknown_model_and_pre_tokenizer(vocab_dir: Path) -> None:
     meta = dict(gguf.open(vocab_dir / "ggml-vocab-gpt-2.gguf").metadata)
     for key, value, message in (("tokenizer.ggml.pre", "no-such-pre", "unknown pre-tokenizer"),
                                 ("tokenizer.ggml.pre", "kimi-k2", "not supported"),
-                                ("tokenizer.ggml.model", "bert", "unsupported tokenizer model"),
+                                ("tokenizer.ggml.model", "t5", "unsupported tokenizer model"),
                                 ("tokenizer.ggml.model", "nonsense", "unknown tokenizer model")):
         with pytest.raises(TokenizerError, match=message):
             Tokenizer.from_metadata({**meta, key: value})

@@ -182,6 +182,7 @@ class LLM:
                  sampling: dict[str, Any], constraint: Any = None) -> Request:
         from .engine.sampling import SamplingError
 
+        self._require_generator()
         if not ids:
             raise InvalidRequestError("the prompt is empty (and the model adds no BOS token)",
                                       param="prompt")
@@ -322,6 +323,7 @@ class LLM:
                            ) -> tuple[Request, str | None]:
         """The engine request for a completion and the prompt's text (for echo);
         ``constraint``: response_format, json_schema, grammar, regex (see ``generate``)."""
+        self._require_generator()
         if isinstance(prompt, str):
             _check_text(prompt, "prompt")
             self._check_fits(prompt, "prompt")
@@ -384,6 +386,7 @@ class LLM:
         tool plan (None without tools; see ``engine/tools.py``)."""
         from .engine.tools import plan_tools
 
+        self._require_generator()
         plan = plan_tools(messages, tools, tool_choice,
                           self.chat_template.source, parallel_tool_calls)
         if plan is not None:
@@ -538,7 +541,7 @@ class LLM:
         else:
             raise InvalidRequestError(f"normalize must be True, False or an integer of at "
                                       f"least -1, got {normalize!r}", param="normalize")
-        reqs = []
+        ids_list = []
         for item in items:
             if isinstance(item, str):
                 _check_text(item, "input")
@@ -549,6 +552,12 @@ class LLM:
             else:
                 raise InvalidRequestError("input must be a string, a list of token ids, or "
                                           "a list of them", param="input")
+            ids_list.append(ids)
+        if self.model.is_encoder:
+            return (self._encoder_vectors(ids_list, pooling, norm),
+                    sum(len(ids) for ids in ids_list))
+        reqs = []
+        for ids in ids_list:
             req = self._request(ids, 0, None, None, {})  # the same checks as a prompt's
             reqs.append(EmbedRequest(req.prompt_ids, pooling=pooling, normalize=norm))
         seqs = []
@@ -567,6 +576,38 @@ class LLM:
             if seq.embedding is None:
                 raise RuntimeError(f"embedding failed: {seq.error or seq.finish_reason}")
         return [s.embedding for s in seqs], sum(len(r.prompt_ids) for r in reqs)
+
+    def _require_generator(self) -> None:
+        """Refuse generation with an encoder (an embedding model has no next-token head)."""
+        if self.model.is_encoder:
+            raise InvalidRequestError(
+                f"{self.model_id} is an embedding model ({self.model.config.arch} encoder): "
+                "it cannot generate text; use embeddings (/v1/embeddings, LLM.embed)",
+                param="model", code="model_not_supported")
+
+    def _encoder_vectors(self, ids_list: list[list[int]], pooling: str, norm: int
+                         ) -> list[Any]:
+        """An encoder's vectors: every input in batched forwards (in the engine thread, as
+        the kernels want one thread), each row's numbers its own whatever its company."""
+        from .engine.embed import normalize, pool
+
+        limit = self.model.config.n_ctx_train
+        for ids in ids_list:
+            bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)
+                   or not 0 <= t < self.tokenizer.n_vocab]
+            if bad or not ids:
+                raise InvalidRequestError(
+                    f"token id {bad[0]!r} is outside the vocabulary" if bad else
+                    "an input is empty", param="input")
+            if len(ids) > limit:
+                raise InvalidRequestError(
+                    f"an input is {len(ids)} tokens, more than this encoder's {limit} "
+                    "positions", param="input", code="context_length_exceeded")
+        out: list[Any] = []
+        for batch in _token_batches(ids_list, ENCODER_BATCH_TOKENS):
+            hidden = self.engine.call(lambda b=batch: self.model.embed_batch(b))
+            out += [normalize(pool(h, pooling), norm) for h in hidden]
+        return out
 
     def _check_pooling(self, pooling: str | None) -> str:
         """``pooling`` checked; None: the file's ``pooling_type``, else mean."""
@@ -696,6 +737,23 @@ def _detail(detail: str | None) -> dict[str, str]:
     """gguflm's own choice field ``finish_detail``: why finish_reason is what it is, when
     it alone would mislead (OpenAI's clients keep unknown fields: ``choice.model_extra``)."""
     return {"finish_detail": detail} if detail else {}
+
+
+ENCODER_BATCH_TOKENS = 8192  # tokens per encoder forward: bounds its activations' memory
+
+
+def _token_batches(ids_list: list[list[int]], limit: int) -> Iterator[list[list[int]]]:
+    """Consecutive groups of inputs of at most ``limit`` tokens (an input longer alone)."""
+    batch: list[list[int]] = []
+    n = 0
+    for ids in ids_list:
+        if batch and n + len(ids) > limit:
+            yield batch
+            batch, n = [], 0
+        batch.append(ids)
+        n += len(ids)
+    if batch:
+        yield batch
 
 
 def _is_ids(x: Any) -> bool:

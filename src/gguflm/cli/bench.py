@@ -36,6 +36,7 @@ from .common import (
     add_model_argument,
     batch_size,
     kv_cache_type,
+    refuse_encoder,
     say_if_compiling,
 )
 from .common import non_negative_int as _non_negative
@@ -337,6 +338,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model = load_model(path)
     model.kv_f16 = kv_cache_type(args) == "f16"
+    refuse_encoder(model, path)
     load_s = time.perf_counter() - t0
     n_vocab = model.config.n_vocab
     prompt = _token_ids(n_vocab, max(args.n_prompt), seed=1)

@@ -134,7 +134,8 @@ def chat(args: argparse.Namespace) -> int:
         state.messages.append({"role": "user", "content": "hi"})
         state.request(0)
     except InvalidRequestError as e:
-        if e.param in ("messages", "prompt"):  # the template: not an option's fault
+        if e.param in ("messages", "prompt", "model"):  # the template or the model (an
+            # encoder): not an option's fault
             raise CLIError(str(e)) from None
         raise UsageError(str(e)) from None
     finally:

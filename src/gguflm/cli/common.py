@@ -279,6 +279,7 @@ def load_model(name: str, threads: int | None = None,
     say_if_compiling()
     t0 = time.perf_counter()
     model = load(path, **(options or {}))
+    refuse_encoder(model, path)
     tokenizer = Tokenizer.from_gguf(model.gguf)
     say_if_not_compiled(model)
     return Loaded(path, model, tokenizer, time.perf_counter() - t0)
@@ -289,6 +290,13 @@ def say_if_not_compiled(model: Any) -> None:
     (``executor.Plan``): a slower path is never taken silently."""
     if not model.plan.compiled:
         print(f"note: the layers run on the {model.plan.describe()}", file=sys.stderr)
+
+
+def refuse_encoder(model: Any, path: Any) -> None:
+    """A CLIError for an embedding model given to a command that needs logits."""
+    if model.is_encoder:
+        raise CLIError(f"{path} is an embedding model ({model.config.arch} encoder): it cannot "
+                       "generate text or score tokens; use `gguflm embed` or /v1/embeddings")
 
 
 def warm_up(model: Any) -> float:

@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         print("\ncosine similarity matrix:")
         for i, row in enumerate(sim):
             print(" ".join(f"{x:6.3f}" for x in row) + f"  {texts[i][:40]!r}")
-    print(f"[{len(texts)} texts, pooling {pooling}, normalize {args.embd_normalize}]",
-          file=sys.stderr)
+    path = getattr(llm.model, "forward_path", None)  # an encoder says which code it ran
+    print(f"[{len(texts)} texts, pooling {pooling}, normalize {args.embd_normalize}"
+          f"{'; ' + path if path else ''}]", file=sys.stderr)
     return 0

@@ -220,12 +220,23 @@ def _expert_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
             ("active params", f"{_params(s['active_params'])} per token")]
 
 
+def _encoder_path(arch: str) -> str | None:
+    """What an encoder architecture runs (its ``forward_path``), or None for a decoder."""
+    from ..model import archs
+
+    cls = archs.get(arch)
+    return getattr(cls, "forward_path", None) if cls.is_encoder else None
+
+
 def _summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     def val(x: Any) -> str:
         return "-" if x is None else str(x)
 
     arch = val(s["architecture"])
-    if s.get("architecture_supported") is not None:
+    encoder = _encoder_path(s["architecture"]) if s.get("architecture_supported") else None
+    if encoder:
+        arch += f" (runs in gguflm: {encoder}; embeddings only)"
+    elif s.get("architecture_supported") is not None:
         arch += (" (runs in gguflm)" if s["architecture_supported"]
                  else " (gguflm cannot run it: see `gguflm archs`)")
     rows = [
@@ -264,9 +275,9 @@ def _summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(("special tokens", ", ".join(toks) if toks else "-"))
     rows.append(("chat template", f"yes ({s['chat_template_chars']} chars)"
                  if s["chat_template"] else "no"))
-    if s["kv_cache_bytes_per_token"]:
+    if s["kv_cache_bytes_per_token"] and not encoder:
         rows.append(("KV cache (f16)", f"{s['kv_cache_bytes_per_token']:,} bytes/token"))
-    if s["output_tied"] is not None:
+    if s["output_tied"] is not None and not encoder:
         rows.append(("output", "tied to token_embd" if s["output_tied"] else "output.weight"))
     for i, problem in enumerate(s.get("problems", ())):  # keys of the wrong type, left out
         rows.append(("problems" if i == 0 else "", problem))

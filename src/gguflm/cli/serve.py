@@ -167,11 +167,12 @@ def serve(args: argparse.Namespace) -> int:
         server = make_server(llm, args.host, args.port, verbose=args.verbose, **access)
     except OSError as e:
         raise CLIError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    what = ("an embedding model: /v1/embeddings only" if llm.model.is_encoder
+            else f"chat template: {llm.chat_template.name}")
     log = (lambda *a, **k: None) if args.log_disable else print  # noqa: E731
     log(f"gguflm serve: {llm.model_id} (n_ctx {llm.n_ctx}, {llm.engine.n_slots} slots, "
-          f"{llm.threads} threads, chat template: {llm.chat_template.name}) listening on "
-          f"{server.url}/v1",
-          file=sys.stderr, flush=True)
+        f"{llm.threads} threads, {what}) listening on {server.url}/v1",
+        file=sys.stderr, flush=True)
     if access["webui"]:
         # 0.0.0.0 means every address; a browser on this machine reaches it as 127.0.0.1
         page = server.url.replace("//0.0.0.0:", "//127.0.0.1:") + "/"

@@ -47,6 +47,9 @@ class Model:
     # how the architecture pairs dimensions for RoPE; an instance may override it (a file
     # converted for the other pairing: ``load_model(..., rope_style=...)``)
     rope_style: str = "norm"
+    # an encoder (bert) computes embeddings only, with ``embed_batch(id lists)``; it has no
+    # logits, and the generation routes refuse it
+    is_encoder: bool = False
 
     def __init__(self, gguf: GGUFFile, config: ModelConfig) -> None:
         self.gguf = gguf

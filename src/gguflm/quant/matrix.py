@@ -174,6 +174,7 @@ def padded_rows(n: int) -> int:
 # Below this many multiply-adds a product runs on one thread: waking the pool costs more
 # (much less when its workers spin: entry_point_defaults(owns_cores=True))
 PARALLEL_MIN_MACS = 1 << 21
+ROWSPLIT_MIN_ROWS = 16  # quant/rowsplit: activation rows per thread worth sharing out
 SPIN_PARALLEL_MIN_MACS = 1 << 18
 
 
@@ -266,7 +267,12 @@ def _f16_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
 
     w = m.raw.view(np.uint16)
     if x.shape[0] * m.shape[0] * m.shape[1] >= PARALLEL_MIN_MACS:
-        kernels.f16_matmul_par(w, x, out)
+        if m.shape[0] < 2 * kernels.STREAM_CHUNK and x.shape[0] >= 2 * ROWSPLIT_MIN_ROWS:
+            from gguflm.quant.rowsplit import f16_matmul_xrows  # one weight chunk: split x
+
+            f16_matmul_xrows(w, x, out)
+        else:
+            kernels.f16_matmul_par(w, x, out)
     else:
         kernels.f16_matmul_rows(w, x, out, 0, m.shape[0])
     return True

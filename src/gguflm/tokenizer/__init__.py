@@ -1,4 +1,5 @@
-"""Tokenizers from GGUF metadata: SentencePiece and byte-level BPE, as llama.cpp runs them.
+"""Tokenizers from GGUF metadata: SentencePiece, WordPiece and byte-level BPE, as llama.cpp
+runs them.
 
 ``Tokenizer.from_file(path)`` reads ``tokenizer.ggml.*`` (model or vocabulary-only files);
 ``encode``/``decode``/``decoder`` turn text into ids and back. Needs only ``gguflm.gguf``.

@@ -11,12 +11,13 @@ from .decode import IncrementalDecoder, clean_up_spaces, make_piece
 from .special import SpecialSplitter
 from .spm import SPMTokenizer
 from .vocab import Attr, TokenizerError, Vocab, load_vocab
+from .wpm import WPMTokenizer
 
 _HIDDEN = int(Attr.CONTROL | Attr.UNKNOWN)  # rendered only with special=True
 
 
 class Tokenizer:
-    """SentencePiece or byte-level BPE tokenizer built from GGUF metadata alone.
+    """SentencePiece, WordPiece or byte-level BPE tokenizer built from GGUF metadata alone.
 
     Works on full model files and on vocabulary-only files. ``encode`` matches llama.cpp's
     ``llama_tokenize``; ``token_to_piece`` its ``llama_token_to_piece``; ``detokenize`` its
@@ -26,7 +27,8 @@ class Tokenizer:
     def __init__(self, vocab: Vocab) -> None:
         self.vocab = vocab
         self._special = SpecialSplitter(vocab)
-        self._model = SPMTokenizer(vocab) if vocab.kind == "spm" else BPETokenizer(vocab)
+        model = {"spm": SPMTokenizer, "wpm": WPMTokenizer}.get(vocab.kind, BPETokenizer)
+        self._model = model(vocab)
         self._attrs = memoryview(vocab.attrs).cast("B").cast("i")  # indexing gives an int
         self._pieces: dict[int, bytes] = {}    # filled as tokens are shown
 
@@ -60,7 +62,8 @@ class Tokenizer:
 
     @property
     def model(self) -> str:
-        """``tokenizer.ggml.model``: ``llama`` (SentencePiece), ``gpt2`` or ``gemma4`` (BPE)."""
+        """``tokenizer.ggml.model``: ``llama`` (SentencePiece), ``bert`` (WordPiece), ``gpt2``
+        or ``gemma4`` (BPE)."""
         return self.vocab.model
 
     @property
@@ -124,6 +127,7 @@ class Tokenizer:
         """Token ids of ``text``.
 
         ``add_special`` adds BOS/EOS as the vocabulary asks (``add_bos``/``add_eos``);
+        WordPiece always puts [CLS] before and [SEP] after the text (llama.cpp's WPM branch);
         ``parse_special`` turns control tokens written in the text (``<|im_start|>``) into
         their ids. User-defined tokens are recognised either way, as in llama.cpp.
         ``space_prefix=False`` leaves out the space a SentencePiece vocabulary with
@@ -131,6 +135,8 @@ class Tokenizer:
         """
         v = self.vocab
         text = _valid_unicode(text)
+        if v.kind == "wpm":
+            return self._encode_wpm(text, add_special, parse_special)
         out: list[int] = []
         if add_special and v.add_bos:
             if v.special["bos"] is None:
@@ -162,6 +168,20 @@ class Tokenizer:
             if v.special["eos"] is None:
                 raise TokenizerError("the vocabulary asks for EOS but has no EOS token")
             out.append(v.special["eos"])
+        return out
+
+    def _encode_wpm(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        special = self.vocab.special
+        if add_special and (special["bos"] is None or special["sep"] is None):
+            raise TokenizerError("a WordPiece vocabulary needs [CLS] (BOS) and [SEP] ids")
+        out = [special["bos"]] if add_special else []
+        for frag in self._special.split(text, parse_special) if text else []:
+            if isinstance(frag, int):
+                out.append(frag)
+            else:
+                self._model.encode(frag, out)
+        if add_special:
+            out.append(special["sep"])
         return out
 
     # --- decoding ------------------------------------------------------------------------------

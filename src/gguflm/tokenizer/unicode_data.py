@@ -66,6 +66,12 @@ def category_class(cp: int) -> str:
     return cat[0]
 
 
+def is_unassigned(cp: int) -> bool:
+    """True when llama.cpp's tables call ``cp`` undefined (category Cn in Unicode 15.1)."""
+    return (unicodedata.category(chr(cp)) == "Cn"
+            and not any(first <= cp <= last for first, last, _ in _ASSIGNED_15))
+
+
 def standin(cp: int) -> str:
     """The collapsed-text stand-in for a non-ASCII code point."""
     if cp in NON_ASCII_WHITESPACE:

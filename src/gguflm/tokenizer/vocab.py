@@ -59,7 +59,7 @@ for _t, _a in ((TokenType.UNKNOWN, Attr.UNKNOWN), (TokenType.UNUSED, Attr.UNUSED
     _TYPE_TO_ATTR[_t] = _a
 
 K = "tokenizer.ggml."
-SUPPORTED_MODELS = ("llama", "gpt2", "gemma4")
+SUPPORTED_MODELS = ("llama", "gpt2", "gemma4", "bert")
 
 # Texts llama.cpp recognises as end-of-turn / FIM tokens when the metadata names none;
 # the first one present is taken (llama.cpp takes whichever its hash map yields first).
@@ -102,7 +102,8 @@ SPECIAL_KEYS = (
 class Vocab:
     """Everything the tokenizer reads from metadata, with llama.cpp's defaults applied.
 
-    ``kind`` is ``"spm"`` (SentencePiece, ``tokenizer.ggml.model = llama``) or ``"bpe"``.
+    ``kind`` is ``"spm"`` (SentencePiece, ``tokenizer.ggml.model = llama``), ``"wpm"``
+    (WordPiece, ``bert``) or ``"bpe"``.
     ``special`` maps names (bos, eos, eot, eom, unk, sep, pad, mask, fim_*) to ids or None.
     ``scores`` (float32) and ``attrs`` (int32, one ``Attr`` bitmask per token) are numpy
     arrays: per-token Python objects would cost a 262k vocabulary ~10 MB more.
@@ -125,6 +126,9 @@ class Vocab:
     add_space_prefix: bool = False
     clean_spaces: bool = False
     escape_whitespaces: bool = True
+    add_sep: bool = False        # WordPiece: [SEP] closes the text (with add_special)
+    lowercase: bool = True       # WordPiece normaliser (tokenizer.ggml.normalizer.*)
+    strip_accents: bool = True
     eog_ids: frozenset[int] = frozenset()
     special_ids: list[int] = field(default_factory=list)
 
@@ -161,7 +165,7 @@ def load_vocab(meta: Mapping[str, Any]) -> Vocab:
     """Build the vocabulary from a GGUF metadata mapping (``GGUFFile.metadata``)."""
     model = _get(meta, K + "model", str, required=True)
     if model not in SUPPORTED_MODELS:
-        known = model in ("bert", "t5", "rwkv", "plamo2", "no_vocab", "none", "hybriddna",
+        known = model in ("t5", "rwkv", "plamo2", "no_vocab", "none", "hybriddna",
                           "whitespace")
         what = "unsupported" if known else "unknown"
         raise TokenizerError(f"{what} tokenizer model {model!r} (supported: "
@@ -202,11 +206,14 @@ def load_vocab(meta: Mapping[str, Any]) -> Vocab:
     special: dict[str, int | None] = dict.fromkeys(
         ["bos", "eos", "eot", "eom", "unk", "sep", "pad", "mask",
          "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep"])
-    v = Vocab(model=model, kind="spm" if model == "llama" else "bpe", tokens=tokens,
+    kind = {"llama": "spm", "bert": "wpm"}.get(model, "bpe")
+    v = Vocab(model=model, kind=kind, tokens=tokens,
               token_to_id=token_to_id, scores=scores, attrs=attrs_arr, special=special)
     if model == "llama":
         special.update(bos=1, eos=2, unk=0)
         v.add_space_prefix, v.add_bos = True, True
+    elif model == "bert":
+        _load_wpm(meta, v, pre_name)
     else:
         _load_bpe(meta, v, pre_name)
     v.add_space_prefix = _get(meta, K + "add_space_prefix", bool, v.add_space_prefix)
@@ -219,11 +226,20 @@ def load_vocab(meta: Mapping[str, Any]) -> Vocab:
             special[name] = int(new)  # ... and an out-of-range metadata id is ignored
     v.add_bos = _get(meta, K + "add_bos_token", bool, v.add_bos)
     v.add_eos = _get(meta, K + "add_eos_token", bool, v.add_eos)
+    v.add_sep = _get(meta, K + "add_sep_token", bool, v.add_sep)
     if v.pre is not None and v.pre.kind == "gemma4":
         v.add_bos = True  # llama.cpp forces BOS for Gemma 4 (pre-tokenizer kind gemma4 only)
     _detect_special(v, attrs_arr)
     _per_model_attrs(meta, v)
     return v
+
+
+def _load_wpm(meta: Mapping[str, Any], v: Vocab, pre_name: str) -> None:
+    """llama.cpp's WordPiece defaults; the pre-tokenizer name is recorded, not used."""
+    v.special.update(bos=101, unk=100, sep=102, pad=0, mask=103)
+    v.pre_name, v.clean_spaces, v.add_bos, v.add_sep = pre_name, True, True, True
+    v.lowercase = _get(meta, K + "normalizer.lowercase", bool, True)
+    v.strip_accents = _get(meta, K + "normalizer.strip_accents", bool, v.lowercase)
 
 
 def _load_bpe(meta: Mapping[str, Any], v: Vocab, pre_name: str) -> None:

@@ -1,0 +1,219 @@
+"""BERT encoders (``general.architecture`` = ``bert``: all-MiniLM, bge, e5; ``nomic-bert``:
+nomic-embed-text), as llama.cpp's src/models/bert.cpp runs them.
+
+Embeddings: token + position (0..T-1) + token type 0, then LayerNorm. Each block, post-norm:
+x = LayerNorm(x + attn(x)); x = LayerNorm(x + down(GELU(up(x)))), every product with its
+bias. Attention is bidirectional within each sequence (no causal mask, no KV cache), scaled
+by 1/sqrt(head size). The result is the last block's output per token (llama.cpp's
+``t_embd``); pooling and normalisation are the embedding step's (engine/embed.py).
+
+The path it runs (``FORWARD_PATH``): this file's numpy forward, the weight products by
+``QMatrix.matmul`` (the same kernels as the decoders', rows independent), attention per
+sequence in float32 numpy. It does not use the decoders' compiled layer executor, and says
+so wherever the model is described. Sequences of a batch share the products but never
+their attention, so each vector is the same whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import ops
+from ..base import Model
+from ..config import Meta, ModelConfig
+from ..kv_cache import KVArena
+from ..weights import Weights
+from . import register
+
+FORWARD_PATH = ("bert encoder: numpy reference forward (model/archs/bert.py; QMatrix "
+                "products, per-sequence bidirectional attention), not the compiled decoder path")
+
+
+@dataclass(frozen=True)
+class BertConfig(ModelConfig):
+    n_token_types: int = 2  # tokenizer.ggml.token_type_count
+    causal: bool = False    # {arch}.attention.causal (only false is supported)
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any], n_vocab_fallback: int = 0
+                      ) -> ModelConfig:
+        # BERT's norms are LayerNorms: its epsilon is attention.layer_norm_epsilon, kept in
+        # the shared field norm_eps (which the decoders read from the RMS key)
+        arch = metadata.get("general.architecture")
+        eps = metadata.get(f"{arch}.attention.layer_norm_epsilon")
+        meta = {**metadata, f"{arch}.attention.layer_norm_rms_epsilon": eps} \
+            if eps is not None else metadata
+        return super().from_metadata(meta, n_vocab_fallback)
+
+    @classmethod
+    def extra(cls, meta: Meta, common: dict[str, Any]) -> dict[str, Any]:
+        from ...gguf.errors import MetadataError
+
+        causal = meta.metadata.get(meta.key("attention.causal"), False)
+        if causal is not False:
+            raise MetadataError("a causal bert is not supported", key=meta.key(
+                "attention.causal"))
+        types = meta.metadata.get("tokenizer.ggml.token_type_count", 2)
+        if isinstance(types, bool) or not isinstance(types, int | np.integer) or types < 1:
+            raise MetadataError(f"expected a positive count, got {types!r}",
+                                key="tokenizer.ggml.token_type_count")
+        return {"n_token_types": int(types), "causal": False}
+
+
+def layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    """x (T, n) -> (x - mean) / sqrt(var + eps) * w + b per row (ggml_norm, then w and b)."""
+    mean = x.mean(axis=1, keepdims=True, dtype=np.float32)
+    xc = x - mean
+    var = np.mean(xc * xc, axis=1, keepdims=True, dtype=np.float32)
+    return xc / np.sqrt(var + np.float32(eps)) * w + b
+
+
+@register("bert")
+class Bert(Model):
+    """A BERT encoder: ``embed_batch`` gives each sequence's token vectors."""
+
+    config_class = BertConfig
+    is_encoder = True
+    forward_path = FORWARD_PATH
+
+    def load_tensors(self, w: Weights) -> None:
+        c = self.config
+        self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
+        self.position_embd = w.get("position_embd.weight", (c.n_ctx_train, c.n_embd))
+        self.token_types = w.get("token_types.weight", (c.n_token_types, c.n_embd),
+                                 optional=True)
+        self.token_embd_norm = w.get("token_embd_norm.weight", (c.n_embd,))
+        self.token_embd_norm_bias = w.get("token_embd_norm.bias", (c.n_embd,))
+        self.layers = [w.layer(i, {
+            "attn_output": (c.n_embd, c.n_embd_q),
+            "attn_output_norm": (c.n_embd,), "attn_output_norm.bias": (c.n_embd,),
+            "ffn_up": (c.n_ff, c.n_embd), "ffn_down": (c.n_embd, c.n_ff),
+            "layer_output_norm": (c.n_embd,), "layer_output_norm.bias": (c.n_embd,),
+        }, optional={"attn_output.bias": (c.n_embd,), "ffn_up.bias": (c.n_ff,),
+                     "ffn_down.bias": (c.n_embd,)}, qkv=c) for i in range(c.n_layer)]
+
+    # -- forward ---------------------------------------------------------------------------------
+    def embed_batch(self, seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """The last block's token vectors (len(ids), n_embd) of each id sequence; the
+        sequences' tokens share every product, never their attention."""
+        c = self.config
+        arrays = [self._check_ids(ids) for ids in seqs]
+        for ids in arrays:
+            if len(ids) > c.n_ctx_train:
+                raise ValueError(f"{len(ids)} tokens: more than this encoder's "
+                                 f"{c.n_ctx_train} positions")
+        spans = np.cumsum([0] + [len(a) for a in arrays])
+        ids = np.concatenate(arrays)
+        pos = np.concatenate([np.arange(len(a)) for a in arrays])
+        x = self._embed(ids, pos)                                     # (T, n_embd)
+        if self.token_types is not None:
+            x += self.token_types.rows([0])
+        x = layernorm(x, self.token_embd_norm, self.token_embd_norm_bias, c.norm_eps)
+        rot = self._rope_table(pos)
+        for layer in self.layers:
+            x = self._block(x, layer, spans, rot)
+        return [x[a:b] for a, b in zip(spans[:-1], spans[1:])]
+
+    # what nomic-bert changes (below): positions, RoPE, the FFN
+    def _embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        return self.token_embd.rows(ids) + self.position_embd.rows(pos)
+
+    def _rope_table(self, pos: np.ndarray) -> np.ndarray | None:
+        return None  # learned positions, no RoPE
+
+    def _ffn(self, x: np.ndarray, layer: Any) -> np.ndarray:
+        h = _gelu(ops.linear(x, layer.ffn_up, layer.ffn_up_bias))
+        return ops.linear(h, layer.ffn_down, layer.ffn_down_bias)
+
+    def _block(self, x: np.ndarray, layer: Any, spans: np.ndarray, rot: np.ndarray | None
+               ) -> np.ndarray:
+        c = self.config
+        q, k, v = ops.qkv(x, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)  # (T, H, d)
+        if rot is not None:
+            q, k = ops.rope_neox(q, rot), ops.rope_neox(k, rot)
+        att = np.empty((len(x), c.n_head, c.head_dim_v), np.float32)
+        scale = np.float32(1.0 / math.sqrt(c.head_dim))
+        for a, b in zip(spans[:-1], spans[1:]):
+            att[a:b] = _attention(q[a:b], k[a:b], v[a:b], scale)
+        y = ops.linear(att.reshape(len(x), -1), layer.attn_output, layer.attn_output_bias)
+        x = layernorm(x + y, layer.attn_output_norm, layer.attn_output_norm_bias, c.norm_eps)
+        y = self._ffn(x, layer)
+        return layernorm(x + y, layer.layer_output_norm, layer.layer_output_norm_bias,
+                         c.norm_eps)
+
+    def _forward(self, batch: Any) -> np.ndarray:
+        raise ValueError("this is an encoder (bert): it computes embeddings (embed_batch), "
+                         "not next-token logits")
+
+    def new_arena(self, n_ctx: int, n_slots: int = 1) -> KVArena:
+        """No cache: an encoder sees each text whole. The engine's slots get one position
+        each, for their bookkeeping."""
+        c = self.config
+        return KVArena(c.n_layer, n_slots, 1, c.n_head_kv, c.head_dim, c.head_dim_v,
+                       f16=self.kv_f16)
+
+    def warm_up(self, prompts: bool = False) -> None:
+        self.embed_batch([[0, min(1, self.config.n_vocab - 1)]])
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()[:-1]}; {FORWARD_PATH})"
+
+
+@register("nomic-bert")
+class NomicBert(Bert):
+    """nomic-embed-text (``nomic-bert``), as llama.cpp's bert.cpp runs it: no learned
+    positions but NEOX RoPE on Q and K (``rope.freq_base``), one fused ``attn_qkv``, and a
+    SwiGLU FFN ``down(silu(gate(x)) * up(x))`` without biases."""
+
+    def load_tensors(self, w: Weights) -> None:
+        c = self.config
+        self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
+        self.token_types = w.get("token_types.weight", (c.n_token_types, c.n_embd),
+                                 optional=True)
+        self.token_embd_norm = w.get("token_embd_norm.weight", (c.n_embd,))
+        self.token_embd_norm_bias = w.get("token_embd_norm.bias", (c.n_embd,))
+        self.layers = [w.layer(i, {
+            "attn_output": (c.n_embd, c.n_embd_q),
+            "attn_output_norm": (c.n_embd,), "attn_output_norm.bias": (c.n_embd,),
+            "ffn_up": (c.n_ff, c.n_embd), "ffn_gate": (c.n_ff, c.n_embd),
+            "ffn_down": (c.n_embd, c.n_ff),
+            "layer_output_norm": (c.n_embd,), "layer_output_norm.bias": (c.n_embd,),
+        }, optional={"attn_output.bias": (c.n_embd,)}, qkv=c) for i in range(c.n_layer)]
+
+    def _embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        return self.token_embd.rows(ids)
+
+    def _rope_table(self, pos: np.ndarray) -> np.ndarray:
+        c = self.config
+        return ops.rope_table(pos, c.rope_dim, c.rope_base, c.rope_freq_scale)
+
+    def _ffn(self, x: np.ndarray, layer: Any) -> np.ndarray:
+        gate, up = ops.linear_many(x, (layer.ffn_gate, layer.ffn_up), (None, None))
+        return ops.linear(ops.swiglu(gate, up), layer.ffn_down)
+
+
+def _gelu(h: np.ndarray, rows: int = 64) -> np.ndarray:
+    """ggml's GELU (tanh form) of h (T, n_ff), a few rows at a time: the formula's
+    temporaries then stay in cache (10x faster than whole arrays for long batches)."""
+    out = np.empty_like(h)
+    for a in range(0, len(h), rows):
+        out[a:a + rows] = ops.gelu_tanh(h[a:a + rows])
+    return out
+
+
+def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.float32) -> np.ndarray:
+    """One sequence, all positions see all: q, k, v (T, H, d) -> (T, H, d)."""
+    qh, kh, vh = q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+    if kh.shape[0] != qh.shape[0]:  # grouped-query heads share their K/V head
+        rep = qh.shape[0] // kh.shape[0]
+        kh, vh = np.repeat(kh, rep, axis=0), np.repeat(vh, rep, axis=0)
+    s = np.matmul(qh, kh.transpose(0, 2, 1)) * scale                 # (H, T, T)
+    s -= s.max(axis=2, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=2, keepdims=True)
+    return np.matmul(p, vh).transpose(1, 0, 2)                      # (T, H, d)
