@@ -234,3 +234,13 @@ def test_inspect_says_every_architecture_runs_compiled(capsys, reference: Path,
     code, out, _ = run(capsys, "inspect", model, "--json")
     path = json.loads(out)["summary"]["layers_path"]
     assert path["compiled"] is True, path
+
+
+def test_run_verbose_says_the_path(capsys, reference: Path) -> None:
+    """`run -v` names the path the layers take, as inspect does."""
+    model = reference / _PATH_MODELS["qwen2"]
+    if not model.exists():
+        pytest.skip(f"{model} is not in the reference data")
+    assert main(["run", str(model), "-p", "hi", "-n", "1", "-v"]) == 0
+    err = capsys.readouterr().err
+    assert "layers run: compiled (team for decoding" in err, err

@@ -109,6 +109,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       default=False, help="print the prompt before the generated text")
     show.add_argument("--no-display-prompt", dest="display_prompt", action="store_false",
                       help="print only the generated text (the default)")
+    p.add_argument("-v", "--verbose", "--log-verbose", action="store_true",
+                   help="say on stderr how the model runs: the path its layers take and why")
     p.add_argument("--verbose-prompt", action="store_true",
                    help="print the prompt's tokens (id and text) to stderr first")
     add_color_option(p, "colour the displayed prompt (and, with -i, the chat's input)")
@@ -243,6 +245,8 @@ def run(args: argparse.Namespace) -> int:
     prompt = _prompt_ids(args, text, model, tokenizer)
     if not prompt:
         raise CLIError("the prompt is empty (and the model adds no BOS token)")
+    if args.verbose:
+        print(f"layers run: {model.plan.describe()}", file=sys.stderr)
     if args.verbose_prompt:
         _print_prompt_tokens(text, prompt, tokenizer)
     n_ctx, grown = _context_size(args, len(prompt), n_predict, int(model.config.n_ctx_train or 0))
