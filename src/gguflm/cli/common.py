@@ -288,7 +288,7 @@ def load_model(name: str, threads: int | None = None,
 def say_if_not_compiled(model: Any) -> None:
     """A ``note:`` on stderr when the model's layers cannot run compiled, with the reason
     (``executor.Plan``): a slower path is never taken silently."""
-    if not model.plan.compiled:
+    if not model.plan.compiled and not model.is_encoder:  # encoders say what runs them
         print(f"note: the layers run on the {model.plan.describe()}", file=sys.stderr)
 
 

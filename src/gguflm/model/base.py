@@ -41,7 +41,9 @@ class Model:
     """
 
     config_class: type[ModelConfig] = ModelConfig
-    blocks: list[Block]      # the layers' specs (``load_tensors``)
+    blocks: list[Block] = []  # the layers' specs (``load_tensors``)
+    # an architecture that runs its own forward instead of layer specs says what runs it
+    forward_path: str | None = None
     plan: executor.Plan      # how they run (``from_gguf``)
     kv_f16: bool = True
     # how the architecture pairs dimensions for RoPE; an instance may override it (a file
@@ -69,7 +71,8 @@ class Model:
         weights = Weights(gguf, config.arch)
         model.load_tensors(weights)
         weights.check_all_used()
-        model.plan = executor.plan(model.blocks)
+        model.plan = (executor.plan(model.blocks) if model.blocks
+                      else executor.Plan(None, model.forward_path or "no layer specs"))
         return model
 
     # -- what an architecture provides ----------------------------------------------------------

@@ -27,6 +27,8 @@ from .. import ops
 from ..base import Model
 from ..config import Meta, ModelConfig
 from ..kv_cache import KVArena
+from ..layer import qkv
+from ..reference import product
 from ..weights import Weights
 from . import register
 
@@ -133,7 +135,11 @@ class Bert(Model):
     def _block(self, x: np.ndarray, layer: Any, spans: np.ndarray, rot: np.ndarray | None
                ) -> np.ndarray:
         c = self.config
-        q, k, v = ops.qkv(x, layer, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)  # (T, H, d)
+        n = len(x)
+        lq, lk, lv = qkv(layer, c.n_embd_q, c.n_embd_k, c.n_embd_v)  # fused or not
+        q = product(x, lq).reshape(n, c.n_head, c.head_dim)          # (T, H, d)
+        k = product(x, lk).reshape(n, c.n_head_kv, c.head_dim)
+        v = product(x, lv).reshape(n, c.n_head_kv, c.head_dim_v)
         if rot is not None:
             q, k = ops.rope_neox(q, rot), ops.rope_neox(k, rot)
         att = np.empty((len(x), c.n_head, c.head_dim_v), np.float32)
@@ -193,7 +199,7 @@ class NomicBert(Bert):
         return ops.rope_table(pos, c.rope_dim, c.rope_base, c.rope_freq_scale)
 
     def _ffn(self, x: np.ndarray, layer: Any) -> np.ndarray:
-        gate, up = ops.linear_many(x, (layer.ffn_gate, layer.ffn_up), (None, None))
+        gate, up = ops.linear(x, layer.ffn_gate), ops.linear(x, layer.ffn_up)
         return ops.linear(ops.swiglu(gate, up), layer.ffn_down)
 
 
