@@ -267,7 +267,7 @@ def _summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("vocab size", val(s["vocab_size"])),
         ("tokenizer", f"{val(s['tokenizer_model'])} (pre: {val(s['tokenizer_pre'])})"),
     ]
-    if s.get("layers_path") is not None:
+    if s.get("layers_path") is not None and not encoder:  # the architecture row says it
         rows.append(("layers run", s["layers_path"]["detail"]))
     special = s["special_tokens"]
     toks = [f"{k} {v['id']}" + (f" {v['token']!r}" if v["token"] is not None else "")
