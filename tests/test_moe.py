@@ -1,4 +1,4 @@
-"""Mixture-of-experts models: qwen3moe and Mixtral-style experts in llama files.
+"""Mixture-of-experts models: qwen3moe, Mixtral-style experts in llama files, gpt-oss.
 
 Conformance: the tiny random-weight F16 models of shared/reference/arch/<arch>/ against
 llama.cpp's greedy.json, teacher-forced, with the bars of the dense architectures. Batch
@@ -22,7 +22,7 @@ from gguflm.model.layer import Experts
 from refcheck import load_cases, run_reference
 from tinymodel import declared_tensors, tiny_metadata
 
-MOE = ["qwen3moe", "mixtral"]
+MOE = ["qwen3moe", "mixtral", "gpt-oss"]
 
 
 def _model(reference: Path, arch: str) -> tuple[gguflm.model.Model, Path]:
@@ -106,3 +106,34 @@ def test_expert_counts_are_checked(used: int, count: int) -> None:
     with pytest.raises(MetadataError) as e:
         declared_tensors(md)
     assert e.value.key == "qwen3moe.expert_used_count"
+
+
+def test_attention_sinks_match_a_float64_softmax() -> None:
+    """gpt-oss's sinks: each head's sink logit joins the softmax's max and sum and weights
+    no value, in the kernel (windowed or not, F32 cache) and its numpy twin."""
+    from gguflm.model.attention import attend, attend_twin
+    from gguflm.model.kv_cache import KVArena
+
+    rng = np.random.default_rng(4)
+    n_head, n_kv, d, n_pos = 4, 2, 8, 40
+    arena = KVArena(1, 1, n_pos, n_kv, d, d, f16=False)
+    k = rng.standard_normal((n_pos, n_kv, d)).astype(np.float32)
+    v = rng.standard_normal((n_pos, n_kv, d)).astype(np.float32)
+    arena.store(0, np.zeros(n_pos, np.int64), np.arange(n_pos), k, v)
+    q = rng.standard_normal((3, n_head, d)).astype(np.float32)
+    pos, slot = np.array([0, 17, 39]), np.zeros(3, np.int64)
+    sinks = np.array([2.5, -1.0, 0.0, 6.0], np.float32)
+    for window in (0, 5):
+        got = np.empty((3, n_head, d), np.float32)
+        attend(q, arena.k[0], arena.v[0], slot, pos, window, np.float32(0.4), np.float32(0),
+               False, got, sinks=sinks)
+        for t, p in enumerate(pos):
+            keys = [j for j in range(p + 1) if window == 0 or p - j < window]
+            for h in range(n_head):
+                sc = 0.4 * k[keys, h // 2].astype(np.float64) @ q[t, h]
+                m = max(sc.max(), sinks[h])
+                w = np.exp(sc - m) / (np.exp(sc - m).sum() + np.exp(sinks[h] - m))
+                np.testing.assert_allclose(got[t, h], w @ v[keys, h // 2], atol=2e-6)
+        twin = attend_twin(q, [k.transpose(1, 0, 2)] * 3, [v.transpose(1, 0, 2)] * 3, pos,
+                           window, 0.4, 0.0, False, sinks=sinks)
+        np.testing.assert_allclose(twin, got, atol=1e-6)

@@ -85,11 +85,12 @@ def _max_of(x, n):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g):  # noqa: ANN001, ANN202
+def _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g, sinks):  # noqa: ANN001, ANN202
     """Query row t, every query head of KV head g (one fixed order of arithmetic per head,
     whichever loop calls it). The heads sharing a KV head go together, so that the keys
     and values they share are in cache for the next head; each head's inner loops keep
-    their sums in registers (``attention_ir``)."""
+    their sums in registers (``attention_ir``). ``sinks`` (H,) f32, or empty: each head's
+    sink logit joins its softmax's max and sum, as ggml's soft_max with sinks."""
     tile_len = kt.shape[4]
     group = q.shape[1] // kt.shape[1]
     h0 = g * group
@@ -120,9 +121,14 @@ def _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g):  # n
             for j in range(n_vis):  # vectorizes
                 sh[j] = sh[j] * scale
         m = _max_of(sh, n_vis)
+        if sinks.shape[0]:
+            m = max(m, sinks[h0 + hh])
         for j in range(n_vis):  # ggml's vector exp: this loop vectorizes
             sh[j] = expf_ggml(sh[j] - m)
-        inv = np.float32(1.0 / _soft_max_sum(sc[hh], lo - base, hi - base))
+        total = _soft_max_sum(sc[hh], lo - base, hi - base)
+        if sinks.shape[0]:
+            total += np.float64(np.exp(sinks[h0 + hh] - m))
+        inv = np.float32(1.0 / total)
         for j in range(n_vis):
             p = sh[j] * inv
             sh[j] = round_f16(p) if f16 else p
@@ -161,7 +167,7 @@ def _ggml_dot(kt, s, g, j, qv, acc):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, t, h, g):  # noqa: ANN001, ANN202
+def _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, t, h, g, sinks):  # noqa: ANN001, ANN202
     """Query row t, head h (of KV head g) as llama.cpp's CPU flash attention computes it for
     a prompt of fewer than 64 rows (ggml_compute_forward_flash_attn_ext_f16_one_chunk): scores by
     ``_ggml_dot``; an online softmax over the keys in position order, the running sum of
@@ -195,13 +201,23 @@ def _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, t, h, g
             y = fma32(kv_load(v[s, g, j, c]), vs, vkq[c])
             vkq[c] = round_f16(y) if f16 else y
         total = fma32(total, ms, vs)
+    if sinks.shape[0]:  # the sink after the keys, on the float32 sum, as ggml
+        ms = np.float32(1.0)
+        vs = np.float32(1.0)
+        if sinks[h] > m:
+            ms = np.float32(np.exp(m - sinks[h]))
+            for c in range(d_v):
+                vkq[c] = vkq[c] * ms
+        else:
+            vs = np.float32(np.exp(sinks[h] - m))
+        total = total * ms + vs
     inv = np.float32(0.0) if total == 0 else np.float32(1.0) / total
     for c in range(d_v):
         vkq[c] = vkq[c] * inv
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item):  # noqa: ANN001, ANN202
+def _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item, sinks):  # noqa: ANN001, ANN202
     """Work item ``item``: query row t = item // H_kv with the heads of KV head
     g = item % H_kv, by the arithmetic the row asks for."""
     n_kv = kt.shape[1]
@@ -209,12 +225,13 @@ def _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item):
     if flash[t]:
         group = q.shape[1] // n_kv
         for h in range(g * group, (g + 1) * group):
-            _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, t, h, g)
+            _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, t, h, g,
+                              sinks)
     elif window > 0 and pos[t] >= window:  # the window hides the first keys
-        _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g)
+        _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g, sinks)
     else:  # every key from position 0 (no window, or not yet past it): compiled apart, as
         # with the window a constant 0 the loops simplify: 1.7x faster
-        _attend_group(q, kt, v, slot, pos, 0, scale, cap, f16, out, t, g)
+        _attend_group(q, kt, v, slot, pos, 0, scale, cap, f16, out, t, g, sinks)
 
 
 @njit(cache=True, nogil=True)
@@ -250,14 +267,16 @@ def _prepare(q, kt, v, slot, pos, k_new, v_new, f16):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _attend_serial(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, k_new, v_new):  # noqa: ANN001, ANN202
+def _attend_serial(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, k_new, v_new,  # noqa: ANN001, ANN202
+                   sinks):
     q = _prepare(q, kt, v, slot, pos, k_new, v_new, f16)
     for item in range(q.shape[0] * kt.shape[1]):
-        _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item)
+        _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item, sinks)
 
 
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy")
-def _attend_par(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, k_new, v_new):  # noqa: ANN001, ANN202
+def _attend_par(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, k_new, v_new,  # noqa: ANN001, ANN202
+                sinks):
     q = _prepare(q, kt, v, slot, pos, k_new, v_new, f16)
     n_rows, n_kv = q.shape[0], kt.shape[1]
     for i in prange(n_rows * n_kv):
@@ -267,7 +286,7 @@ def _attend_par(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, k_new,
         r = i // n_kv
         row = r // 2 if r % 2 == 0 else n_rows - 1 - r // 2
         _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out,
-                    row * n_kv + i % n_kv)
+                    row * n_kv + i % n_kv, sinks)
 
 
 def runs_parallel(rows: int, n_kv: int, macs: int) -> bool:
@@ -283,7 +302,7 @@ def runs_parallel(rows: int, n_kv: int, macs: int) -> bool:
 def attend(q: np.ndarray, kt: np.ndarray, v: np.ndarray, slot: np.ndarray, pos: np.ndarray,
            window: int, scale: np.float32, cap: np.float32, f16: bool, out: np.ndarray,
            flash: np.ndarray | None = None, k_new: np.ndarray | None = None,
-           v_new: np.ndarray | None = None) -> None:
+           v_new: np.ndarray | None = None, sinks: np.ndarray | None = None) -> None:
     """q (T, H, d) f32, keys kt (S, H_kv, tiles, d, TILE), values v (S, H_kv, n_ctx, d_v),
     slot (T,) i64, pos (T,) i64 -> out (T, H, d_v) f32.
 
@@ -298,7 +317,8 @@ def attend(q: np.ndarray, kt: np.ndarray, v: np.ndarray, slot: np.ndarray, pos: 
 
     ``flash`` (T,) bool, optional: rows computed as llama.cpp's CPU flash attention does
     (``_attend_row_flash``: online softmax, the value sum kept in float16 with ``f16``)
-    instead of its soft_max-then-product path.
+    instead of its soft_max-then-product path. ``sinks`` (H,) f32, optional: each head's
+    attention sink logit (gpt-oss), in its softmax's max and sum but weighting no value.
     """
     if flash is None:
         flash = np.zeros(len(q), np.bool_)
@@ -309,8 +329,12 @@ def attend(q: np.ndarray, kt: np.ndarray, v: np.ndarray, slot: np.ndarray, pos: 
         v_new = np.zeros((0,) + v.shape[1:2] + v.shape[3:4], np.float32)
     work = q.shape[0] * q.shape[1] * (int(pos.max()) + 1) * (q.shape[2] + v.shape[3])
     fn = _attend_par if runs_parallel(len(q), kt.shape[1], work) else _attend_serial
+    sinks = NO_SINKS if sinks is None else np.ascontiguousarray(sinks, np.float32)
     fn(q, kt, v, slot, pos, int(window), np.float32(scale), np.float32(cap), bool(f16), flash,
-       out, k_new, v_new)
+       out, k_new, v_new, sinks)
+
+
+NO_SINKS = np.zeros(0, np.float32)
 
 
 def _twin_ggml_dot(k: np.ndarray, q: np.ndarray) -> np.float32:
@@ -369,9 +393,11 @@ def _twin_soft_max_sum(ex: np.ndarray, lo: int) -> np.float64:
 
 def attend_twin(q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
                 pos: np.ndarray, window: int, scale: float, cap: float, f16: bool,
-                flash: np.ndarray | None = None) -> np.ndarray:
+                flash: np.ndarray | None = None, sinks: np.ndarray | None = None
+                ) -> np.ndarray:
     """numpy twin of ``attend``: q (T, H, d); keys[t] (H_kv, S_t, d) and values[t]
-    (H_kv, S_t, d_v) are row t's sequence's cached positions 0..S_t-1 -> (T, H, d_v)."""
+    (H_kv, S_t, d_v) are row t's sequence's cached positions 0..S_t-1 -> (T, H, d_v);
+    ``sinks`` as ``attend`` takes them (the softmax path only)."""
     n_tok, n_head, _ = q.shape
     out = np.zeros((n_tok, n_head, values[0].shape[-1]), np.float32)
     for t in range(n_tok):
@@ -391,8 +417,12 @@ def attend_twin(q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
             if cap > 0:
                 sc = np.tanh(sc * (np.float32(1.0) / np.float32(cap))).astype(np.float32) \
                     * np.float32(cap)
-            ex = expf_ggml_twin(sc - sc.max())
-            p = ex * np.float32(1.0 / _twin_soft_max_sum(ex, lo))
+            m = sc.max() if sinks is None else max(sc.max(), np.float32(sinks[h]))
+            ex = expf_ggml_twin(sc - m)
+            total = _twin_soft_max_sum(ex, lo)
+            if sinks is not None:
+                total += np.float64(np.exp(np.float32(sinks[h]) - m))
+            p = ex * np.float32(1.0 / total)
             if f16:
                 p = p.astype(np.float16).astype(np.float32)
             acc = np.zeros(vh.shape[1], np.float32)

@@ -116,12 +116,13 @@ class Batch:
         return self.arena.n_ctx
 
     def attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
-                  cap: float = 0.0, window: int = 0) -> np.ndarray:
+                  cap: float = 0.0, window: int = 0, sinks: np.ndarray | None = None
+                  ) -> np.ndarray:
         """llama.cpp's build_attn less the output projection: store this batch's k
         (T, H_kv, d) and v (T, H_kv, d_v) in layer ``il`` of each row's cache, then attend
         with q (T, H, d) over each row's own sequence -> (T, H * d_v). Causal; with a
         sliding ``window`` > 0 a query sees itself and the window - 1 positions before it;
-        ``cap`` > 0 soft-caps the scores."""
+        ``cap`` > 0 soft-caps the scores; ``sinks`` (H,): each head's attention sink."""
         from .attention import attend  # numba: compiled or loaded on first use
 
         arena = self.arena
@@ -129,7 +130,8 @@ class Batch:
         out = np.empty((len(q), q.shape[1], arena.v.shape[-1]), np.float32)
         attend(q, arena.k[il], arena.v[il], self.slot, self.pos, int(window),  # stores k, v
                np.float32(scale), np.float32(cap), arena.f16, out, self.flash,
-               np.ascontiguousarray(k, dtype=np.float32), np.ascontiguousarray(v, np.float32))
+               np.ascontiguousarray(k, dtype=np.float32), np.ascontiguousarray(v, np.float32),
+               sinks)
         return out.reshape(len(q), -1)
 
     def advance(self) -> None:

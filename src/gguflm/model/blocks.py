@@ -113,7 +113,7 @@ def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, gelu, post_no
 @njit(cache=True, nogil=True)
 def attention_block(x, norm_w, eps, kinds_qkv, ws_qkv, kinds_o, ws_o, tbl, heads, q_norm,  # noqa: ANN001, ANN201, PLR0913
                     k_norm, rot, neox, kt, v, slot, pos, window, scale, cap, f16, flash,
-                    post_norm, par, threads, b_q, b_k, b_v, b_o):
+                    post_norm, par, threads, b_q, b_k, b_v, b_o, sinks):
     """x (T, n_embd) f32 -> (T, n_embd) f32: ``reference.attention``'s steps behind the
     norm. ``ws_qkv``/``kinds_qkv`` the Q, K, V weights and type ids, ``ws_o``/``kinds_o``
     the output's (padded as ``kernels.pad_products`` pads them); ``heads`` (H, H_kv, d,
@@ -138,9 +138,9 @@ def attention_block(x, norm_w, eps, kinds_qkv, ws_qkv, kinds_o, ws_o, tbl, heads
     a = np.empty((n, n_head, dv), np.float32)
     v3 = vv.reshape((n, n_kv, dv))
     if par[1]:
-        _attend_par(q3, kt, v, slot, pos, window, scale, cap, f16, flash, a, k3, v3)
+        _attend_par(q3, kt, v, slot, pos, window, scale, cap, f16, flash, a, k3, v3, sinks)
     else:
-        _attend_serial(q3, kt, v, slot, pos, window, scale, cap, f16, flash, a, k3, v3)
+        _attend_serial(q3, kt, v, slot, pos, window, scale, cap, f16, flash, a, k3, v3, sinks)
     out = np.empty((n, ws_o[0].shape[0]), np.float32)
     _products(kinds_o, ws_o, a.reshape((n, n_head * dv)), tbl, (out, out, out), 1, par[2],
               threads)
@@ -190,7 +190,7 @@ class LayerArgs:
     out: Group
     gate_up: Group | None  # None: an expert FFN (``reference.ffn_part`` runs it)
     down: Group | None
-    norms: tuple[np.ndarray, ...]  # attn, Q heads, K heads, post-attn, FFN, post-FFN
+    norms: tuple[np.ndarray, ...]  # attn, Q heads, K heads, post-attn, FFN, post-FFN, sinks
     eps: np.float32
     scale: np.float32
     cap: np.float32
@@ -207,7 +207,7 @@ def layer_args(b: Block) -> LayerArgs:
         group((a.q, a.k, a.v)), group((a.o,)), group((f.gate, f.up)) if dense else None,
         group((f.down,)) if dense else None,
         tuple(vector(w) for w in (b.attn_norm, a.q_norm, a.k_norm, b.attn_post_norm,
-                                  b.ffn_norm, b.ffn_post_norm)),
+                                  b.ffn_norm, b.ffn_post_norm, a.sinks)),
         np.float32(b.eps), np.float32(a.scale), np.float32(a.softcap),
         (a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v),
         a.n_head * (a.head_dim + a.head_dim_v))
@@ -231,7 +231,7 @@ def attention(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
         kernels.F16_TABLE, la.heads, la.norms[1], la.norms[2],
         np.ascontiguousarray(rot, dtype=np.complex64), b.attn.neox, arena.k[il], arena.v[il],
         batch.slot, batch.pos, int(b.attn.window), la.scale, la.cap, arena.f16, batch.flash,
-        la.norms[3], par, matrix.threads(), bq, bk, bv, la.out.biases[0])
+        la.norms[3], par, matrix.threads(), bq, bk, bv, la.out.biases[0], la.norms[6])
 
 
 def ffn(x: np.ndarray, b: Block, la: LayerArgs) -> np.ndarray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -148,6 +148,11 @@ class ModelConfig:
             raise MetadataError(f"must equal the head size {self.head_dim} for {self.arch}, "
                                 f"got {self.rope_dim}", key=f"{self.arch}.rope.dimension_count")
 
+    # the rope.scaling.type values besides "none" this config's architecture applies
+    rope_scalings: ClassVar[tuple[str, ...]] = ("linear",)
+    # whether feed_forward_length is required (an all-experts model sizes them apart)
+    needs_n_ff: ClassVar[bool] = True
+
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any], n_vocab_fallback: int = 0
                       ) -> ModelConfig:
@@ -187,11 +192,12 @@ class ModelConfig:
             n_head_kv=n_head_kv,
             head_dim=head_dim,
             head_dim_v=m.int("attention.value_length", head_dim),
-            n_ff=m.int("feed_forward_length"),
+            n_ff=(m.int("feed_forward_length") if cls.needs_n_ff
+                  else m.int("feed_forward_length", 0, minimum=0)),
             norm_eps=m.float("attention.layer_norm_rms_epsilon"),
             rope_base=m.float("rope.freq_base", 10000.0),
             rope_dim=rope_dim,
-            rope_freq_scale=_rope_freq_scale(m),
+            rope_freq_scale=_rope_freq_scale(m, cls.rope_scalings),
             sliding_window=m.int("attention.sliding_window", 0, minimum=0),
             **_experts(m),
         )
@@ -225,12 +231,12 @@ def _n_vocab(m: Meta, fallback: int) -> int:
                         key=m.key("vocab_size"))
 
 
-def _rope_freq_scale(m: Meta) -> float:
+def _rope_freq_scale(m: Meta, supported: tuple[str, ...]) -> float:
     kind = m.str("rope.scaling.type", "none")
     if kind == "none":
         return 1.0
-    if kind == "linear":
+    if kind in supported:  # linear, and yarn where the architecture applies it
         return 1.0 / m.float("rope.scaling.factor", 1.0)
     # yarn/longrope change RoPE beyond a frequency scale; refusing beats being subtly wrong
-    raise MetadataError(f"RoPE scaling {kind!r} is not supported (supported: none, linear)",
-                        key=m.key("rope.scaling.type"))
+    raise MetadataError(f"RoPE scaling {kind!r} is not supported (supported: none, "
+                        f"{', '.join(supported)})", key=m.key("rope.scaling.type"))

@@ -39,7 +39,8 @@ class Attention:
     RMS norms of Q and K when given (before RoPE), RoPE table ``rope`` (an index into the
     tables the architecture's forward makes) paired NEOX-style or NORM-style, causal
     attention over ``window`` positions (0: all), scores times ``scale`` and soft-capped at
-    ``softcap`` (0: none), then the output product."""
+    ``softcap`` (0: none), each head's softmax with its ``sinks`` logit when given, then the
+    output product."""
 
     q: Linear
     k: Linear
@@ -56,6 +57,7 @@ class Attention:
     softcap: float = 0.0
     q_norm: np.ndarray | None = None
     k_norm: np.ndarray | None = None
+    sinks: np.ndarray | None = None  # (n_head,) attention-sink logits (gpt-oss)
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,9 +74,12 @@ class GLU:
             raise ValueError(f"unknown GLU activation {self.act!r} (known: {GLU_ACTS})")
 
 
-# how an expert FFN turns router logits into the selection and its weights:
-# llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX and _SIGMOID
-GATINGS = ("softmax", "sigmoid")
+# how an expert FFN turns router logits into the selection and its weights: llama.cpp's
+# LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, _SIGMOID and _SOFTMAX_WEIGHT (the best logits,
+# then a softmax over those alone: gpt-oss)
+GATINGS = ("softmax", "sigmoid", "softmax_weight")
+# experts' gated activations: the GLUs' and gpt-oss's clamped SwiGLU (ggml_swiglu_oai)
+EXPERT_ACTS = (*GLU_ACTS, "swiglu_oai")
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,21 +88,24 @@ class Experts:
     ``gating``; the ``n_used`` best experts (ties: the lower index first), their scores as
     weights, renormalised to sum 1 when ``norm_weights`` (the sum clamped below at 2^-14),
     times ``scale`` unless it is 0 or 1; each expert a GLU (``gate[e]``, ``up[e]``,
-    ``down[e]``: row views of the 3-D tensors); the weighted outputs summed in selection
-    order."""
+    ``down[e]``: row views of the 3-D tensors, each product plus its expert's row of
+    ``*_b`` when given); the weighted outputs summed in selection order."""
 
     router: Linear
     gate: tuple[QMatrix, ...]
     up: tuple[QMatrix, ...]
     down: tuple[QMatrix, ...]
     n_used: int
-    act: str  # one of GLU_ACTS
+    act: str  # one of EXPERT_ACTS
     gating: str = "softmax"
     norm_weights: bool = True
     scale: float = 0.0
+    gate_b: np.ndarray | None = None  # (n_expert, n_ff) f32
+    up_b: np.ndarray | None = None    # (n_expert, n_ff) f32
+    down_b: np.ndarray | None = None  # (n_expert, n_embd) f32
 
     def __post_init__(self) -> None:
-        if self.act not in GLU_ACTS or self.gating not in GATINGS:
+        if self.act not in EXPERT_ACTS or self.gating not in GATINGS:
             raise ValueError(f"unknown expert activation {self.act!r} or gating "
                              f"{self.gating!r}")
         if not 1 <= self.n_used <= len(self.gate) == len(self.up) == len(self.down):
@@ -153,7 +161,10 @@ def experts(layer: Any, n_used: int, act: str, **rule: Any) -> Experts:
     (optional bias), ``ffn_gate_exps``/``ffn_up_exps``/``ffn_down_exps`` split per expert;
     ``rule`` sets ``Experts``' gating fields."""
     return Experts(linear(layer, "ffn_gate_inp"), layer.ffn_gate_exps, layer.ffn_up_exps,
-                   layer.ffn_down_exps, n_used, act, **rule)
+                   layer.ffn_down_exps, n_used, act, **rule,
+                   gate_b=getattr(layer, "ffn_gate_exps_bias", None),
+                   up_b=getattr(layer, "ffn_up_exps_bias", None),
+                   down_b=getattr(layer, "ffn_down_exps_bias", None))
 
 
 def glu(layer: Any, act: str) -> GLU:

@@ -58,6 +58,26 @@ def rope_table(pos: np.ndarray, n_rot: int, base: float, freq_scale: float = 1.0
     return (np.cos(theta) + 1j * np.sin(theta)).astype(np.complex64)
 
 
+def yarn_table(pos: np.ndarray, n_rot: int, base: float, freq_scale: float, n_ctx_orig: int,
+               beta_fast: float, beta_slow: float, attn_factor: float = 1.0) -> np.ndarray:
+    """``rope_table`` with YaRN's frequency mix and magnitude scale, as ggml's rope_yarn
+    (ext_factor 1): dimension pair i's angle blends the interpolated (``freq_scale``) and
+    the extrapolated angle by a ramp between the correction dimensions of ``beta_fast`` and
+    ``beta_slow`` turns over ``n_ctx_orig`` positions; cos and sin are scaled by
+    ``attn_factor * (1 + 0.1 ln(1 / freq_scale))``. (T, n_rot/2) complex64."""
+    def corr_dim(turns: float) -> float:
+        return n_rot * np.log(n_ctx_orig / (turns * 2 * np.pi)) / (2 * np.log(base))
+
+    lo = max(0.0, np.floor(corr_dim(beta_fast)))
+    hi = min(n_rot - 1.0, np.ceil(corr_dim(beta_slow)))
+    i = np.arange(0, n_rot, 2, dtype=np.float64)
+    ramp = 1.0 - np.clip((i / 2 - lo) / max(0.001, hi - lo), 0.0, 1.0)
+    extrap = np.outer(np.asarray(pos, np.float64), base ** (-i / n_rot))
+    theta = extrap * freq_scale * (1.0 - ramp) + extrap * ramp
+    mscale = attn_factor * (1.0 + 0.1 * np.log(1.0 / freq_scale))
+    return (mscale * (np.cos(theta) + 1j * np.sin(theta))).astype(np.complex64)
+
+
 def rope_norm(x: np.ndarray, rot: np.ndarray) -> np.ndarray:
     """llama.cpp's NORM RoPE: rotate adjacent pairs (0,1), (2,3), ... of each head's first
     n_rot dims. x (T, H, d) f32, rot (T, n_rot/2) from rope_table -> new (T, H, d)."""

@@ -33,7 +33,8 @@ def attention(h: np.ndarray, a: Attention, batch: object, il: int, rot: np.ndarr
     if a.k_norm is not None:
         k = ops.rmsnorm(k, a.k_norm, eps)
     rope = ops.rope_neox if a.neox else ops.rope_norm
-    out = batch.attention(il, rope(q, rot), rope(k, rot), v, a.scale, a.softcap, a.window)
+    out = batch.attention(il, rope(q, rot), rope(k, rot), v, a.scale, a.softcap, a.window,
+                          a.sinks)
     return product(out, a.o)
 
 
@@ -46,16 +47,15 @@ def ffn(h: np.ndarray, f: GLU) -> np.ndarray:
 def expert_choice(logits: np.ndarray, e: Experts) -> tuple[np.ndarray, np.ndarray]:
     """Router logits (T, n_expert) -> (selected experts (T, n_used) i64, their weights (T,
     n_used) f32), as build_moe_ffn: scores (a softmax as ggml's soft_max computes it, or a
-    sigmoid), the best first (ties: lower index), renormalised and scaled as ``e`` says."""
-    if e.gating == "softmax":
-        from ..quant.floatbits import expf_ggml_twin  # numba's module: not at import
-
-        ex = expf_ggml_twin(logits - logits.max(axis=1, keepdims=True))
-        scores = ex * (1.0 / ex.sum(axis=1, dtype=np.float64, keepdims=True)).astype(np.float32)
-    else:
-        scores = np.float32(1) / (np.float32(1) + np.exp(-logits))
+    sigmoid; or, for ``softmax_weight``, the logits, and a softmax over the chosen ones),
+    the best first (ties: lower index), renormalised and scaled as ``e`` says."""
+    scores = (_softmax(logits) if e.gating == "softmax" else logits
+              if e.gating == "softmax_weight" else
+              np.float32(1) / (np.float32(1) + np.exp(-logits)))
     chosen = np.argsort(-scores, axis=1, kind="stable")[:, :e.n_used]
     w = np.take_along_axis(scores, chosen, axis=1)
+    if e.gating == "softmax_weight":
+        w = _softmax(w)
     if e.norm_weights:
         w = w / np.maximum(w.sum(axis=1, keepdims=True), np.float32(6.103515625e-5))
     if e.scale not in (0.0, 1.0):
@@ -63,17 +63,42 @@ def expert_choice(logits: np.ndarray, e: Experts) -> tuple[np.ndarray, np.ndarra
     return chosen, w.astype(np.float32)
 
 
+def _softmax(x: np.ndarray) -> np.ndarray:
+    """Each row's softmax as ggml's soft_max computes it: its exp, a float64 sum."""
+    from ..quant.floatbits import expf_ggml_twin  # numba's module: not at import
+
+    ex = expf_ggml_twin(x - x.max(axis=1, keepdims=True))
+    return ex * (1.0 / ex.sum(axis=1, dtype=np.float64, keepdims=True)).astype(np.float32)
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = 1.702, limit: float = 7.0
+               ) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU as ggml_swiglu_oai: x = min(gate, limit), y = up clamped
+    to +-limit, x * sigmoid(alpha x) * (y + 1). (T, n_ff) x2 -> (T, n_ff) f32."""
+    x = np.minimum(gate, np.float32(limit))
+    y = np.clip(up, np.float32(-limit), np.float32(limit))
+    with np.errstate(over="ignore"):
+        glu = x / (np.float32(1) + np.exp(np.float32(alpha) * -x))
+    return (glu * (y + np.float32(1))).astype(np.float32)
+
+
+def _plus(y: np.ndarray, b: np.ndarray | None, ex: int) -> np.ndarray:
+    return y if b is None else y + b[ex]
+
+
 def experts(h: np.ndarray, e: Experts) -> np.ndarray:
     """Normed input h (T, n_embd) -> (T, n_embd): each row through its chosen experts,
     weighted and summed in selection order. Rows that chose an expert run through it
     together (its weights read once per batch); each row's numbers are its own."""
     chosen, w = expert_choice(product(h, e.router), e)
-    gated = ops.swiglu if e.act == "silu" else ops.geglu
+    gated = {"silu": ops.swiglu, "gelu": ops.geglu, "swiglu_oai": swiglu_oai}[e.act]
     ys = np.empty((*chosen.shape, e.down[0].shape[0]), np.float32)  # (T, n_used, n_embd)
     for ex in np.unique(chosen):
         rows, slots = np.nonzero(chosen == ex)
         x = h[rows]
-        ys[rows, slots] = e.down[ex].matmul(gated(e.gate[ex].matmul(x), e.up[ex].matmul(x)))
+        g = _plus(e.gate[ex].matmul(x), e.gate_b, ex)
+        u = _plus(e.up[ex].matmul(x), e.up_b, ex)
+        ys[rows, slots] = _plus(e.down[ex].matmul(gated(g, u)), e.down_b, ex)
     out = ys[:, 0] * w[:, :1]
     for j in range(1, e.n_used):
         out = out + ys[:, j] * w[:, j:j + 1]

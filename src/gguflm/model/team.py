@@ -303,7 +303,8 @@ def _member(m, x0, out, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, r
         total = n * n_kv
         c = _fetch_add(s, _ATTN)
         while c < total:
-            _attend_one(qr, kt, v, slot, pos, window, scale, cap, f16, flash, a, c)
+            _attend_one(qr, kt, v, slot, pos, window, scale, cap, f16, flash, a, c,
+                        _norm(ntab, il, 6))
             _fetch_add(s, _ATTN + _LINE)
             c = _fetch_add(s, _ATTN)
         _wait(s, _ATTN, total)
@@ -342,9 +343,9 @@ def stack_team(x, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, rots, r
     empty: no stops):
     ``x + attn(x)``, then ``+ ffn(.)``, in each. ``wtab`` (L, 7, 3) i64: each layer's
     matrices (Q, K, V, output, gate, up, down) as (address, rows, row bytes); ``ktab`` (4
-    L, MAX_FUSED) i64 the product groups' type ids; ``ntab`` (L, 6, 2) i64 the attention,
-    Q-head, K-head, post-attention, FFN and post-FFN norm weights as (address, length; 0:
-    none); ``btab`` (L, 7, 2) i64 the seven products' biases likewise;
+    L, MAX_FUSED) i64 the product groups' type ids; ``ntab`` (L, 7, 2) i64 the attention,
+    Q-head, K-head, post-attention, FFN and post-FFN norm weights and the attention sinks
+    as (address, length; 0: none); ``btab`` (L, 7, 2) i64 the seven products' biases likewise;
     ``itab``/``icount`` from ``stack_items``; ``heads`` (H, H_kv, d, d_v); ``rots`` (R, T,
     n_rot/2) c64 RoPE tables, ``rot_sel`` (L,) i64 each layer's; ``neox``: NEOX pairing;
     ``windows`` (L,) i64; ``k_cache``/``v_cache`` the arena's (L, ...) keys and
@@ -398,7 +399,7 @@ class Stack:
         n_layer = len(layers)
         self.wtab = np.zeros((n_layer, 7, 3), np.int64)
         self.ktab = np.zeros((4 * n_layer, kernels.MAX_FUSED), np.int64)
-        self.ntab = np.zeros((n_layer, 6, 2), np.int64)
+        self.ntab = np.zeros((n_layer, 7, 2), np.int64)
         self.btab = np.zeros((n_layer, 7, 2), np.int64)
         self.rot_sel = np.array([b.attn.rope for b in layers], np.int64)
         self.windows = np.array([b.attn.window for b in layers], np.int64)
@@ -413,7 +414,7 @@ class Stack:
             for g, idx in enumerate(_GROUPS):
                 self.ktab[4 * il + g] = [int(lins[i].w.type) for i in idx]
             norms = (b.attn_norm, b.attn.q_norm, b.attn.k_norm, b.attn_post_norm, b.ffn_norm,
-                     b.ffn_post_norm)
+                     b.ffn_post_norm, b.attn.sinks)
             for i, w in enumerate(norms):
                 self.ntab[il, i] = self._vector(w)
             self.macs += sum(lin.w.shape[0] * lin.w.shape[1] for lin in lins)

@@ -75,6 +75,8 @@ class Weights:
         if optional and not self.has(name):
             return None
         t = self.info(name, shape)
+        if len(shape) == 2 and name.endswith(".bias"):  # experts' biases: a row each
+            return vector(t).reshape(shape)
         if len(shape) == 2:
             return QMatrix.from_tensor(t)
         if len(shape) == 3:
