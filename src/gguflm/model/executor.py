@@ -92,8 +92,12 @@ def _team_differs(blocks: list[Block]) -> str:
     """Why the team (one table for every layer) cannot take these layers, or ''."""
     for il, b in enumerate(blocks):
         if isinstance(b.ffn, Experts):
+            slow = next((m for m in (*b.ffn.gate, *b.ffn.up, *b.ffn.down)
+                         if m.type not in COMPILED_TYPES), None)
             return (f"layer {il}'s FFN is a mixture of experts, run op by op: the router, "
-                    f"the top-k and each chosen expert's products")
+                    f"the top-k and each chosen expert's products" + (
+                        f"; {slow.name} is {slow.type.ggml_name}, whose products dequantize "
+                        f"(no compiled product yet)" if slow is not None else ""))
     def shape(b: Block) -> tuple:
         a, f = b.attn, b.ffn
         return (tuple(lin.w.shape for lin in (a.q, a.k, a.v, a.o, f.gate, f.up, f.down)),
