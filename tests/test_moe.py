@@ -137,3 +137,20 @@ def test_attention_sinks_match_a_float64_softmax() -> None:
         twin = attend_twin(q, [k.transpose(1, 0, 2)] * 3, [v.transpose(1, 0, 2)] * 3, pos,
                            window, 0.4, 0.0, False, sinks=sinks)
         np.testing.assert_allclose(twin, got, atol=1e-6)
+
+
+def test_mxfp4_experts_run_and_the_plan_says_how(reference: Path, tmp_path: Path) -> None:
+    """gpt-oss's usual file: experts in MXFP4 (our quantizer, as llama-quantize's
+    MXFP4_MOE). They run (dequantizing products) and the plan names them."""
+    from gguflm.cli import main
+
+    model, folder = _model(reference, "gpt-oss")
+    out = tmp_path / "mxfp4.gguf"
+    assert main(["quantize", str(folder / "tiny-gpt-oss-f16.gguf"), str(out),
+                 "MXFP4_MOE"]) == 0
+    q = gguflm.load_model(out)
+    assert "blk.0.ffn_gate_exps.weight[0] is MXFP4" in q.plan.describe()
+    ids = np.array([5, 300, 77, 1200, 9])
+    got, want = q.logits(ids), model.logits(ids)
+    assert np.isfinite(got).all()
+    assert np.corrcoef(got[-1], want[-1])[0, 1] > 0.9
