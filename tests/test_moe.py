@@ -154,3 +154,16 @@ def test_mxfp4_experts_run_and_the_plan_says_how(reference: Path, tmp_path: Path
     got, want = q.logits(ids), model.logits(ids)
     assert np.isfinite(got).all()
     assert np.corrcoef(got[-1], want[-1])[0, 1] > 0.9
+
+
+def test_a_model_larger_than_memory_is_announced(capsys, reference: Path) -> None:
+    from gguflm.cli.common import say_if_larger_than_memory
+
+    path = reference / "arch" / "qwen3moe" / "tiny-qwen3moe-f16.gguf"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    say_if_larger_than_memory(path, available=1000)
+    err = capsys.readouterr().err
+    assert err.startswith("note: the model (0.0 GB) is larger than the memory available")
+    say_if_larger_than_memory(path, available=1 << 40)
+    assert capsys.readouterr().err == ""

@@ -282,7 +282,33 @@ def load_model(name: str, threads: int | None = None,
     refuse_encoder(model, path)
     tokenizer = Tokenizer.from_gguf(model.gguf)
     say_if_not_compiled(model)
+    say_if_larger_than_memory(path)
     return Loaded(path, model, tokenizer, time.perf_counter() - t0)
+
+
+def memory_available() -> int | None:
+    """Bytes of memory the system can give without swapping (``MemAvailable``), or None
+    where /proc/meminfo does not say."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def say_if_larger_than_memory(path: Any, available: int | None = None) -> None:
+    """A ``note:`` when the model file is larger than the memory available: it still runs
+    (its weights stay memory-mapped, and the pages a token needs, such as the experts it
+    is routed to, are read from the file on demand), but slower."""
+    available = memory_available() if available is None else available
+    size = os.path.getsize(path)
+    if available is not None and size > available:
+        print(f"note: the model ({size / 1e9:.1f} GB) is larger than the memory available "
+              f"({available / 1e9:.1f} GB): it runs from the memory-mapped file, reading "
+              f"the weights each token needs from disk as it goes (slower)", file=sys.stderr)
 
 
 def say_if_not_compiled(model: Any) -> None:

@@ -21,6 +21,7 @@ from .common import (
     non_negative_int,
     positive_int,
     say_if_compiling,
+    say_if_larger_than_memory,
     say_if_not_compiled,
 )
 
@@ -136,6 +137,7 @@ def load_llm(args: argparse.Namespace, parallel: int | None = None,  # noqa: ANN
     elif args.model in KNOWN_MODELS:
         llm.model_id = args.model  # the name the user gave, as clients will see it
     say_if_not_compiled(llm.model)
+    say_if_larger_than_memory(path)
     if getattr(args, "warmup", True):
         say_if_compiling()
         llm.warm_up()  # the first request should not pay for loading the kernels
