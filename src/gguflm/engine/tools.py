@@ -189,12 +189,14 @@ def tool_call_grammar(tools: Sequence[Tool], choice: str | Tool, fmt: str,
     try:
         return lark_grammar(text, param="tools")
     except ConstraintError as e:
-        # name the tool whose parameters failed (llguidance reports the rule: fn<i>)
+        # name the tool whose parameters failed (llguidance reports the rule: fn<i>, as a
+        # whole word: 'fn5' is a prefix of 'fn554')
         msg = str(e)
-        for i, tool in enumerate(chosen):
-            if f"fn{i}" in msg:
-                raise ConstraintError(f"function {tool.name!r}: {msg}", param="tools",
-                                      code=e.code) from None
+        found = regex.search(r"\bfn(\d+)\b", msg)
+        if found and int(found.group(1)) < len(chosen):
+            i = int(found.group(1))
+            raise ConstraintError(f"function {chosen[i].name!r}: {msg}", param="tools",
+                                  code=e.code) from None
         raise
 
 
