@@ -30,7 +30,7 @@ from typing import Any
 from .engine.errors import InvalidRequestError
 from .engine.params import sampler_params
 from .engine.scheduler import DEFAULT_MAX_QUEUE, DEFAULT_SLOTS, QueueFullError, default_n_ctx
-from .engine.sequence import Request
+from .engine.sequence import Request, check_logit_bias
 from .engine.sequence import Sequence as EngineSequence
 from .engine.stops import StopError, check_stops
 from .tokenizer.chat import (
@@ -198,10 +198,14 @@ class LLM:
         lookup = sampling.pop("lookup", None)
         lookup = self.lookup if lookup is None else _check_lookup(lookup)
         try:
+            bias = check_logit_bias(sampling.pop("logit_bias", None), self.tokenizer.n_vocab)
+        except ValueError as e:
+            raise InvalidRequestError(str(e), param="logit_bias") from None
+        try:
             params = sampler_params(sampling | {"seed": seed})
         except SamplingError as e:
             raise InvalidRequestError(str(e), param=getattr(e, "param", None)) from None
-        return Request(ids, params, max_tokens, stops, constraint, lookup)
+        return Request(ids, params, max_tokens, stops, constraint, lookup, bias)
 
     def _run(self, req: Request, cancel: Callable[[], bool] | None
              ) -> tuple[EngineSequence, Iterator[str]]:
@@ -244,8 +248,10 @@ class LLM:
         Sampling: ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``min_p``,
         ``typical_p``, ``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``,
         ``frequency_penalty`` and ``seed``; what is not given takes llama.cpp's default.
-        ``echo`` puts the prompt before the completion. ``cancel``, if given, is polled
-        between tokens: True ends the generation there (``finish_reason`` "cancelled").
+        ``logit_bias`` (OpenAI's ``{token id: bias}``, bias -100..100) is added to the
+        logits before sampling (see ``engine.sequence.check_logit_bias``). ``echo`` puts
+        the prompt before the completion. ``cancel``, if given, is polled between tokens:
+        True ends the generation there (``finish_reason`` "cancelled").
         Structured output (at most one): ``response_format`` (OpenAI's ``{"type":
         "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name", "schema"}}``),
         ``json_schema`` (a schema), ``grammar`` (GBNF or Lark text), ``regex``: every token

@@ -60,6 +60,7 @@ _COMMON_FIELDS: dict[str, tuple[tuple[type, ...], str]] = SAMPLING_FIELDS | {
     "n": ((int,), "an integer"),
     "user": ((str,), "a string"),
     "lookup": ((int,), "an integer"),  # prompt-lookup drafts (engine/lookup.py)
+    "logit_bias": ((dict, list), "an object mapping token ids to biases"),
 }
 # structured output (engine/grammar.py): OpenAI's response_format, llama-server's fields
 _COMMON_FIELDS |= {
@@ -139,6 +140,8 @@ def _options(body: dict[str, Any], max_tokens: Any) -> dict[str, Any]:
     opts.update(max_tokens=max_tokens, stop=body.get("stop"), seed=body.get("seed"))
     if body.get("lookup") is not None:  # else the server's --lookup
         opts["lookup"] = body["lookup"]
+    if body.get("logit_bias") is not None:
+        opts["logit_bias"] = body["logit_bias"]
     return opts
 
 
