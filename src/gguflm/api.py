@@ -93,6 +93,7 @@ class LLM:
         from . import load_model
         from .engine.scheduler import Engine
         from .hub import DEFAULT_MODEL, KNOWN_MODELS, resolve_model
+        from .model.kv_cache import ArenaTooLargeError
         from .quant.matrix import entry_point_defaults
         from .tokenizer import Tokenizer
 
@@ -127,8 +128,11 @@ class LLM:
             int(self.model.config.n_ctx_train or 0))
         self.chat_template = ChatTemplate.for_tokenizer(
             self.tokenizer, self.model.gguf.metadata, override=chat_template)
-        self.engine = Engine(self.model, self.tokenizer, n_ctx=self.n_ctx, n_slots=parallel,
-                             threads=self.threads, max_queue=max_queue)
+        try:
+            self.engine = Engine(self.model, self.tokenizer, n_ctx=self.n_ctx,
+                                 n_slots=parallel, threads=self.threads, max_queue=max_queue)
+        except ArenaTooLargeError as e:  # checked before anything is allocated
+            raise InvalidRequestError(str(e), param="n_ctx") from None
         # usage and finish reason of the last run, however it ended (None: not ended)
         self.last_run: dict[str, Any] | None = None
         self._max_token_bytes: int | None = None  # the longest token's text (see _check_fits)
@@ -482,11 +486,13 @@ class LLM:
 
     def create_embedding(self, input: str | Sequence[Any], model: str | None = None,  # noqa: A002
                          *, encoding_format: str = "float", pooling: str | None = None,
-                         normalize: bool | int = True, **unused: Any) -> dict[str, Any]:
+                         normalize: bool | int = True, cancel: Callable[[], bool] | None = None,
+                         **unused: Any) -> dict[str, Any]:
         """An OpenAI ``embeddings`` response (llama-cpp-python's name): ``data`` holds one
         ``{"object": "embedding", "index", "embedding"}`` per input, the vector as floats or
         (``encoding_format="base64"``) as base64 of little-endian float32, as OpenAI sends
-        it; ``usage`` counts the tokens."""
+        it; ``usage`` counts the tokens. ``cancel``, if given, is polled while the vectors
+        are computed: True cancels them (InvalidRequestError, code ``cancelled``)."""
         if encoding_format not in ("float", "base64"):
             raise InvalidRequestError("encoding_format must be 'float' or 'base64', got "
                                       f"{encoding_format!r}", param="encoding_format")
@@ -500,7 +506,7 @@ class LLM:
             raise InvalidRequestError("pooling 'none' gives a vector per token, which the "
                                       "OpenAI format cannot hold; use LLM.embed",
                                       param="pooling")
-        vectors, n_tokens = self._embed(items, pooling, normalize)
+        vectors, n_tokens = self._embed(items, pooling, normalize, cancel)
         if dims is not None and dims != self.model.config.n_embd:
             raise InvalidRequestError(f"dimensions: this model's embeddings have "
                                       f"{self.model.config.n_embd}", param="dimensions")
@@ -512,10 +518,11 @@ class LLM:
         return {"object": "list", "data": data, "model": model or self.model_id,
                 "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
 
-    def _embed(self, items: list[Any], pooling: str | None, normalize: bool | int
-               ) -> tuple[list[Any], int]:
-        """The vectors of ``items`` (texts or id lists) and their token count: all
-        submitted to the engine at once, so they are computed together."""
+    def _embed(self, items: list[Any], pooling: str | None, normalize: bool | int,
+               cancel: Callable[[], bool] | None = None) -> tuple[list[Any], int]:
+        """The vectors of ``items`` (texts or id lists) and their token count, computed
+        together, up to one per slot at a time (so that one request of many inputs takes at
+        most that share of the queue and the engine, and others go in between)."""
         from .engine.embed import EmbedRequest
 
         if not items:
@@ -541,22 +548,36 @@ class LLM:
                                           "a list of them", param="input")
             req = self._request(ids, 0, None, None, {})  # the same checks as a prompt's
             reqs.append(EmbedRequest(req.prompt_ids, pooling=pooling, normalize=norm))
-        seqs = []
-        try:
-            for req in reqs:
-                try:
-                    seqs.append(self.engine.submit(req))
-                except ValueError as e:
-                    raise InvalidRequestError(str(e), param="input") from None
-            for seq in seqs:
-                seq.wait()
-        finally:
-            for seq in seqs:
-                seq.cancel()  # a no-op for those that ended
+        seqs = self._embed_waves(reqs, cancel or (lambda: False))
         for seq in seqs:
             if seq.embedding is None:
                 raise RuntimeError(f"embedding failed: {seq.error or seq.finish_reason}")
         return [s.embedding for s in seqs], sum(len(r.prompt_ids) for r in reqs)
+
+    def _embed_waves(self, reqs: list[Any], cancel: Callable[[], bool]) -> list[Any]:
+        """Run ``reqs``, at most ``n_slots`` of them in the engine at once; ``cancel()``
+        True cancels them all (InvalidRequestError, code ``cancelled``)."""
+        seqs: list[Any] = []
+        wave = max(1, self.engine.n_slots)
+        try:
+            for i, req in enumerate(reqs):
+                while i - wave >= 0 and not seqs[i - wave].wait(0.05):
+                    if cancel():
+                        raise InvalidRequestError("the request was cancelled", param="input",
+                                                  code="cancelled")
+                try:
+                    seqs.append(self.engine.submit(req))
+                except ValueError as e:  # QueueFullError is not one: 503 for the server
+                    raise InvalidRequestError(str(e), param="input") from None
+            for seq in seqs:
+                while not seq.wait(0.05):
+                    if cancel():
+                        raise InvalidRequestError("the request was cancelled",
+                                                  param="input", code="cancelled")
+        finally:
+            for seq in seqs:
+                seq.cancel()  # a no-op for those that ended
+        return seqs
 
     def _check_pooling(self, pooling: str | None) -> str:
         """``pooling`` checked; None: the file's ``pooling_type``, else mean."""

@@ -146,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..engine.scheduler import N_BATCH, Engine
     from ..engine.sequence import PREFILL, WAITING, Request
+    from ..model.kv_cache import ArenaTooLargeError
 
     path, model, tokenizer, load_seconds = load_model(args.model, args.threads,
                                                       load_options(args))
@@ -162,8 +163,11 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress("prompt", len(prompt), "tokens",
                         enabled=len(prompt) > PROGRESS_TOKENS and not args.json)
     # smaller steps when the progress is shown, so that it moves (the logits are the same)
-    engine = Engine(model, tokenizer, n_ctx=n_ctx, n_slots=1, threads=args.threads,
-                    n_batch=128 if progress.enabled else N_BATCH)
+    try:
+        engine = Engine(model, tokenizer, n_ctx=n_ctx, n_slots=1, threads=args.threads,
+                        n_batch=128 if progress.enabled else N_BATCH)
+    except ArenaTooLargeError as e:  # checked before anything is allocated
+        raise CLIError(f"-c {n_ctx}: {e}") from None
     try:
         seq = engine.submit(Request(prompt, params, n_predict, stops,
                                     make_constraint(spec, tokenizer), args.lookup))

@@ -62,6 +62,11 @@ def add_access_options(p: argparse.ArgumentParser) -> None:
                    help="let web pages from ORIGIN (scheme://host[:port], or * for any) use "
                         "the API; repeat or separate with commas (default: only the server's "
                         "own page)")
+    p.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=[],
+                   metavar="NAME",
+                   help="also answer requests for the host NAME (a DNS name this server is "
+                        "reached by; * for any); repeat or separate with commas (default: IP "
+                        "addresses, localhost and the --host name; see docs/security.md)")
     p.add_argument("--api-key", metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on the API (not on /health or "
                         "the page, which asks for it); default: $GGUFLM_API_KEY if set")
@@ -69,7 +74,7 @@ def add_access_options(p: argparse.ArgumentParser) -> None:
 
 def access_options(args: argparse.Namespace) -> dict:
     """``make_server`` keyword arguments from --no-webui, --cors and --api-key."""
-    from ..access import check_origin
+    from ..access import check_host, check_origin
 
     cors = [o for value in args.cors for o in value.split(",") if o.strip()]
     for origin in cors:
@@ -80,7 +85,14 @@ def access_options(args: argparse.Namespace) -> dict:
     key = args.api_key if args.api_key is not None else os.environ.get("GGUFLM_API_KEY") or None
     if key is not None and not key.strip():
         raise CLIError("--api-key must not be empty")
-    return {"webui": args.webui, "cors": cors, "api_key": key and key.strip()}
+    hosts = [h for value in args.allowed_hosts for h in value.split(",") if h.strip()]
+    for host in hosts:
+        try:
+            check_host(host)
+        except ValueError as e:
+            raise CLIError(f"--allowed-host: {e}") from None
+    return {"webui": args.webui, "cors": cors, "api_key": key and key.strip(),
+            "allowed_hosts": hosts}
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
