@@ -34,7 +34,7 @@ import numpy as np
 from ..tokenizer.unicode_data import UNICODE_TO_BYTE
 from ..tokenizer.vocab import Attr
 from .errors import ConstraintError, ConstraintFailure
-from .grammar import LIMITS, one_line
+from .grammar import limits_for, one_line
 
 if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
@@ -160,7 +160,7 @@ def _matcher(entry: _TokEntry, grammar: Grammar) -> llguidance.LLMatcher:
         if cached is None:
             before = _resident_bytes()
             template = llguidance.LLMatcher(entry.ll, grammar.ll_grammar, log_level=0,
-                                            limits=LIMITS)
+                                            limits=limits_for(grammar.ll_grammar))
             _probe(template, grammar, entry.eos_ids, entry.ll.vocab_size)
             cost = max(_resident_bytes() - before, 4 * len(grammar.ll_grammar), 2**16)
             cached = template, cost

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
 
 __all__ = ["CONSTRAINT_PARAMS", "JSON_WHITESPACE", "Grammar", "constraint_from_request",
-           "gbnf_grammar", "json_schema_grammar", "lark_grammar", "one_line", "regex_grammar"]
+           "gbnf_grammar", "json_schema_grammar", "lark_grammar", "limits_for", "one_line",
+           "regex_grammar"]
 
 # the request fields that carry a constraint, in the order they are looked at
 CONSTRAINT_PARAMS = ("response_format", "json_schema", "grammar", "regex", "lark")
@@ -43,10 +44,20 @@ _JSON_STRICT = {"lenient": False, "coerce_one_of": False}
 
 # llguidance's resource limits, tighter than its defaults where a few bytes of grammar could
 # cost seconds and hundreds of MB (``(c{1000}){1000}``: 8 s and 140 MB with the defaults):
-# the lexer's fuel and states bound a grammar's compiled size, and errors never carry
-# llguidance's parser state (which echoed the grammar and internals back to the client).
-LIMITS = llguidance.LLParserLimits(initial_lexer_fuel=200_000, max_lexer_states=50_000,
-                                   verbose_errors=False)
+# the lexer's fuel grows with the grammar's text (the work is in proportion to what the client
+# sent: a 20-byte regex gets 200k, ~4 ms; 3,000 tools, 1 MB, get 20M), its states bound its
+# memory (1-2 kB each), and errors never carry llguidance's parser state (which echoed the
+# grammar and internals back to the client).
+MIN_LEXER_FUEL = 200_000
+LEXER_FUEL_PER_BYTE = 20
+MAX_LEXER_STATES = 50_000
+
+
+def limits_for(ll_grammar: str) -> llguidance.LLParserLimits:
+    """The limits a grammar is validated and compiled under (see above)."""
+    return llguidance.LLParserLimits(
+        initial_lexer_fuel=max(MIN_LEXER_FUEL, LEXER_FUEL_PER_BYTE * len(ll_grammar)),
+        max_lexer_states=MAX_LEXER_STATES, verbose_errors=False)
 
 
 @dataclass(frozen=True)
@@ -79,7 +90,7 @@ def _validate(ll_grammar: str, param: str, what: str,
 
         ll = ll_tokenizer(tokenizer)
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-        ll_grammar, ll, limits=LIMITS)
+        ll_grammar, ll, limits=limits_for(ll_grammar))
     if ll is None:  # special token names are checked once compiled for a vocabulary
         messages = [m for m in messages if "no tokenizer" not in m]
     if messages:  # a warning is something llguidance ignored or changed: refused as well
