@@ -209,11 +209,12 @@ function codeBlock(code, lang) {
 // 10 strikethrough; 11 bare URL.
 // Every span is bounded (SPAN characters): an unbounded lazy scan runs to the end of the
 // text from each opener that never closes ('**a **a **a ...': square in the text, per render).
-const SPAN = 1000;
+const SPAN = 300;
+const LINK = 200; // a link's text: what follows each '[' (a common character) is scanned
 const INLINE = new RegExp([
   /\\([\\`*_{}[\]()#+\-.!~|<>])/.source,
   `(\`+)([^\`]|[^\`][\\s\\S]{0,${SPAN}}?[^\`])\\2(?!\`)`,
-  `\\[([^\\]\\n]{1,${SPAN}})\\]\\(\\s*<?([^\\s<>()]{0,${SPAN}})>?(?:\\s+"[^"\\n]{0,${SPAN}}")?\\s*\\)`,
+  `\\[([^\\]\\n]{1,${LINK}})\\]\\(\\s*<?([^\\s<>()]{0,2048})>?(?:\\s+"[^"\\n]{0,${LINK}}")?\\s*\\)`,
   `\\*\\*(?!\\s)([\\s\\S]{0,${SPAN}}?\\S)\\*\\*`,
   `(?<!\\w)__(?!\\s)([\\s\\S]{0,${SPAN}}?\\S)__(?!\\w)`,
   `\\*(?![\\s*])([^*\\n]{0,${SPAN}}?[^\\s*])\\*`,
