@@ -119,6 +119,7 @@ _MATCHER_CACHE_SIZE = 32
 # KB for most schemas; tens of MB for a lexer near LIMITS), so a count alone bounds nothing
 MATCHER_CACHE_BYTES = 256 * 2**20
 PROBE_STEPS = 4  # steps walked through a new grammar before it is accepted (see _probe)
+RELEASE_BYTES = 8 * 2**20  # heap returned to the system after dropping this much grammar
 
 
 def _entry(tokenizer: Tokenizer) -> _TokEntry:
@@ -159,16 +160,27 @@ def _matcher(entry: _TokEntry, grammar: Grammar) -> llguidance.LLMatcher:
         cached = entry.matchers.get(grammar.ll_grammar)
         if cached is None:
             before = _resident_bytes()
-            template = llguidance.LLMatcher(entry.ll, grammar.ll_grammar, log_level=0,
-                                            limits=limits_for(grammar.ll_grammar))
-            _probe(template, grammar, entry.eos_ids, entry.ll.vocab_size)
-            cost = max(_resident_bytes() - before, 4 * len(grammar.ll_grammar), 2**16)
+            accepted = False
+            try:
+                template = llguidance.LLMatcher(entry.ll, grammar.ll_grammar, log_level=0,
+                                                limits=limits_for(grammar.ll_grammar))
+                _probe(template, grammar, entry.eos_ids, entry.ll.vocab_size)
+                accepted = True
+            finally:
+                cost = max(_resident_bytes() - before, 4 * len(grammar.ll_grammar), 2**16)
+                if not accepted:
+                    template = None  # dropped before the memory is given back
+                if not accepted or cost > RELEASE_BYTES:
+                    release_memory()
             cached = template, cost
             entry.matchers[grammar.ll_grammar] = cached
+            evicted = 0
             while len(entry.matchers) > 1 and (
                     len(entry.matchers) > _MATCHER_CACHE_SIZE
                     or sum(c for _, c in entry.matchers.values()) > MATCHER_CACHE_BYTES):
-                entry.matchers.popitem(last=False)
+                evicted += entry.matchers.popitem(last=False)[1][1]
+            if evicted > RELEASE_BYTES:
+                release_memory()
         else:
             entry.matchers.move_to_end(grammar.ll_grammar)
         return cached[0].deep_copy()
@@ -209,6 +221,26 @@ def _short_error(m: llguidance.LLMatcher) -> str:
     if "NoExtensionBias" in msg or not msg:
         return "it allows no output here (such as a rule that only refers to itself)"
     return msg[:300]
+
+
+def release_memory() -> None:
+    """Give freed heap memory back to the system (glibc's ``malloc_trim``): llguidance
+    frees a big grammar's memory when it is dropped, but glibc keeps it in the arena of the
+    thread that compiled it, so a server's resident size would only grow."""
+    global _TRIM
+    if _TRIM is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None
 
 
 def _resident_bytes() -> int:
