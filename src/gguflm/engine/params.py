@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -106,8 +107,8 @@ def _check_range(prm: Param, value: Any) -> None:
     """``value`` is a number of ``prm``'s type within its range (SamplingError naming the
     keyword otherwise): no value reaches the sampler that overflows its arithmetic (a
     history of 2**63 tokens, a penalty that is 0 or infinite as a float32)."""
-    ok = _is_int(value) if prm.type is int else (
-        isinstance(value, int | float) and not isinstance(value, bool))
+    ok = not isinstance(value, bool) and isinstance(
+        value, numbers.Integral if prm.type is int else numbers.Real)
     if not ok or not prm.lo <= value <= prm.hi:  # NaN fails both comparisons
         what = "an integer" if prm.type is int else "a number"
         err = SamplingError(f"{prm.name} must be {what} in {_num(prm.lo)}..{_num(prm.hi)}, "
