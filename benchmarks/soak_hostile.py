@@ -132,6 +132,13 @@ def health(port: int) -> tuple[int, float, dict]:
     return resp.status, ms, body
 
 
+def wait_idle(port: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (health(port)[2].get("queue")
+                                           or health(port)[2].get("slots_processing")):
+        time.sleep(0.5)
+
+
 def best_health_ms(port: int, tries: int = 5) -> float:
     return min(health(port)[1] for _ in range(tries))
 
@@ -141,6 +148,12 @@ def soak(srv: Server, port: int, args: argparse.Namespace) -> bool:
     expected = {p: complete(port, {"prompt": p, "max_tokens": args.max_tokens,
                                    "temperature": 0}) for p in ps}
     embeddings = {p: embed(port, p) for p in ps}
+    # the warm-up includes each attack once: what the server builds once and keeps (the
+    # grammar engine's view of the vocabulary, the worker threads) is not growth
+    rss_cold = srv.rss_mib()
+    for _, _, send in attacks(port):
+        send()
+    wait_idle(port)
     rss0 = srv.rss_mib()
     results: list[tuple[str, object, bool]] = []
     lock = threading.Lock()
@@ -193,10 +206,7 @@ def soak(srv: Server, port: int, args: argparse.Namespace) -> bool:
                                                          and t.startswith("HTTP "))]
     mixed = [(p, t) for p, t, h in results if not h and t is not None and (p, t) not in lost
              and t != (embeddings[p] if isinstance(t, list) else expected[p])]
-    deadline = time.monotonic() + 60  # the abandoned work is cancelled, the queue drains
-    while time.monotonic() < deadline and (health(port)[2].get("queue")
-                                           or health(port)[2].get("slots_processing")):
-        time.sleep(0.5)
+    wait_idle(port)  # the abandoned work is cancelled, the queue drains
     status, _, body = health(port)
     ms = best_health_ms(port)
     time.sleep(2)
@@ -207,7 +217,8 @@ def soak(srv: Server, port: int, args: argparse.Namespace) -> bool:
           f"on purpose): {len(lost)} lost, {len(mixed)} mixed up, {len(wrong)} attacks "
           f"answered wrongly, {internal} internal errors logged; /health {status} in "
           f"{ms:.0f} ms, queue {body.get('queue')}, slots busy {body.get('slots_processing')}; "
-          f"RSS {rss0:.0f} -> {rss1:.0f} MiB ({(rss1 / rss0 - 1) * 100:+.1f}%)")
+          f"RSS {rss0:.0f} -> {rss1:.0f} MiB ({(rss1 / rss0 - 1) * 100:+.1f}%; {rss_cold:.0f} MiB "
+          "before the warm-up's attacks)")
     for line in wrong[:5]:
         print(f"  wrong: {line}")
     for p, t in (lost + mixed)[:3]:

@@ -34,7 +34,7 @@ import numpy as np
 from ..tokenizer.unicode_data import UNICODE_TO_BYTE
 from ..tokenizer.vocab import Attr
 from .errors import ConstraintError, ConstraintFailure
-from .grammar import limits_for, one_line
+from .grammar import limits_for, one_line, release_memory
 
 if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
@@ -119,7 +119,7 @@ _MATCHER_CACHE_SIZE = 32
 # KB for most schemas; tens of MB for a lexer near LIMITS), so a count alone bounds nothing
 MATCHER_CACHE_BYTES = 256 * 2**20
 PROBE_STEPS = 4  # steps walked through a new grammar before it is accepted (see _probe)
-RELEASE_BYTES = 8 * 2**20  # heap returned to the system after dropping this much grammar
+RELEASE_BYTES = 8 * 2**20  # heap given back to the system after dropping this much grammar
 
 
 def _entry(tokenizer: Tokenizer) -> _TokEntry:
@@ -221,26 +221,6 @@ def _short_error(m: llguidance.LLMatcher) -> str:
     if "NoExtensionBias" in msg or not msg:
         return "it allows no output here (such as a rule that only refers to itself)"
     return msg[:300]
-
-
-def release_memory() -> None:
-    """Give freed heap memory back to the system (glibc's ``malloc_trim``): llguidance
-    frees a big grammar's memory when it is dropped, but glibc keeps it in the arena of the
-    thread that compiled it, so a server's resident size would only grow."""
-    global _TRIM
-    if _TRIM is None:
-        import ctypes
-        import ctypes.util
-
-        try:
-            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _TRIM = False
-    if _TRIM:
-        _TRIM(0)
-
-
-_TRIM: Any = None
 
 
 def _resident_bytes() -> int:

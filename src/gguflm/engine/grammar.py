@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CONSTRAINT_PARAMS", "JSON_WHITESPACE", "Grammar", "constraint_from_request",
            "gbnf_grammar", "json_schema_grammar", "lark_grammar", "limits_for", "one_line",
-           "regex_grammar"]
+           "regex_grammar", "release_memory"]
 
 # the request fields that carry a constraint, in the order they are looked at
 CONSTRAINT_PARAMS = ("response_format", "json_schema", "grammar", "regex", "lark")
@@ -89,8 +89,12 @@ def _validate(ll_grammar: str, param: str, what: str,
         from .constraints import ll_tokenizer  # (it imports this module)
 
         ll = ll_tokenizer(tokenizer)
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-        ll_grammar, ll, limits=limits_for(ll_grammar))
+    try:
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            ll_grammar, ll, limits=limits_for(ll_grammar))
+    finally:
+        if len(ll_grammar) > 2**16:  # what checking a big grammar took, given back
+            release_memory()
     if ll is None:  # special token names are checked once compiled for a vocabulary
         messages = [m for m in messages if "no tokenizer" not in m]
     if messages:  # a warning is something llguidance ignored or changed: refused as well
@@ -99,6 +103,26 @@ def _validate(ll_grammar: str, param: str, what: str,
             raise ConstraintError(f"unsupported JSON schema feature: {msg}", param=param,
                                   code="unsupported_schema")
         raise ConstraintError(f"invalid {what}: {msg}", param=param)
+
+
+def release_memory() -> None:
+    """Give freed heap memory back to the system (glibc's ``malloc_trim``): llguidance
+    frees a big grammar's memory when it is dropped, but glibc keeps it in the arena of the
+    thread that compiled it, so a server's resident size would only grow."""
+    global _TRIM
+    if _TRIM is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None
 
 
 def _unsupported(msg: str) -> bool:
