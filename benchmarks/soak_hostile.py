@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_serve import Server  # noqa: E402 - the same server process helper
-from check_serve import complete, embed, prompts  # noqa: E402
+from check_serve import complete, embed, prompts, soak_request  # noqa: E402
 
 HOST = "127.0.0.1"
 
@@ -162,18 +162,9 @@ def soak(srv: Server, port: int, args: argparse.Namespace) -> bool:
     wrong: list[str] = []
 
     def one(i: int) -> None:
-        p = ps[i % len(ps)]
-        if i % 7 == 3:
-            vec = embed(port, p)
-            with lock:
-                results.append((p, vec, False))
-            return
-        stream = i % 2 == 0
-        hang = stream and i % 10 == 0
-        text = complete(port, {"prompt": p, "max_tokens": args.max_tokens, "temperature": 0,
-                               "stream": stream}, hang_up=hang)
+        got = soak_request(port, ps, i, args.max_tokens)
         with lock:
-            results.append((p, text, hang))
+            results.append(got)
 
     def attacker(offset: int) -> None:
         todo = attacks(port)
@@ -325,13 +316,10 @@ def fuzz(srv: Server, port: int, args: argparse.Namespace) -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=("soak", "fuzz"))
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("-np", "--parallel", type=int, default=8)
-    ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--minutes", type=float, default=10)
+    for flag, default in (("--model", "smollm2-135m"), ("--parallel", 8), ("--threads", 2),
+                          ("--requests", 200), ("--clients", 16), ("--max-tokens", 48),
+                          ("--minutes", 10.0)):
+        ap.add_argument(flag, type=type(default), default=default)
     args = ap.parse_args()
     from gguflm.hub import resolve_model
 

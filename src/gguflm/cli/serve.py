@@ -73,26 +73,28 @@ def add_access_options(p: argparse.ArgumentParser) -> None:
 
 
 def access_options(args: argparse.Namespace) -> dict:
-    """``make_server`` keyword arguments from --no-webui, --cors and --api-key."""
+    """``make_server`` keyword arguments from --no-webui, --cors, --allowed-host and
+    --api-key."""
     from ..access import check_host, check_origin
 
-    cors = [o for value in args.cors for o in value.split(",") if o.strip()]
-    for origin in cors:
-        try:
-            check_origin(origin)
-        except ValueError as e:
-            raise CLIError(f"--cors: {e}") from None
+    cors = _listed(args.cors, check_origin, "--cors")
+    hosts = _listed(args.allowed_hosts, check_host, "--allowed-host")
     key = args.api_key if args.api_key is not None else os.environ.get("GGUFLM_API_KEY") or None
     if key is not None and not key.strip():
         raise CLIError("--api-key must not be empty")
-    hosts = [h for value in args.allowed_hosts for h in value.split(",") if h.strip()]
-    for host in hosts:
-        try:
-            check_host(host)
-        except ValueError as e:
-            raise CLIError(f"--allowed-host: {e}") from None
     return {"webui": args.webui, "cors": cors, "api_key": key and key.strip(),
             "allowed_hosts": hosts}
+
+
+def _listed(values: list[str], check, flag: str) -> list[str]:  # noqa: ANN001 - a checker
+    """A repeatable, comma-separated option's items, each checked (CLIError naming ``flag``)."""
+    items = [v for value in values for v in value.split(",") if v.strip()]
+    for item in items:
+        try:
+            check(item)
+        except ValueError as e:
+            raise CLIError(f"{flag}: {e}") from None
+    return items
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
