@@ -76,6 +76,20 @@ def embed(port: int, text: str, timeout: float = 600) -> list[float] | None:
         conn.close()
 
 
+def soak_request(port: int, ps: list[str], i: int, max_tokens: int
+                 ) -> tuple[str, str | list[float] | None, bool]:
+    """The soak's request ``i``: (its prompt, its answer, whether it hung up on purpose).
+    Every seventh an embedding, the rest completions, every other one streamed and every
+    fifth streamed one hanging up after its first piece."""
+    p = ps[i % len(ps)]
+    if i % 7 == 3:
+        return p, embed(port, p), False
+    stream = i % 2 == 0
+    hang = stream and i % 10 == 0
+    return p, complete(port, {"prompt": p, "max_tokens": max_tokens, "temperature": 0,
+                              "stream": stream}, hang_up=hang), hang
+
+
 def prompts(n: int) -> list[str]:
     subjects = ["cats", "the ocean", "a robot", "winter", "bread", "trains", "the moon",
                 "gardens", "music", "mountains", "a clock", "bees", "rivers", "a library",
@@ -123,18 +137,9 @@ def main() -> int:
         lock = threading.Lock()
 
         def one(i: int) -> None:
-            p = ps[i % len(ps)]
-            if i % 7 == 3:
-                vec = embed(port, p)
-                with lock:
-                    results.append((p, vec, False))
-                return
-            stream = i % 2 == 0
-            hang = stream and i % 10 == 0
-            text = complete(port, {"prompt": p, "max_tokens": args.max_tokens,
-                                   "temperature": 0, "stream": stream}, hang_up=hang)
+            got = soak_request(port, ps, i, args.max_tokens)
             with lock:
-                results.append((p, text, hang))
+                results.append(got)
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(args.clients) as pool:

@@ -235,8 +235,9 @@ def _open_stream(server: APIServer, body: dict) -> socket.socket:
     host, port = server.server_address[:2]
     s = socket.create_connection((host, port), timeout=300)
     data = json.dumps(body).encode()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+              b"application/json\r\nContent-Length: " + str(len(data)).encode()
+              + b"\r\n\r\n" + data)
     return s
 
 

@@ -417,6 +417,30 @@ def test_markdown_renderer_keeps_hostile_text_as_text(chrome: Any, server: Serve
                     "a": ["https://example.com/x"]}
 
 
+def test_markdown_of_unclosed_openers_renders_in_linear_time(chrome: Any,
+                                                              server: Server) -> None:
+    """A reply of 64k characters of emphasis, code or link openers that never close ('**a '
+    repeated) renders about as fast as plain text of that length: every span is bounded,
+    where an unbounded lazy scan from each opener to the end of the text made each render
+    square in the text (a 16k-character reply streamed in 114 s of regex time, the tab
+    frozen)."""
+    fresh_page(chrome, server)
+    times = chrome.execute_script("""
+        const time = (text) => {
+          const t0 = performance.now();
+          window.gguflm.renderMarkdown(text);
+          return performance.now() - t0;
+        };
+        const out = {plain: Math.min(time('word '.repeat(12800)), time('word '.repeat(12800)))};
+        for (const opener of ['**a ', '__a ', '`a ', '~~a ', '[a ', '*a ', '_a '])
+          out[opener] = time(opener.repeat(Math.floor(64000 / opener.length)));
+        return out;
+    """)
+    plain = times.pop("plain")
+    for opener, ms in times.items():
+        assert ms < 30 * plain + 300, (opener, ms, plain, times)
+
+
 def test_hostile_model_output_is_shown_as_text(chrome: Any, server: Server) -> None:
     """Earlier turns make the model repeat a hostile string (at temperature 0 smollm2 copies
     it); the earlier turns come from storage, the new one streams from the model."""

@@ -12,6 +12,12 @@ headers and says what to answer. The rules:
   allowed cross-origin requests carry ``Access-Control-Allow-Origin`` and ``Vary: Origin``;
   their preflight (``OPTIONS`` with ``Access-Control-Request-Method``) gets 204 with the
   allowed methods and the requested headers.
+- **Hosts.** A request's ``Host`` header must name this server: an IP address (a browser
+  that connected to an address sends that address), ``localhost`` (or a name under
+  ``.localhost``), the name the server was bound to (``--host``), or one of the names it was
+  told it serves (``--allowed-host NAME``, ``*`` for any). Anything else gets 403
+  (``code: "host_not_allowed"``): that is what a page does after DNS rebinding (its own
+  name, made to point at 127.0.0.1, so that its requests count as same-origin).
 - **API key.** With a key, every API path (not ``/health``, not the page and its assets)
   needs ``Authorization: Bearer KEY``, as OpenAI clients send it; a missing or wrong key gets
   401 with an OpenAI error object (``code: "invalid_api_key"``) and ``WWW-Authenticate:
@@ -26,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["AccessPolicy", "check_origin"]
+__all__ = ["AccessPolicy", "check_host", "check_origin"]
 
 # Paths answered without the API key: the liveness probe (load balancers and the page poll it)
 # and the page itself, which holds nothing secret and asks the person for the key.
@@ -52,6 +58,37 @@ def check_origin(value: str) -> str:
     return f"{parts.scheme}://{parts.netloc}".lower()
 
 
+def check_host(value: str) -> str:
+    """``value`` as an allowed host name (``*``: any), lower-case; ValueError if it is not
+    a host name."""
+    value = value.strip().lower().rstrip(".")
+    if value == "*" or _HOSTNAME.fullmatch(value) or _ip(value.strip("[]")):
+        return value.strip("[]")
+    raise ValueError(f"{value!r} is not a host name")
+
+
+_HOSTNAME = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_]([a-z0-9_-]{0,62}))*")
+
+
+def _ip(text: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _host_name(host: str) -> str:
+    """The name in a ``Host`` header (``name``, ``name:port``, ``[v6]:port``), lower-case."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    name, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
+    return name.rstrip(".")
+
+
 def _same_origin(origin: str, host: str | None) -> bool:
     """The page's own requests: the origin's host:port is the Host the browser asked for.
     The scheme is not compared, so a TLS proxy in front that keeps the Host header works."""
@@ -64,12 +101,30 @@ def _same_origin(origin: str, host: str | None) -> bool:
 class AccessPolicy:
     """The origin and API-key rules for one server (see the module docstring)."""
 
-    def __init__(self, cors: Iterable[str] = (), api_key: str | None = None) -> None:
+    def __init__(self, cors: Iterable[str] = (), api_key: str | None = None,
+                 hosts: Iterable[str] = ()) -> None:
+        self.hosts = frozenset(check_host(h) for h in hosts if h.strip())
         self.origins = frozenset(check_origin(o) for o in cors)
         self.any_origin = "*" in self.origins
         if api_key is not None and not api_key:
             raise ValueError("the API key must not be empty")
         self.api_key = api_key
+
+    # --- hosts ---------------------------------------------------------------------------------
+
+    def host_error(self, headers: Mapping[str, str]) -> dict[str, Any] | None:
+        """The 403 body when the ``Host`` header names a host this server was not told it
+        serves (DNS rebinding), else None."""
+        host = headers.get("Host")
+        if host is None or "*" in self.hosts:
+            return None
+        name = _host_name(host)
+        if _ip(name) or name == "localhost" or name.endswith(".localhost") \
+                or name in self.hosts:
+            return None
+        return _error(f"requests for the host {name[:100]!r} are not allowed (start the "
+                      "server with --allowed-host NAME to serve that name)",
+                      "host_not_allowed")
 
     # --- origins -------------------------------------------------------------------------------
 

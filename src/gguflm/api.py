@@ -30,7 +30,7 @@ from typing import Any
 from .engine.errors import InvalidRequestError
 from .engine.params import sampler_params
 from .engine.scheduler import DEFAULT_MAX_QUEUE, DEFAULT_SLOTS, QueueFullError, default_n_ctx
-from .engine.sequence import Request
+from .engine.sequence import Request, check_logit_bias
 from .engine.sequence import Sequence as EngineSequence
 from .engine.stops import StopError, check_stops
 from .tokenizer.chat import (
@@ -96,6 +96,7 @@ class LLM:
         from . import load_model
         from .engine.scheduler import N_BATCH, Engine
         from .hub import DEFAULT_MODEL, KNOWN_MODELS, resolve_model
+        from .model.kv_cache import ArenaTooLargeError
         from .quant.matrix import entry_point_defaults
         from .tokenizer import Tokenizer
 
@@ -138,9 +139,12 @@ class LLM:
         self.model.kv_f16 = kv_cache_type == "f16"
         self.chat_template = ChatTemplate.for_tokenizer(
             self.tokenizer, self.model.gguf.metadata, override=chat_template)
-        self.engine = Engine(self.model, self.tokenizer, n_ctx=self.n_ctx, n_slots=parallel,
-                             threads=self.threads, max_queue=max_queue,
-                             **({"n_batch": min(n_batch, N_BATCH)} if n_batch else {}))
+        try:
+            self.engine = Engine(self.model, self.tokenizer, n_ctx=self.n_ctx,
+                                 n_slots=parallel, threads=self.threads, max_queue=max_queue,
+                                 **({"n_batch": min(n_batch, N_BATCH)} if n_batch else {}))
+        except ArenaTooLargeError as e:  # checked before anything is allocated
+            raise InvalidRequestError(str(e), param="n_ctx") from None
         # usage and finish reason of the last run, however it ended (None: not ended)
         self.last_run: dict[str, Any] | None = None
         self._max_token_bytes: int | None = None  # the longest token's text (see _check_fits)
@@ -211,10 +215,14 @@ class LLM:
         lookup = sampling.pop("lookup", None)
         lookup = self.lookup if lookup is None else _check_lookup(lookup)
         try:
+            bias = check_logit_bias(sampling.pop("logit_bias", None), self.tokenizer.n_vocab)
+        except ValueError as e:
+            raise InvalidRequestError(str(e), param="logit_bias") from None
+        try:
             params = sampler_params(sampling | {"seed": seed})
         except SamplingError as e:
             raise InvalidRequestError(str(e), param=getattr(e, "param", None)) from None
-        return Request(ids, params, max_tokens, stops, constraint, lookup)
+        return Request(ids, params, max_tokens, stops, constraint, lookup, bias)
 
     def _run(self, req: Request, cancel: Callable[[], bool] | None
              ) -> tuple[EngineSequence, Iterator[str]]:
@@ -257,8 +265,10 @@ class LLM:
         Sampling: ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``min_p``,
         ``typical_p``, ``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``,
         ``frequency_penalty`` and ``seed``; what is not given takes llama.cpp's default.
-        ``echo`` puts the prompt before the completion. ``cancel``, if given, is polled
-        between tokens: True ends the generation there (``finish_reason`` "cancelled").
+        ``logit_bias`` (OpenAI's ``{token id: bias}``, bias -100..100) is added to the
+        logits before sampling (see ``engine.sequence.check_logit_bias``). ``echo`` puts
+        the prompt before the completion. ``cancel``, if given, is polled between tokens:
+        True ends the generation there (``finish_reason`` "cancelled").
         Structured output (at most one): ``response_format`` (OpenAI's ``{"type":
         "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name", "schema"}}``),
         ``json_schema`` (a schema), ``grammar`` (GBNF or Lark text), ``regex``: every token
@@ -495,11 +505,13 @@ class LLM:
 
     def create_embedding(self, input: str | Sequence[Any], model: str | None = None,  # noqa: A002
                          *, encoding_format: str = "float", pooling: str | None = None,
-                         normalize: bool | int = True, **unused: Any) -> dict[str, Any]:
+                         normalize: bool | int = True, cancel: Callable[[], bool] | None = None,
+                         **unused: Any) -> dict[str, Any]:
         """An OpenAI ``embeddings`` response (llama-cpp-python's name): ``data`` holds one
         ``{"object": "embedding", "index", "embedding"}`` per input, the vector as floats or
         (``encoding_format="base64"``) as base64 of little-endian float32, as OpenAI sends
-        it; ``usage`` counts the tokens."""
+        it; ``usage`` counts the tokens. ``cancel``, if given, is polled while the vectors
+        are computed: True cancels them (InvalidRequestError, code ``cancelled``)."""
         if encoding_format not in ("float", "base64"):
             raise InvalidRequestError("encoding_format must be 'float' or 'base64', got "
                                       f"{encoding_format!r}", param="encoding_format")
@@ -513,7 +525,7 @@ class LLM:
             raise InvalidRequestError("pooling 'none' gives a vector per token, which the "
                                       "OpenAI format cannot hold; use LLM.embed",
                                       param="pooling")
-        vectors, n_tokens = self._embed(items, pooling, normalize)
+        vectors, n_tokens = self._embed(items, pooling, normalize, cancel)
         if dims is not None and dims != self.model.config.n_embd:
             raise InvalidRequestError(f"dimensions: this model's embeddings have "
                                       f"{self.model.config.n_embd}", param="dimensions")
@@ -525,10 +537,11 @@ class LLM:
         return {"object": "list", "data": data, "model": model or self.model_id,
                 "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
 
-    def _embed(self, items: list[Any], pooling: str | None, normalize: bool | int
-               ) -> tuple[list[Any], int]:
-        """The vectors of ``items`` (texts or id lists) and their token count: all
-        submitted to the engine at once, so they are computed together."""
+    def _embed(self, items: list[Any], pooling: str | None, normalize: bool | int,
+               cancel: Callable[[], bool] | None = None) -> tuple[list[Any], int]:
+        """The vectors of ``items`` (texts or id lists) and their token count, computed
+        together, up to one per slot at a time (so that one request of many inputs takes at
+        most that share of the queue and the engine, and others go in between)."""
         from .engine.embed import EmbedRequest
 
         if not items:
@@ -554,24 +567,13 @@ class LLM:
                                           "a list of them", param="input")
             ids_list.append(ids)
         if self.model.is_encoder:
-            return (self._encoder_vectors(ids_list, pooling, norm),
+            return (self._encoder_vectors(ids_list, pooling, norm, cancel or (lambda: False)),
                     sum(len(ids) for ids in ids_list))
         reqs = []
         for ids in ids_list:
             req = self._request(ids, 0, None, None, {})  # the same checks as a prompt's
             reqs.append(EmbedRequest(req.prompt_ids, pooling=pooling, normalize=norm))
-        seqs = []
-        try:
-            for req in reqs:
-                try:
-                    seqs.append(self.engine.submit(req))
-                except ValueError as e:
-                    raise InvalidRequestError(str(e), param="input") from None
-            for seq in seqs:
-                seq.wait()
-        finally:
-            for seq in seqs:
-                seq.cancel()  # a no-op for those that ended
+        seqs = self._embed_waves(reqs, cancel or (lambda: False))
         for seq in seqs:
             if seq.embedding is None:
                 raise RuntimeError(f"embedding failed: {seq.error or seq.finish_reason}")
@@ -585,10 +587,11 @@ class LLM:
                 "it cannot generate text; use embeddings (/v1/embeddings, LLM.embed)",
                 param="model", code="model_not_supported")
 
-    def _encoder_vectors(self, ids_list: list[list[int]], pooling: str, norm: int
-                         ) -> list[Any]:
+    def _encoder_vectors(self, ids_list: list[list[int]], pooling: str, norm: int,
+                         cancel: Callable[[], bool]) -> list[Any]:
         """An encoder's vectors: every input in batched forwards (in the engine thread, as
-        the kernels want one thread), each row's numbers its own whatever its company."""
+        the kernels want one thread), each row's numbers its own whatever its company;
+        ``cancel()`` True between two forwards cancels the rest (code ``cancelled``)."""
         from .engine.embed import normalize, pool
 
         limit = self.model.config.n_ctx_train
@@ -605,9 +608,37 @@ class LLM:
                     "positions", param="input", code="context_length_exceeded")
         out: list[Any] = []
         for batch in _token_batches(ids_list, ENCODER_BATCH_TOKENS):
+            if cancel():
+                raise InvalidRequestError("the request was cancelled", param="input",
+                                          code="cancelled")
             hidden = self.engine.call(lambda b=batch: self.model.embed_batch(b))
             out += [normalize(pool(h, pooling), norm) for h in hidden]
         return out
+
+    def _embed_waves(self, reqs: list[Any], cancel: Callable[[], bool]) -> list[Any]:
+        """Run ``reqs``, at most ``n_slots`` of them in the engine at once; ``cancel()``
+        True cancels them all (InvalidRequestError, code ``cancelled``)."""
+        seqs: list[Any] = []
+        wave = max(1, self.engine.n_slots)
+        try:
+            for i, req in enumerate(reqs):
+                while i - wave >= 0 and not seqs[i - wave].wait(0.05):
+                    if cancel():
+                        raise InvalidRequestError("the request was cancelled", param="input",
+                                                  code="cancelled")
+                try:
+                    seqs.append(self.engine.submit(req))
+                except ValueError as e:  # QueueFullError is not one: 503 for the server
+                    raise InvalidRequestError(str(e), param="input") from None
+            for seq in seqs:
+                while not seq.wait(0.05):
+                    if cancel():
+                        raise InvalidRequestError("the request was cancelled",
+                                                  param="input", code="cancelled")
+        finally:
+            for seq in seqs:
+                seq.cancel()  # a no-op for those that ended
+        return seqs
 
     def _check_pooling(self, pooling: str | None) -> str:
         """``pooling`` checked; None: the file's ``pooling_type``, else mean."""

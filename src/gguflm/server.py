@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import resource
 import socket
 import sys
@@ -38,6 +39,7 @@ from starlette.routing import Route
 from . import webui as webui_page
 from .access import AccessPolicy
 from .api import LLM, ChatReply, InvalidRequestError, QueueFullError, Shapes
+from .engine.errors import ConstraintFailure
 from .engine.params import SAMPLING_FIELDS
 
 __all__ = ["APIServer", "make_server"]
@@ -48,6 +50,8 @@ KEEP_ALIVE_SECONDS = 5      # an idle connection is closed after this (before it
 HEADER_SECONDS = 30         # a connection's first request must arrive within this
 MAX_CONNECTIONS = 1000      # open connections at most (fewer if the fd limit is lower)
 ACCEPT_BURST = 64           # connections accepted per wake-up (the listen backlog too)
+PROBE_SECONDS = 1.0         # how often a client that sent EOF is checked for still being there
+SHUTDOWN_SECONDS = 5        # answers in progress get this long to end after a stop signal
 
 # Field checks: name -> (allowed Python types, description for the error). None is always
 # allowed (it means "default"); bool is never a number here even though it is an int.
@@ -60,6 +64,7 @@ _COMMON_FIELDS: dict[str, tuple[tuple[type, ...], str]] = SAMPLING_FIELDS | {
     "n": ((int,), "an integer"),
     "user": ((str,), "a string"),
     "lookup": ((int,), "an integer"),  # prompt-lookup drafts (engine/lookup.py)
+    "logit_bias": ((dict, list), "an object mapping token ids to biases"),
 }
 # structured output (engine/grammar.py): OpenAI's response_format, llama-server's fields
 _COMMON_FIELDS |= {
@@ -151,6 +156,8 @@ def _options(body: dict[str, Any], max_tokens: Any) -> dict[str, Any]:
     opts.update(max_tokens=max_tokens, stop=body.get("stop"), seed=body.get("seed"))
     if body.get("lookup") is not None:  # else the server's --lookup
         opts["lookup"] = body["lookup"]
+    if body.get("logit_bias") is not None:
+        opts["logit_bias"] = body["logit_bias"]
     return opts
 
 
@@ -190,9 +197,44 @@ def _protocol(cap: int) -> type:
                 self.timeout_keep_alive_handler()
 
         def eof_received(self) -> bool:  # type: ignore[override]
-            return True  # half-closed: keep the socket open to send the answer
+            # half-closed (shutdown(SHUT_WR)) or closed? Only a write tells: keep the socket
+            # open to send the answer, and probe it meanwhile (see _probe)
+            self.loop.call_later(PROBE_SECONDS, self._probe)
+            return True
+
+        def _probe(self) -> None:
+            """While the answer to a client that sent EOF is not started, send it an
+            interim ``100 Continue`` every second (HTTP/1.1 clients must accept 1xx answers
+            before the final one). A half-closed client reads past them; a gone one resets
+            the connection, uvicorn marks the request disconnected, and its work is
+            cancelled at once instead of running to its end in the queue or a slot."""
+            cycle = self.cycle
+            if self.transport.is_closing() or cycle is None or cycle.response_started \
+                    or cycle.response_complete or cycle.scope.get("http_version") != "1.1":
+                return
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.loop.call_later(PROBE_SECONDS, self._probe)
 
     return Protocol
+
+
+def _uvicorn_server(config: Any, on_exit: Callable[[], None]) -> Any:
+    """uvicorn's server, whose stop signals (SIGINT or SIGTERM) also cancel the work in
+    progress (``on_exit``); a second signal of either kind stops it at once (uvicorn forces
+    only on a second SIGINT), and the process is gone 2 s later whatever still runs."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit:
+                self.force_exit = True
+                timer = threading.Timer(2.0, os._exit, (128 + sig,))
+                timer.daemon = True
+                timer.start()
+            super().handle_exit(sig, frame)
+            on_exit()
+
+    return Server(config)
 
 
 class APIServer:
@@ -201,10 +243,12 @@ class APIServer:
 
     def __init__(self, llm: LLM, host: str = "127.0.0.1", port: int = 8080, *,
                  max_queue: int | None = None, verbose: bool = False, webui: bool = True,
-                 cors: Iterable[str] = (), api_key: str | None = None) -> None:
+                 cors: Iterable[str] = (), api_key: str | None = None,
+                 allowed_hosts: Iterable[str] = ()) -> None:
         import uvicorn
 
-        self.access = AccessPolicy(cors, api_key)  # ValueError for a bad origin or key
+        # ValueError for a bad origin, key or host name
+        self.access = AccessPolicy(cors, api_key, (host, *allowed_hosts))
         self.webui = webui  # serve the chat page at GET /
         self.llm = llm
         self.engine = llm.engine
@@ -229,9 +273,11 @@ class APIServer:
             self.app(), log_level="info" if verbose else "warning", access_log=verbose,
             timeout_keep_alive=KEEP_ALIVE_SECONDS, limit_concurrency=limit, lifespan="off",
             http=_protocol(limit), ws="none", backlog=ACCEPT_BURST,
-            log_config=_log_config())
-        self._uvicorn = uvicorn.Server(config)
+            log_config=_log_config(), timeout_graceful_shutdown=SHUTDOWN_SECONDS)
+        self._uvicorn = _uvicorn_server(config, self.cancel_all)
         self._stopped = threading.Event()
+        # what cancels each request in progress (see cancel_all)
+        self._cancels: set[Callable[[], None]] = set()
 
     @property
     def url(self) -> str:
@@ -245,8 +291,16 @@ class APIServer:
             self._stopped.set()
 
     def shutdown(self) -> None:
+        """Stop serving: the work in progress is cancelled (streams end, waiting requests
+        get their answers at once), then the server stops."""
         self._uvicorn.should_exit = True
+        self.cancel_all()
         self._stopped.wait(30)
+
+    def cancel_all(self) -> None:
+        """Cancel every request in progress (on shutdown: nothing runs on for minutes)."""
+        for cancel in list(self._cancels):
+            cancel()
 
     def server_close(self) -> None:
         self.sock.close()
@@ -551,7 +605,24 @@ class APIServer:
             raise RequestError(400, str(e), param="prompt",
                                code="context_length_exceeded") from None
         self.count("requests")
+        self._cancels.add(seq.cancel)
         return seq, wake
+
+    def _ended(self, seq: Any) -> None:
+        """Bookkeeping at a sequence's end; its error as an answer (a constraint that broke
+        down is the grammar's doing: 400 naming its field; anything else is ours: 500)."""
+        self._cancels.discard(seq.cancel)
+        self._observe(seq)
+        if seq.finish_reason != "error":
+            return
+        if isinstance(seq.error, ConstraintFailure):
+            param = getattr(seq.request.constraint, "grammar", None)
+            param = getattr(param, "param", None)
+            raise RequestError(400, f"the constraint ({param}) failed during generation: "
+                               f"{str(seq.error)[:300]}", param=param,
+                               code="constraint_failed")
+        raise RequestError(500, f"generation failed: {type(seq.error).__name__}",
+                           type="server_error")
 
     def _observe(self, seq: Any) -> None:
         t = seq.timings
@@ -578,9 +649,8 @@ class APIServer:
             if not seq.done:
                 seq.cancel()
                 self.count("disconnects")
-        self._observe(seq)
-        if seq.finish_reason == "error":
-            raise RequestError(500, f"generation failed: {seq.error}", type="server_error")
+                self._cancels.discard(seq.cancel)
+        self._ended(seq)
         yield "", seq
 
     async def _complete(self, request: Request, req: Any) -> Any:
@@ -601,10 +671,19 @@ class APIServer:
         finally:
             if not seq.done:
                 seq.cancel()
-        self._observe(seq)
-        if seq.finish_reason == "error":
-            raise RequestError(500, f"generation failed: {seq.error}", type="server_error")
+                self._cancels.discard(seq.cancel)
+        self._ended(seq)
         return seq
+
+    @staticmethod
+    async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
+        """Set ``gone`` when the client of ``request`` disconnects (for work that runs in a
+        thread, which cannot await the disconnect itself)."""
+        while not gone.is_set():
+            if await request.is_disconnected():
+                gone.set()
+                return
+            await asyncio.sleep(0.25)
 
     def _stream(self, chunks: AsyncIterator[dict[str, Any]]) -> Response:
         """Server-Sent Events: ``data: {chunk}`` ... ``data: [DONE]``. Errors found once
@@ -635,10 +714,19 @@ class APIServer:
             if body.get("input") is None:
                 raise RequestError(400, "'input' is required", param="input")
             extra = {"dimensions": body["dimensions"]} if body.get("dimensions") else {}
-            result = await asyncio.to_thread(self._call, lambda: self.llm.create_embedding(
-                body["input"], encoding_format=body.get("encoding_format") or "float",
-                **extra))
+            gone = threading.Event()  # set when the client leaves or the server stops
+            self._cancels.add(gone.set)
+            watch = asyncio.ensure_future(self._watch_disconnect(request, gone))
+            try:
+                result = await asyncio.to_thread(self._call, lambda: self.llm.create_embedding(
+                    body["input"], encoding_format=body.get("encoding_format") or "float",
+                    cancel=gone.is_set, **extra))
+            finally:
+                watch.cancel()
+                self._cancels.discard(gone.set)
         except RequestError as e:
+            if e.code == "cancelled":
+                self.count("disconnects")
             return self._error(e)
         except QueueFullError as e:
             return self._error(RequestError(503, str(e), type="server_error"))
@@ -672,7 +760,7 @@ class _Access:
 
         path = scope["path"].rstrip("/") or "/"
         method = scope["method"]
-        err = access.origin_error(headers)
+        err = access.host_error(headers) or access.origin_error(headers)
         if err is not None:
             resp: Response = _closing(JSONResponse(err, status_code=403))
         elif method == "OPTIONS" and path in self.known:

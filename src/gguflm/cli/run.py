@@ -238,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..engine.scheduler import Engine
     from ..engine.sequence import Request
+    from ..model.kv_cache import ArenaTooLargeError
 
     path, model, tokenizer, load_seconds = load_model(args.model, args.threads,
                                                       load_options(args))
@@ -259,8 +260,11 @@ def run(args: argparse.Namespace) -> int:
                         and not args.log_disable)
     # smaller steps when the progress is shown, so that it moves (the logits are the same)
     n_batch = min(128, batch_size(args)) if progress.enabled else batch_size(args)
-    engine = Engine(model, tokenizer, n_ctx=n_ctx, n_slots=1, threads=args.threads,
-                    n_batch=n_batch)
+    try:
+        engine = Engine(model, tokenizer, n_ctx=n_ctx, n_slots=1, threads=args.threads,
+                        n_batch=n_batch)
+    except ArenaTooLargeError as e:  # checked before anything is allocated
+        raise CLIError(f"-c {n_ctx}: {e}") from None
     try:
         request = Request(prompt, params, n_predict, stops, make_constraint(spec, tokenizer),
                           args.lookup, ignore_eos=args.ignore_eos)

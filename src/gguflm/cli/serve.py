@@ -78,25 +78,39 @@ def add_access_options(p: argparse.ArgumentParser) -> None:
                    help="let web pages from ORIGIN (scheme://host[:port], or * for any) use "
                         "the API; repeat or separate with commas (default: only the server's "
                         "own page)")
+    p.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=[],
+                   metavar="NAME",
+                   help="also answer requests for the host NAME (a DNS name this server is "
+                        "reached by; * for any); repeat or separate with commas (default: IP "
+                        "addresses, localhost and the --host name; see docs/security.md)")
     p.add_argument("--api-key", metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on the API (not on /health or "
                         "the page, which asks for it); default: $GGUFLM_API_KEY if set")
 
 
 def access_options(args: argparse.Namespace) -> dict:
-    """``make_server`` keyword arguments from --no-webui, --cors and --api-key."""
-    from ..access import check_origin
+    """``make_server`` keyword arguments from --no-webui, --cors, --allowed-host and
+    --api-key."""
+    from ..access import check_host, check_origin
 
-    cors = [o for value in args.cors for o in value.split(",") if o.strip()]
-    for origin in cors:
-        try:
-            check_origin(origin)
-        except ValueError as e:
-            raise CLIError(f"--cors: {e}") from None
+    cors = _listed(args.cors, check_origin, "--cors")
+    hosts = _listed(args.allowed_hosts, check_host, "--allowed-host")
     key = args.api_key if args.api_key is not None else os.environ.get("GGUFLM_API_KEY") or None
     if key is not None and not key.strip():
         raise CLIError("--api-key must not be empty")
-    return {"webui": args.webui, "cors": cors, "api_key": key and key.strip()}
+    return {"webui": args.webui, "cors": cors, "api_key": key and key.strip(),
+            "allowed_hosts": hosts}
+
+
+def _listed(values: list[str], check, flag: str) -> list[str]:  # noqa: ANN001 - a checker
+    """A repeatable, comma-separated option's items, each checked (CLIError naming ``flag``)."""
+    items = [v for value in values for v in value.split(",") if v.strip()]
+    for item in items:
+        try:
+            check(item)
+        except ValueError as e:
+            raise CLIError(f"{flag}: {e}") from None
+    return items
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:

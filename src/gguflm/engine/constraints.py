@@ -34,7 +34,7 @@ import numpy as np
 from ..tokenizer.unicode_data import UNICODE_TO_BYTE
 from ..tokenizer.vocab import Attr
 from .errors import ConstraintError, ConstraintFailure
-from .grammar import one_line
+from .grammar import limits_for, one_line, release_memory
 
 if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
@@ -108,12 +108,18 @@ class _TokEntry:
     eos_ids: tuple[int, ...]
     build_seconds: float
     lock: threading.Lock
-    matchers: OrderedDict[str, llguidance.LLMatcher]  # compiled grammars, unstarted
+    matchers: OrderedDict[str, tuple[llguidance.LLMatcher, int]]  # compiled, unstarted;
+    # with the memory each took (bytes)
 
 
 _TOKENIZERS: weakref.WeakKeyDictionary[Any, _TokEntry] = weakref.WeakKeyDictionary()
 _TOKENIZERS_LOCK = threading.Lock()
 _MATCHER_CACHE_SIZE = 32
+# the cache's bound in bytes: a compiled grammar's size varies by orders of magnitude (a few
+# KB for most schemas; tens of MB for a lexer near LIMITS), so a count alone bounds nothing
+MATCHER_CACHE_BYTES = 256 * 2**20
+PROBE_STEPS = 4  # steps walked through a new grammar before it is accepted (see _probe)
+RELEASE_BYTES = 8 * 2**20  # heap given back to the system after dropping this much grammar
 
 
 def _entry(tokenizer: Tokenizer) -> _TokEntry:
@@ -151,18 +157,78 @@ def ll_tokenizer_build_seconds(tokenizer: Tokenizer) -> float:
 def _matcher(entry: _TokEntry, grammar: Grammar) -> llguidance.LLMatcher:
     """A fresh matcher: a copy of the cached compiled one (~0.03 ms instead of ~1-10 ms)."""
     with entry.lock:
-        template = entry.matchers.get(grammar.ll_grammar)
-        if template is None:
-            template = llguidance.LLMatcher(entry.ll, grammar.ll_grammar, log_level=0)
-            if template.is_error():
-                raise ConstraintError(f"invalid {grammar.kind} grammar: "
-                                      f"{one_line(template.get_error())}", param=grammar.param)
-            entry.matchers[grammar.ll_grammar] = template
-            if len(entry.matchers) > _MATCHER_CACHE_SIZE:
-                entry.matchers.popitem(last=False)
+        cached = entry.matchers.get(grammar.ll_grammar)
+        if cached is None:
+            before = _resident_bytes()
+            accepted = False
+            try:
+                template = llguidance.LLMatcher(entry.ll, grammar.ll_grammar, log_level=0,
+                                                limits=limits_for(grammar.ll_grammar))
+                _probe(template, grammar, entry.eos_ids, entry.ll.vocab_size)
+                accepted = True
+            finally:
+                cost = max(_resident_bytes() - before, 4 * len(grammar.ll_grammar), 2**16)
+                if not accepted:
+                    template = None  # dropped before the memory is given back
+                if not accepted or cost > RELEASE_BYTES:
+                    release_memory()
+            cached = template, cost
+            entry.matchers[grammar.ll_grammar] = cached
+            evicted = 0
+            while len(entry.matchers) > 1 and (
+                    len(entry.matchers) > _MATCHER_CACHE_SIZE
+                    or sum(c for _, c in entry.matchers.values()) > MATCHER_CACHE_BYTES):
+                evicted += entry.matchers.popitem(last=False)[1][1]
+            if evicted > RELEASE_BYTES:
+                release_memory()
         else:
             entry.matchers.move_to_end(grammar.ll_grammar)
-        return template.deep_copy()
+        return cached[0].deep_copy()
+
+
+def _probe(template: llguidance.LLMatcher, grammar: Grammar, eos_ids: tuple[int, ...],
+           n_vocab: int) -> None:
+    """Walk a copy of a new grammar's matcher a few steps (the first allowed token that is
+    not EOS each time) and refuse the grammar, as a ConstraintError naming its request
+    field, if llguidance fails on the way or allows nothing. Grammars that pass validation
+    but break at once (a rule that only refers to itself, a regex that matches nothing,
+    a repetition or alternation past llguidance's limits) are then a 400 before any
+    generation, not a failure in the middle of one."""
+    m = template.deep_copy()
+    bits = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
+    for _ in range(PROBE_STEPS):
+        if m.is_error() or m.is_stopped():
+            break
+        m.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        if m.is_error():
+            break
+        allowed = np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))
+        if not allowed.size:
+            raise ConstraintError(f"invalid {grammar.kind} grammar: it allows no output",
+                                  param=grammar.param)
+        other = allowed[~np.isin(allowed, eos_ids)]
+        if not other.size:
+            break
+        m.consume_token(int(other[0]))
+    if m.is_error():
+        raise ConstraintError(f"invalid {grammar.kind} grammar: {_short_error(m)}",
+                              param=grammar.param)
+
+
+def _short_error(m: llguidance.LLMatcher) -> str:
+    """llguidance's error for the client: its first line, shortened (no parser state)."""
+    msg = one_line(m.get_error().split("\n<state>")[0].split("<non-verbose")[0]).rstrip("; ")
+    if "NoExtensionBias" in msg or not msg:
+        return "it allows no output here (such as a rule that only refers to itself)"
+    return msg[:300]
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 class Constraint:
@@ -228,7 +294,7 @@ class Constraint:
         self._fresh = False
         if not self._matcher.consume_token(int(token)):
             raise ConstraintFailure(f"token {token} does not fit the grammar: "
-                                    f"{one_line(self._matcher.get_error())}")
+                                    f"{_short_error(self._matcher)}")
 
     def is_done(self) -> bool:
         """The output is complete and cannot be extended: only EOS may come next (or came)."""
@@ -248,7 +314,7 @@ class Constraint:
         self._fresh = False
         if n and not self._matcher.rollback(n):
             raise ConstraintFailure(f"cannot roll back {n} tokens: "
-                                    f"{one_line(self._matcher.get_error())}")
+                                    f"{_short_error(self._matcher)}")
 
     def reset(self) -> None:
         """Back to the start of the grammar (and the timing counters to zero)."""
@@ -259,7 +325,7 @@ class Constraint:
     def _check(self) -> None:
         if self._matcher.is_error():
             raise ConstraintFailure(f"constrained decoding failed: "
-                                    f"{one_line(self._matcher.get_error())}")
+                                    f"{_short_error(self._matcher)}")
 
     @property
     def matcher(self) -> llguidance.LLMatcher:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,13 +25,16 @@ __all__ = ["PARAMS", "SAMPLING_FIELDS", "Param", "add_cli_options", "cli_sampler
 @dataclass(frozen=True)
 class Param:
     """One sampling parameter: ``name`` (API keyword and JSON field), ``field`` (of
-    SamplerParams), ``type`` (int or float), ``flags`` (command line) and ``help``."""
+    SamplerParams), ``type`` (int, float or str), ``flags`` (command line), ``help`` and,
+    for numbers, the range ``lo``..``hi`` (inclusive) a value must lie in."""
 
     name: str
     field: str
     type: type
     flags: tuple[str, ...]
     help: str
+    lo: float = -(2**31)
+    hi: float = 2**31 - 1
 
     @property
     def default(self) -> Any:
@@ -39,35 +43,36 @@ class Param:
 
 PARAMS: tuple[Param, ...] = (
     Param("temperature", "temp", float, ("--temp", "--temperature"),
-          "temperature; 0 or less: greedy"),
+          "temperature; 0 or less: greedy", -100, 100),
     Param("top_k", "top_k", int, ("--top-k",), "keep the K most likely tokens; 0: off"),
     Param("top_p", "top_p", float, ("--top-p",),
-          "nucleus sampling: keep probability mass P; 1: off"),
+          "nucleus sampling: keep probability mass P; 1: off", 0, 1),
     Param("min_p", "min_p", float, ("--min-p",),
-          "keep tokens at least P times as likely as the best; 0: off"),
+          "keep tokens at least P times as likely as the best; 0: off", 0, 1),
     Param("typical_p", "typical_p", float, ("--typical", "--typical-p"),
-          "locally typical sampling; 1: off"),
+          "locally typical sampling; 1: off", 0, 1),
     Param("repeat_penalty", "repeat_penalty", float, ("--repeat-penalty",),
-          "penalize repeated tokens; 1: off"),
+          "penalize repeated tokens; 1: off", 1e-3, 1e3),
     Param("repeat_last_n", "repeat_last_n", int, ("--repeat-last-n",),
-          "tokens of history the penalties look at; 0: off, -1: all"),
+          "tokens of history the penalties look at; 0: off, -1: all", -1),
     Param("presence_penalty", "presence_penalty", float, ("--presence-penalty",),
-          "subtract this from tokens already present"),
+          "subtract this from tokens already present", -100, 100),
     Param("frequency_penalty", "frequency_penalty", float, ("--frequency-penalty",),
-          "subtract this times a token's count"),
+          "subtract this times a token's count", -100, 100),
     Param("seed", "seed", int, ("-s", "--seed"),
-          "random seed, 0..4294967295; -1: a random one (the same seed gives the same text)"),
+          "random seed, 0..4294967295; -1: a random one (the same seed gives the same text)",
+          -1, 2**32 - 1),
     Param("samplers", "samplers", str, ("--samplers", "--sampler-seq", "--sampling-seq"),
           "the chain's steps in order, names separated by ';' (penalties, top_k, typ_p, "
           "top_p, min_p, temperature; dry, top_n_sigma, xtc do nothing here) or "
           "--sampler-seq's letters (ekypmt)"),
     Param("mirostat", "mirostat", int, ("--mirostat",),
           "Mirostat sampling instead of the chain: 1 Mirostat, 2 Mirostat 2.0, 0 off "
-          "(temperature still applies first)"),
+          "(temperature still applies first)", 0, 2),
     Param("mirostat_tau", "mirostat_tau", float, ("--mirostat-ent",),
-          "Mirostat's target entropy (surprise, in bits)"),
+          "Mirostat's target entropy (surprise, in bits)", 0, 100),
     Param("mirostat_eta", "mirostat_eta", float, ("--mirostat-lr",),
-          "Mirostat's learning rate"),
+          "Mirostat's learning rate", 0, 100),
 )
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplerParams)}
@@ -94,17 +99,39 @@ def sampler_params(values: Mapping[str, Any]) -> SamplerParams:
             continue
         given[BY_NAME[name].field] = value
     try:
-        return SamplerParams(**given)
+        params = SamplerParams(**given)
     except SamplingError as e:  # name the keyword the caller used, not the field
         field = str(e).split(" ", 1)[0]
         name = next((p.name for p in PARAMS if p.field == field), field)
         err = SamplingError(str(e).replace(field, name, 1))
         err.param = name  # type: ignore[attr-defined]
         raise err from None
+    for name, value in values.items():
+        if value is not None and BY_NAME[name].type is not str:
+            _check_range(BY_NAME[name], value)
+    return params
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_range(prm: Param, value: Any) -> None:
+    """``value`` is a number of ``prm``'s type within its range (SamplingError naming the
+    keyword otherwise): no value reaches the sampler that overflows its arithmetic (a
+    history of 2**63 tokens, a penalty that is 0 or infinite as a float32)."""
+    ok = not isinstance(value, bool) and isinstance(
+        value, numbers.Integral if prm.type is int else numbers.Real)
+    if not ok or not prm.lo <= value <= prm.hi:  # NaN fails both comparisons
+        what = "an integer" if prm.type is int else "a number"
+        err = SamplingError(f"{prm.name} must be {what} in {_num(prm.lo)}..{_num(prm.hi)}, "
+                            f"got {value!r}"[:200])
+        err.param = prm.name  # type: ignore[attr-defined]
+        raise err
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def add_cli_options(p: argparse.ArgumentParser,

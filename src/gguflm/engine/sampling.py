@@ -230,7 +230,8 @@ def apply_penalties(c: Candidates, counts: Counter[int], repeat: float, frequenc
     pos, n = pos[inside], n[inside]
     lg = c.logits[pos]
     lg = np.where(lg <= 0, lg * np.float32(repeat), lg / np.float32(repeat))
-    c.logits[pos] = lg - (n * np.float32(frequency) + np.float32(presence))
+    lg = lg - (n * np.float32(frequency) + np.float32(presence))
+    c.logits[pos] = np.where(np.isnan(lg), -np.inf, lg)  # -inf (masked) stays out of reach
     c.sorted = False
 
 

@@ -21,6 +21,10 @@ __all__ = ["FORMAT_MAX_LENGTH", "KNOWN_KEYWORDS", "MAX_DECIMALS", "MAX_INTEGER",
            "bounded_schema", "check_schema", "embed_schema", "load_schema", "schema_from_arg"]
 
 MAX_SCHEMA_DEPTH = 64  # nesting deeper than this is refused before it reaches llguidance
+# llguidance compiles a schema recursively, following each $ref where it stands: a chain of
+# 2,500 $refs overflowed its stack (a crash of the whole server). So the depth counts $ref
+# hops as levels, and the subschemas reachable (each counted once) are bounded too.
+MAX_SCHEMA_NODES = 20_000
 
 
 def load_schema(schema: Any, param: str) -> Any:
@@ -85,7 +89,33 @@ KNOWN_KEYWORDS = frozenset(_SUBSCHEMA | _SUBSCHEMA_MAP | _SUBSCHEMA_LIST | _OTHE
 def check_schema(schema: Any, param: str) -> None:
     """Refuse keywords JSON Schema does not define (``x-`` extensions excepted), anywhere in
     ``schema``, naming the keyword and where it is (a JSON pointer); and nesting deeper than
-    64 levels. llguidance checks the rest (types, unimplemented keywords, ranges)."""
+    64 levels, counting ``$ref`` hops (see ``check_refs``); strings that are not valid
+    Unicode. llguidance checks the rest (types, unimplemented keywords, ranges)."""
+    check_unicode(schema, param)
+    _check_keywords(schema, param)
+    check_refs(schema, param)
+
+
+def check_unicode(value: Any, param: str) -> None:
+    """Refuse a lone surrogate (a JSON escape such as ``\\ud800``) in any string or key of
+    ``value``: native code takes UTF-8, which cannot encode one."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+        elif isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ConstraintError(f"{param} holds a string that is not valid Unicode (a "
+                                      f"lone surrogate): {node[:40]!r}", param=param) from None
+
+
+def _check_keywords(schema: Any, param: str) -> None:
     stack: list[tuple[Any, str, int]] = [(schema, "", 0)]
     while stack:
         node, where, depth = stack.pop()
@@ -119,6 +149,120 @@ def check_schema(schema: Any, param: str) -> None:
                     stack.append((s, f"{here}/{_pointer(str(name))}", depth + 1))
             elif key in _SUBSCHEMA or key in _SUBSCHEMA_LIST:
                 stack.append((value, here, depth + 1))
+
+
+# --- $ref ------------------------------------------------------------------------------------
+
+# edges that lead to a value's parts (a cycle through one of them builds a bigger value each
+# time round, a recursive type) or out of the value ($defs); $ref and the combinators stand
+# for the same value
+_STRUCTURAL = _SUBSCHEMA_MAP | {"items", "prefixItems", "additionalItems", "contains",
+                                "additionalProperties", "unevaluatedItems",
+                                "unevaluatedProperties", "propertyNames"}
+
+
+def _children(node: Mapping[str, Any]) -> list[tuple[Any, bool]]:
+    """The subschemas of ``node`` and whether each is a part of the value (structural)."""
+    out: list[tuple[Any, bool]] = []
+    for key, value in node.items():
+        structural = key in _STRUCTURAL
+        if key in _SUBSCHEMA_MAP and isinstance(value, Mapping):
+            out += [(s, structural) for s in value.values() if isinstance(s, Mapping)]
+        elif key in _SUBSCHEMA_LIST and isinstance(value, list):
+            out += [(s, structural) for s in value if isinstance(s, Mapping)]
+        elif (key in _SUBSCHEMA or key in _SUBSCHEMA_LIST) and isinstance(value, Mapping):
+            out.append((value, structural))
+    return out
+
+
+def _resolve(root: Any, ref: str, anchors: dict[str, Any]) -> Any:
+    """The subschema a local ``$ref`` (``#``, ``#/$defs/T``, ``#name``) points to, or None."""
+    from urllib.parse import unquote
+
+    if not ref.startswith("#"):
+        return None  # not local: llguidance refuses those it cannot find
+    rest = unquote(ref[1:])
+    if rest and not rest.startswith("/"):
+        return anchors.get(rest)
+    node = root
+    for part in rest.split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node if isinstance(node, Mapping) else None
+
+
+def _anchors(root: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    stack = [root]
+    while stack and len(out) < MAX_SCHEMA_NODES:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            if isinstance(node.get("$anchor"), str):
+                out.setdefault(node["$anchor"], node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return out
+
+
+def check_refs(schema: Any, param: str) -> None:
+    """Follow the local ``$ref``s as llguidance will and refuse, before it sees them: a
+    path of nested subschemas and ``$ref`` hops longer than 64 (each definition is
+    compiled once, so the longest path that does not come back on itself is what its
+    recursion follows); a cycle of ``$ref``s and combinators that never reaches a part of
+    the value (``a -> b -> a``: no value can ever be written); more than 20,000 subschemas."""
+    if not isinstance(schema, Mapping):
+        return
+    anchors: dict[str, Any] | None = None
+    height: dict[int, int] = {}  # finished nodes: the longest path below them
+    on_path: dict[int, int] = {}  # node -> its index in path
+    path: list[tuple[Any, bool, list[tuple[Any, bool]], list[Any]]] = []
+
+    def enter(node: Any, structural: bool) -> None:
+        nonlocal anchors
+        kids = _children(node)
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            if anchors is None and ref.startswith("#") and ref[1:2] not in ("", "/"):
+                anchors = _anchors(schema)
+            target = _resolve(schema, ref, anchors or {})
+            if target is not None:
+                kids.append((target, False))
+        on_path[id(node)] = len(path)
+        path.append((node, structural, kids, [k for k, _ in kids]))
+        if len(path) > MAX_SCHEMA_DEPTH + 1:
+            raise ConstraintError(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} "
+                                  "levels, counting each $ref as one", param=param)
+        if len(height) + len(path) > MAX_SCHEMA_NODES:
+            raise ConstraintError(f"the JSON schema has more than {MAX_SCHEMA_NODES} "
+                                  "subschemas, counting what its $refs point to",
+                                  param=param)
+
+    enter(schema, True)
+    while path:
+        node, _, kids, below = path[-1]
+        if not kids:
+            path.pop()
+            del on_path[id(node)]
+            height[id(node)] = 1 + max((height.get(id(k), 0) for k in below), default=0)
+            continue
+        kid, structural = kids.pop()
+        if id(kid) in height:
+            if len(path) + height[id(kid)] > MAX_SCHEMA_DEPTH + 1:
+                raise ConstraintError(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} "
+                                      "levels, counting each $ref as one", param=param)
+            continue
+        if id(kid) in on_path:  # a cycle: fine if it builds a part of the value
+            if not structural and not any(s for _, s, _, _ in path[on_path[id(kid)] + 1:]):
+                raise ConstraintError("the JSON schema has a cycle of $refs that never "
+                                      "reaches a value (such as a -> b -> a)", param=param)
+            continue
+        enter(kid, structural)
 
 
 # Limits on values a schema leaves unbounded, so that a model cannot write digits forever.

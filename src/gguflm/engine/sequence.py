@@ -37,6 +37,7 @@ class Constraint(Protocol):
     """What a grammar constraint gives the engine (see constraints.py)."""
 
     def mask(self, logits: np.ndarray) -> None: ...   # disallowed tokens -> -inf, in place
+    def allows(self, token: int) -> bool: ...         # (after mask) may it come next?
     def accept(self, token: int) -> None: ...
 
 
@@ -50,7 +51,9 @@ class Request:
     tokens are never sampled (llama.cpp's --ignore-eos: their logits are -inf); ``watch``,
     if given, sees each piece of text as it is emitted (on the engine's thread) and ends
     the sequence (``stopped_by`` "watch", finish_reason "stop") by returning True: the
-    tool-call reader stops a model that repeats a call it has made."""
+    tool-call reader stops a model that repeats a call it has made; ``logit_bias`` maps
+    token ids to what is added to their logits before the constraint's mask and the
+    sampler (``-inf``: never; see ``check_logit_bias``)."""
 
     prompt_ids: list[int]
     params: SamplerParams = field(default_factory=SamplerParams)
@@ -60,6 +63,46 @@ class Request:
     lookup: int = 0
     ignore_eos: bool = False
     watch: Callable[[str], bool] | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+
+
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 (in effect: never) .. 100 (in effect: only)
+
+
+def check_logit_bias(bias: Any, n_vocab: int) -> dict[int, float]:
+    """OpenAI's ``logit_bias`` (``{"token id": bias}``, JSON keys are strings) or
+    llama-server's list of ``[id, bias]`` pairs, checked: ids in the vocabulary, biases
+    finite numbers in -100..100, or ``false`` (llama-server: the token is never chosen).
+    ValueError naming the entry otherwise."""
+    import math
+
+    if bias is None:
+        return {}
+    if isinstance(bias, dict):
+        items = list(bias.items())
+    elif isinstance(bias, list) and all(isinstance(p, list) and len(p) == 2 for p in bias):
+        items = [(p[0], p[1]) for p in bias]
+    else:
+        raise ValueError("logit_bias must be an object mapping token ids to biases "
+                         "(or a list of [token id, bias] pairs)")
+    if len(items) > n_vocab:
+        raise ValueError(f"logit_bias has {len(items)} entries, more than the vocabulary")
+    out: dict[int, float] = {}
+    for key, value in items:
+        text = str(key) if isinstance(key, int) and not isinstance(key, bool) else key
+        if not isinstance(text, str) or not text.isascii() or not text.isdigit() \
+                or len(text) > 12 or not int(text) < n_vocab:
+            raise ValueError(f"logit_bias: {str(key)[:40]!r} is not a token id "
+                             f"(0..{n_vocab - 1})")
+        if value is False:
+            out[int(text)] = -math.inf
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias[{text}] must be a number in -100..100 (or false), "
+                             f"got {str(value)[:40]}")
+        out[int(text)] = float(value)
+    return out
 
 
 class Piece(NamedTuple):
@@ -279,13 +322,19 @@ class Sequence:
             self.timings.prompt_done = now
             self.sampler.accept_all(self.prompt_ids)  # the penalties see the prompt
         c = self.request.constraint
-        if c is not None or self.request.ignore_eos:
+        bias = self.request.logit_bias
+        if c is not None or bias or self.request.ignore_eos:
             logits = np.array(logits, dtype=np.float32)
         if self.request.ignore_eos and self._eog:
             logits[list(self._eog)] = -np.inf
+        if bias:
+            ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
+            logits[ids] += np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         if c is not None:
             c.mask(logits)
         token = self.sampler.sample(logits)
+        if c is not None and not c.allows(token):
+            token = _best_allowed(logits, c)
         self.sampler.accept(token)
         if c is not None:
             c.accept(token)
@@ -311,3 +360,14 @@ class Sequence:
     def __repr__(self) -> str:
         return (f"Sequence({self.id}, {self.state}, prompt {len(self.prompt_ids)}, "
                 f"generated {len(self.tokens)}, finish {self.finish_reason})")
+
+
+def _best_allowed(logits: np.ndarray, c: Constraint) -> int:
+    """The highest-logit token the constraint allows (NaN counted lowest): taken when the
+    sampler's arithmetic (NaN or infinite logits) picked a masked one, so that no masked
+    token is ever chosen."""
+    order = np.argsort(-np.nan_to_num(logits, nan=-np.inf), kind="stable")
+    for t in order.tolist():
+        if c.allows(t):
+            return int(t)
+    return int(order[0])  # nothing allowed: mask() has raised before this can happen

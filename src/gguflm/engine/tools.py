@@ -185,16 +185,20 @@ def tool_call_grammar(tools: Sequence[Tool], choice: str | Tool, fmt: str,
     else:
         call = "call: body"
     start = 'start: call ("\\n" call)*' if parallel else "start: call"
-    text = "\n".join([start, call, f"body: {body}", *rules])
+    header = [start, call, f"body: {body}"]
+    text = "\n".join([*header, *rules])
     try:
         return lark_grammar(text, param="tools")
     except ConstraintError as e:
-        # name the tool whose parameters failed (llguidance reports the rule: fn<i>)
+        # name the tool whose parameters failed: llguidance reports the line ("at 558(8)"),
+        # and rule fn<i> is on line len(header) + i + 1 (the message also quotes the lines
+        # around it, so the first "fn<i>" in it is not the one)
         msg = str(e)
-        for i, tool in enumerate(chosen):
-            if f"fn{i}" in msg:
-                raise ConstraintError(f"function {tool.name!r}: {msg}", param="tools",
-                                      code=e.code) from None
+        at = regex.search(r"\bat (\d+)\(\d+\)", msg)
+        i = int(at.group(1)) - len(header) - 1 if at else -1
+        if 0 <= i < len(chosen):
+            raise ConstraintError(f"function {chosen[i].name!r}: {msg}", param="tools",
+                                  code=e.code) from None
         raise
 
 

@@ -47,6 +47,46 @@ def _lazy_zeros(shape: tuple[int, ...], dtype: type = np.float32) -> np.ndarray:
     return np.frombuffer(buf, dtype, count=count).reshape(shape)
 
 
+class ArenaTooLargeError(ValueError):
+    """A cache that this machine's memory could never hold (the message says what fits)."""
+
+
+def _machine_bytes() -> int:
+    """Physical memory plus swap: the most a cache could ever commit here."""
+    import os
+
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("SwapTotal:"):
+                    total += int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return total
+
+
+def check_arena_fits(n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
+                     head_dim_v: int, f16: bool = True) -> None:
+    """Refuse, before anything is allocated, a cache whose full size exceeds the machine's
+    memory (mapping it fails, or a full context is killed later): ArenaTooLargeError saying
+    how many positions per slot, and how many slots, would fit."""
+    itemsize = 2 if f16 else 4
+    n_tiles = -(-n_ctx // TILE)
+    per_slot = n_layer * n_head_kv * itemsize * (n_tiles * TILE * head_dim + n_ctx * head_dim_v)
+    need, have = per_slot * n_slots, _machine_bytes()
+    if need <= have:
+        return
+    per_position = n_layer * n_head_kv * itemsize * (head_dim + head_dim_v)
+    ctx_fits = have // max(per_position * n_slots, 1) // TILE * TILE
+    slots_fit = have // max(per_slot, 1)
+    raise ArenaTooLargeError(
+        f"the KV cache for {n_slots} slot(s) of {n_ctx} positions needs {need / 2**30:.1f} "
+        f"GiB, more than this machine's {have / 2**30:.1f} GiB of memory: at most "
+        f"{ctx_fits} positions per slot fit with {n_slots} slot(s)"
+        + (f", or {slots_fit} slot(s) of {n_ctx}" if slots_fit else ""))
+
+
 class KVArena:
     """Cache memory for ``n_slots`` sequences of up to ``n_ctx`` positions each."""
 
@@ -56,6 +96,7 @@ class KVArena:
             raise ValueError(f"n_ctx must be at least 1, got {n_ctx}")
         if n_slots < 1:
             raise ValueError(f"n_slots must be at least 1, got {n_slots}")
+        check_arena_fits(n_layer, n_slots, n_ctx, n_head_kv, head_dim, head_dim_v, f16)
         self.n_ctx = n_ctx
         self.n_slots = n_slots
         # llama.cpp's default cache type is F16: keys and values are stored as F16, and

@@ -357,6 +357,12 @@ _TEXT_FILTERS = {"capitalize", "center", "e", "escape", "forceescape", "format",
                  "upper", "urlencode", "urlize", "wordcount", "wordwrap", "xmlattr"}
 
 
+# filters whose time grows faster than their input (no deadline check runs inside them):
+# the most characters each may be given. jinja's wordwrap (textwrap) slices off each line of
+# a long word, square in the word's length: 32 Ki characters take 0.15 s, 1 Mi took 40 s.
+_FILTER_INPUT_LIMITS = {"wordwrap": 32 * 1024}
+
+
 def _filter_checks(budget: Budget, name: str, args: tuple[Any, ...],
                    kwargs: dict[str, Any]) -> None:
     """Size checks of the filters that can outgrow their input (value first in ``args``)."""
@@ -370,6 +376,10 @@ def _filter_checks(budget: Budget, name: str, args: tuple[Any, ...],
     if name in _TEXT_FILTERS:
         size = _text_size(value, budget)
         budget.length(size)
+        limit = _FILTER_INPUT_LIMITS.get(name)
+        if limit is not None and size > limit:
+            raise LimitExceeded("length", f"asked {name} for a text of {_count(size)} "
+                                          f"characters (the limit is {_count(limit)})")
     if name == "center":
         budget.length(max(size, _int(arg(0, "width", 80))))
     elif name == "indent":

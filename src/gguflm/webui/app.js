@@ -207,15 +207,19 @@ function codeBlock(code, lang) {
 // One pass over the text: the earliest of these wins; the text between matches stays text.
 // Groups: 1 escaped char; 2-3 code span; 4-5 link; 6 strong; 7 strong (__); 8 em; 9 em (_);
 // 10 strikethrough; 11 bare URL.
+// Every span is bounded (SPAN characters): an unbounded lazy scan runs to the end of the
+// text from each opener that never closes ('**a **a **a ...': square in the text, per render).
+const SPAN = 300;
+const LINK = 200; // a link's text: what follows each '[' (a common character) is scanned
 const INLINE = new RegExp([
   /\\([\\`*_{}[\]()#+\-.!~|<>])/.source,
-  /(`+)([^`]|[^`][\s\S]*?[^`])\2(?!`)/.source,
-  /\[([^\]\n]+)\]\(\s*<?([^\s<>()]*)>?(?:\s+"[^"\n]*")?\s*\)/.source,
-  /\*\*(?!\s)([\s\S]*?\S)\*\*/.source,
-  /(?<!\w)__(?!\s)([\s\S]*?\S)__(?!\w)/.source,
-  /\*(?![\s*])([^*\n]*?[^\s*])\*/.source,
-  /(?<!\w)_(?![\s_])([^_\n]*?[^\s_])_(?!\w)/.source,
-  /~~(?!\s)([\s\S]*?\S)~~/.source,
+  `(\`+)([^\`]|[^\`][\\s\\S]{0,${SPAN}}?[^\`])\\2(?!\`)`,
+  `\\[([^\\]\\n]{1,${LINK}})\\]\\(\\s*<?([^\\s<>()]{0,2048})>?(?:\\s+"[^"\\n]{0,${LINK}}")?\\s*\\)`,
+  `\\*\\*(?!\\s)([\\s\\S]{0,${SPAN}}?\\S)\\*\\*`,
+  `(?<!\\w)__(?!\\s)([\\s\\S]{0,${SPAN}}?\\S)__(?!\\w)`,
+  `\\*(?![\\s*])([^*\\n]{0,${SPAN}}?[^\\s*])\\*`,
+  `(?<!\\w)_(?![\\s_])([^_\\n]{0,${SPAN}}?[^\\s_])_(?!\\w)`,
+  `~~(?!\\s)([\\s\\S]{0,${SPAN}}?\\S)~~`,
   /(https?:\/\/[^\s<>"'`]*[^\s<>"'`.,;:!?)\]}*_])/.source,
 ].join('|'), 'g');
 
@@ -636,8 +640,11 @@ function fillReply(node, msg) {
   if (stats) stats.textContent = msg.stats ? statsText(msg.stats) : '';
 }
 
-// While a reply streams only its own node is redrawn, at most once a frame.
+// While a reply streams only its own node is redrawn, at most once a frame, and with at
+// least twice the last redraw's time between redraws: a long reply then costs the page a
+// bounded share of its time, however many pieces arrive.
 let pendingUpdate = null;
+let lastRenderMs = 0;
 function updateMessage(conv, msg) {
   if (pendingUpdate) return;
   pendingUpdate = setTimeout(() => {
@@ -647,9 +654,11 @@ function updateMessage(conv, msg) {
     if (!node) return;
     const box = $('chat');
     const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+    const t0 = performance.now();
     fillReply(node, msg);
+    lastRenderMs = performance.now() - t0;
     if (atBottom) box.scrollTop = box.scrollHeight;
-  }, 16);
+  }, Math.max(16, 2 * lastRenderMs));
 }
 
 function renderConversationList() {
