@@ -222,7 +222,7 @@ class LLM:
             params = sampler_params(sampling | {"seed": seed})
         except SamplingError as e:
             raise InvalidRequestError(str(e), param=getattr(e, "param", None)) from None
-        return Request(ids, params, max_tokens, stops, constraint, lookup, bias)
+        return Request(ids, params, max_tokens, stops, constraint, lookup, logit_bias=bias)
 
     def _run(self, req: Request, cancel: Callable[[], bool] | None
              ) -> tuple[EngineSequence, Iterator[str]]:
