@@ -100,18 +100,34 @@ def _digest(path: Path, mtime: float, size: int) -> bytes:  # noqa: ARG001 - cac
 def _build_settings() -> str:
     """What changes the kernels' code without changing a file: the forced SIMD flavour and
     the kernel type declarations as loaded."""
+    from .kerneltypes import KERNEL_TYPES
+
+    return f"{os.environ.get('GGUFLM_SIMD', '')} {_table_key(tuple(KERNEL_TYPES.items()))}"
+
+
+@functools.cache
+def _table_key(declarations: tuple) -> int:  # noqa: ARG001 - the cache key
     from .kerneltypes import table_key
 
-    return f"{os.environ.get('GGUFLM_SIMD', '')} {table_key()}"
+    return table_key()
+
+
+@functools.cache
+def _sources_digest(path: Path) -> bytes:
+    """The sources of ``path`` and of what it imports, transitively, as one digest (read
+    once per process: numba compiles a function once per process too)."""
+    h = hashlib.sha256()
+    for p in _closure(path):
+        st = p.stat()
+        h.update(str(p.relative_to(_PACKAGE)).encode() + _digest(p, st.st_mtime, st.st_size))
+    return h.digest()
 
 
 def sources_key(source: str | os.PathLike[str]) -> int:
     """The stamp of the kernels in file ``source``: its sources (the file and what it
     imports, transitively) and the build settings, as an integer."""
     h = hashlib.sha256(_build_settings().encode())
-    for p in _closure(Path(source).resolve()):
-        st = p.stat()
-        h.update(str(p.relative_to(_PACKAGE)).encode() + _digest(p, st.st_mtime, st.st_size))
+    h.update(_sources_digest(Path(source).resolve()))
     return int.from_bytes(h.digest()[:7], "little")
 
 
