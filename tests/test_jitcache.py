@@ -84,7 +84,8 @@ def test_a_callee_edited_in_another_file_is_recompiled(tmp_path: Path) -> None:
     rounded = run()
     floatbits = pkg / "quant/floatbits.py"
     src = floatbits.read_text()
-    body = '"""float32 x (|x| < 65504) rounded to the nearest float16 (ties to even), as float32."""'
+    body = ('"""float32 x (|x| < 65504) rounded to the nearest float16 (ties to even), '
+            'as float32."""')
     assert body in src
     floatbits.write_text(src.replace(body, body + "\n    return x"))
     assert run() != rounded  # no longer rounded to float16

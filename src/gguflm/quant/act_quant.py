@@ -40,7 +40,8 @@ def _round_f16(v: np.ndarray) -> None:
 
 @njit(cache=True, nogil=True)
 def quantize_q8_0(x: np.ndarray, qa: np.ndarray, da: np.ndarray, sa: np.ndarray) -> None:
-    """x (n, K) f32 -> qa (n, K) i8, da (n, K/32) f32 (fp16 values), sa (n, K/32) f32.
+    """The hot loop (Q8_0/Q8_1). x (n, K) f32 -> qa (n, K) i8, da (n, K/32) f32 (fp16
+    values), sa (n, K/32) f32.
 
     ggml's x86 quantize_row_q8_0/q8_1: d = amax/127 stored as fp16, q = rint(x * 127/amax);
     sa = fp16(d * sum(q)) is Q8_1's block sum (used by Q4_1/Q5_1), with d the float32 scale
@@ -69,8 +70,9 @@ def quantize_q8_0(x: np.ndarray, qa: np.ndarray, da: np.ndarray, sa: np.ndarray)
 
 @njit(cache=True, nogil=True)
 def quantize_q8_k(x: np.ndarray, qa: np.ndarray, da: np.ndarray, bsum: np.ndarray) -> None:
-    """x (n, K) f32 -> qa (n, K) i8, da (n, K/256) f32, bsum (n, K/32) f32 (integer sums of
-    each 32 values: Q8_K's 16-value bsums in pairs, as the Q4_K/Q5_K minimums use them).
+    """The hot loop (Q8_K). x (n, K) f32 -> qa (n, K) i8, da (n, K/256) f32, bsum (n, K/32)
+    f32 (integer sums of each 32 values: Q8_K's 16-value bsums in pairs, as the Q4_K/Q5_K
+    minimums use them).
 
     ggml's quantize_row_q8_K: scale from the signed value of largest magnitude,
     iscale = -127/max, q = min(127, nearest_int(iscale * x)), d = 1/iscale.

@@ -31,7 +31,7 @@ def _exp_f32(z):  # noqa: ANN001, ANN202
 
 @njit(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
 def _geglu_flat(x, u, out):  # noqa: ANN001, ANN201
-    # x, u, out (N,) f32 contiguous; a flat loop with selects so that LLVM vectorizes it
+    # the hot loop: x, u, out (N,) f32 contiguous; flat, with selects, so LLVM vectorizes it
     for j in range(x.shape[0]):
         v = x[j]
         y = np.float32(0.7978845608028654) * v * (np.float32(1.0) + np.float32(0.044715) * v * v)
@@ -54,8 +54,8 @@ def geglu(gate, up, out):  # noqa: ANN001, ANN201
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _swiglu_flat(x, u, out):  # noqa: ANN001, ANN201
-    # x, u, out (N,) f32 contiguous. ggml's SIMD lanes (ggml_v_silu: x / (1 + e**-x) with
-    # ggml_v_expf) for whole groups of 8, libm's expf for a row's tail, as ggml
+    # the hot loop: x, u, out (N,) f32 contiguous. ggml's SIMD lanes (ggml_v_silu:
+    # x / (1 + e**-x) with ggml_v_expf) for whole groups of 8, libm's expf for a row's tail
     n = x.shape[0]
     body = n - n % 8
     for j in range(body):

@@ -263,7 +263,8 @@ def _make_rowdot(nr: int, na: int, lanes: bool = False):  # noqa: ANN202 - a num
     out (n, R) f32)``:
     ``out[i0+i, r0+j*rs] = W[r0+j*rs] . x[i0+i]`` for ``j < nr``, ``i < na``. Several rows
     share each activation load and give the CPU independent accumulator chains; ``kind`` (a
-    ggml type id) selects the block loop, a literal one compiles that type's alone.
+    ggml type id, a compile-time constant: each type's row kernel is its own) selects the
+    block loop.
     ``da8``/``aux8``: with ``lanes`` (1x8, 1x4), ``_lanes8(da, na)``/``_lanes8(aux, na)``,
     the scales and sums of activation rows i0..i0+na-1 side by side; otherwise unused.
     ``cor``: the activations' lane corrections for the types with a ``vnni_offset``, or no

@@ -90,7 +90,9 @@ def qmatmul_serial(kinds, ws, x, tbl, outs, count):  # noqa: ANN001, ANN201
 def _run_items_par(kinds, ws, a32, ak, tbl, outs, items):  # noqa: ANN001, ANN202
     # (the activation sets come in as arguments: numba's parallel loops find a named
     # tuple's class only there)
-    for c in prange(items.shape[0]):  # handed out one at a time (matrix.set_threads)
+    # the hot loop: work item c = rows items[c, 1:3] of ws[items[c, 0]] (R_m, row_bytes)
+    # u8 @ x (n, K) -> outs[m][:, r0:r1] (n, R_m); handed out one at a time
+    for c in prange(items.shape[0]):
         run_item(kinds, ws, a32, ak, tbl, outs, items, c)
 
 
