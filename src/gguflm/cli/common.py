@@ -327,10 +327,44 @@ def refuse_encoder(model: Any, path: Any) -> None:
 
 def warm_up(model: Any) -> float:
     """Run the compiled paths once (``Model.warm_up``) so that the timed work that follows
-    pays neither their compilation (first run) nor their loading; the seconds."""
+    pays neither their compilation (first run: its steps shown on stderr) nor their
+    loading; the seconds."""
     t0 = time.perf_counter()
-    model.warm_up()
+    progress = _CompileProgress()
+    model.warm_up(report=progress)
+    progress.finish()
     return time.perf_counter() - t0
+
+
+class _CompileProgress:
+    """``Model.warm_up``'s report: one stderr line per compilation step, with the time it
+    is expected to take (the model's estimate, scaled by how the steps before went: a busy
+    machine takes longer) and, when done, the time it took."""
+
+    def __init__(self) -> None:
+        self.t0 = self.started = 0.0
+        self.expected = self.taken = 0.0  # of the steps so far
+
+    def _close(self) -> None:
+        if self.started:
+            took = time.perf_counter() - self.started
+            self.taken += took
+            print(f" {took:.0f} s", file=sys.stderr, flush=True)
+
+    def __call__(self, step: int, steps: int, what: str, seconds: float) -> None:
+        self._close()
+        pace = min(6.0, max(0.5, self.taken / self.expected)) if self.expected else 1.0
+        self.expected += seconds
+        self.started = time.perf_counter()
+        self.t0 = self.t0 or self.started
+        print(f"gguflm: [{step}/{steps}] compiling {what} (about {seconds * pace:.0f} s) ...",
+              end="", file=sys.stderr, flush=True)
+
+    def finish(self) -> None:
+        if self.started:
+            self._close()
+            print(f"gguflm: kernels ready in {time.perf_counter() - self.t0:.0f} s "
+                  "(later runs load them in about a second)", file=sys.stderr, flush=True)
 
 
 class Progress:
@@ -445,12 +479,12 @@ def note_shared_cores(args: argparse.Namespace) -> None:
 
 def say_if_compiling() -> None:
     """One line on stderr when the kernels are not compiled yet (the first product then
-    compiles them, a few minutes once), so a silent pause is explained."""
+    compiles them, once), so a silent pause is explained."""
     from ..model.base import compiled
 
     if not compiled():
-        print("gguflm: compiling the kernels (first run only, a few minutes) ...",
-              file=sys.stderr, flush=True)
+        print("gguflm: first run on this machine: compiling the kernels, once "
+              "(1-2 minutes) ...", file=sys.stderr, flush=True)
 
 
 def add_lookup_option(p: argparse.ArgumentParser) -> None:

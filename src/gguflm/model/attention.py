@@ -18,7 +18,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..quant import matrix
+from ..quant import (
+    jitcache,  # noqa: F401 - stamps the cached kernels below (before any njit)
+    matrix,
+)
 from ..quant.floatbits import (
     expf_ggml,
     expf_ggml_twin,

@@ -22,7 +22,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..quant.kernels import _Gen
+from ..quant.vector_ir import VectorIR as _Gen
 
 _F32, _F16, _I64 = ir.FloatType(), ir.HalfType(), ir.IntType(64)
 _LANES = 8

@@ -14,6 +14,11 @@ A batch may hold several sequences (``forward_batch``); ``forward`` is the one-s
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+
 import numpy as np
 
 from ..gguf.reader import GGUFFile
@@ -179,21 +184,50 @@ class Model:
         """Logits (len(ids), n_vocab) float32 of ``ids`` evaluated from an empty cache."""
         return self.forward(ids, self.new_cache(max(1, len(ids))), all_logits=True)
 
-    def warm_up(self, prompts: bool = False) -> None:
+    def warm_up(self, prompts: bool = False, report: Callable[[int, int, str, float], None]
+                | None = None) -> None:
         """Run the compiled paths once, so that later calls only load their machine code
         (or, on a first run, compile it now rather than in the middle of a request):
         decoding (two tokens, then one: the team), and a prompt longer than the team takes
         (the layer-by-layer blocks) when ``prompts`` or when the blocks are not compiled
         yet. A command with one short prompt skips loading the blocks (about 0.3 s); a
-        server asks for them, or its first batch of several prompts would load them."""
+        server asks for them, or its first batch of several prompts would load them.
+
+        What has to be compiled is done in steps, ``report(step, steps, what, seconds)``
+        called as each starts (seconds: about how long it takes); the prompt path compiles
+        in a second process meanwhile when the machine has a second core."""
+        from ..quant import kernels
         from . import team  # numba: compiled or loaded on first use
 
+        say = report or (lambda *_: None)
+        kinds = self.kernel_types()
+        blocks = prompts or not compiled()
+        steps = _compile_steps(kinds, blocks)
+        step = iter(range(1, len(steps) + 1))
+        if "types" in steps:
+            say(next(step), len(steps), steps["types"][0], steps["types"][1])
+            kernels.prepare(kinds)
+            kernels.warm_up(sorted(kinds))
+        together = "prompts" in steps and "decoding" in steps
+        helper = _compile_elsewhere(self) if together else None
+        if "decoding" in steps:
+            say(next(step), len(steps), *steps["decoding"])
         ids = [0, min(1, self.config.n_vocab - 1)]
         self.forward(ids, self.new_cache(4))
         self.forward(ids[:1], self.new_cache(4))
-        if prompts or not compiled():
+        if "prompts" in steps:
+            say(next(step), len(steps), *steps["prompts"])
+            if helper is not None:
+                helper.wait()
+        if blocks:
             n = team.MAX_ROWS + 1
             self.forward([0] * n, self.new_cache(n))
+
+    def kernel_types(self) -> set[int]:
+        """The ggml type ids of this model's tensors that have integer kernels."""
+        from ..quant.kerneltypes import KERNEL_TYPES
+
+        return {int(t.type) for t in self.gguf.tensors.values() if t.type in KERNEL_TYPES}
 
     def _check_ids(self, ids: list[int] | np.ndarray) -> np.ndarray:
         arr = np.asarray(ids)
@@ -226,13 +260,67 @@ def import_kernels() -> None:
     from . import attention, blocks, rowkernels, team  # noqa: F401
 
 
-def compiled() -> bool:
-    """True when the machine code of the kernels, the team (decoding) and the blocks
-    (longer prompts) is cached on disk: a start then takes about a second; otherwise the
-    first calls compile them (minutes, once)."""
+def compiled(kinds: Iterable[int] = ()) -> bool:
+    """True when the machine code of the kernels (and the row kernels of weight types
+    ``kinds``), the team (decoding) and the blocks (longer prompts) is cached on disk: a
+    start then takes about a second; otherwise the first calls compile them (a minute or
+    two, once)."""
     from ..quant import kernels
     from ..quant.jitcache import cached
     from . import blocks, team
 
-    return kernels.is_compiled() and cached(
+    return kernels.is_compiled(tuple(kinds)) and cached(
         (team.stack_team, blocks.attention_block, blocks.ffn_block))
+
+
+# About how long each step of a first run's compilation takes on a quiet 2-core machine
+# (seconds): the weight types' row kernels (each) and the products, the decoding path
+# (the team), the prompt path (the blocks; in a second process while the team compiles)
+_STEP_SECONDS = {"type": 2.0, "products": 10.0, "decoding": 90.0, "prompts": 75.0}
+
+
+def _compile_steps(kinds: set[int], prompts: bool) -> dict[str, tuple[str, float]]:
+    """What a warm-up has to compile, in order: ``{step: (what, seconds)}``."""
+    from ..gguf.types import GGMLType
+    from ..quant import int_tiles, kernels
+    from ..quant.jitcache import cached
+    from . import blocks, team
+
+    steps = {}
+    todo = sorted(k for k in kinds if not int_tiles.kernel_cached(k))
+    if todo or not kernels.is_compiled():
+        names = ", ".join(GGMLType(k).ggml_name for k in todo)
+        steps["types"] = (f"row kernels{' for ' + names if names else ''} and the products",
+                          _STEP_SECONDS["type"] * len(todo) + _STEP_SECONDS["products"])
+    if not cached((team.stack_team,)):
+        steps["decoding"] = ("decoding layers", _STEP_SECONDS["decoding"])
+    if prompts and not cached((blocks.attention_block, blocks.ffn_block)):
+        alone = "decoding" not in steps or (os.cpu_count() or 1) < 2
+        steps["prompts"] = ("prompt layers" + ("" if alone else " (compiled alongside)"),
+                            _STEP_SECONDS["prompts"] if alone else 10.0)
+    return steps
+
+
+def _compile_elsewhere(model: Model) -> subprocess.Popen | None:
+    """A second process compiling the prompt path of ``model``'s file into numba's disk
+    cache (``warm_prompt_path``) while this one compiles the decoding path; None on a
+    machine with one core (or when it cannot start)."""
+    if (os.cpu_count() or 1) < 2 or not getattr(model.gguf, "path", None):
+        return None
+    code = ("import sys; from gguflm.model.base import warm_prompt_path; "
+            "warm_prompt_path(sys.argv[1])")
+    try:
+        return subprocess.Popen([sys.executable, "-c", code, model.gguf.path],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+
+
+def warm_prompt_path(path: str) -> None:
+    """Compile (or load) the prompt path of the model in file ``path``: a prompt longer
+    than the team takes, through the blocks (``_compile_elsewhere``'s second process)."""
+    from . import load_model, team
+
+    model = load_model(path)
+    model.forward([0] * (team.MAX_ROWS + 1), model.new_cache(team.MAX_ROWS + 1))

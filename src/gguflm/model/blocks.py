@@ -21,15 +21,13 @@ batch-invariance rule holds.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numba import njit
 
-from gguflm.quant import grouped, kernels, matrix
+from gguflm.quant import grouped, jitcache, kernels, matrix
 from gguflm.quant.grouped import matmul_par, matmul_serial
 from gguflm.quant.kernels import geglu, swiglu
 
@@ -259,21 +257,8 @@ def layer(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int, rot: np.n
     return x + (ffn(x, b, la) if la.gate_up is not None else reference.ffn_part(x, b))
 
 
-def _sources_key() -> int:
-    """A key of what the blocks' machine code holds from other modules (numba links the
-    callees' code into the caller's): the kernel declarations and the source of the
-    modules whose functions they call."""
-    from gguflm.quant import floatbits, kerneltypes
-
-    from . import rowkernels
-
-    h = hashlib.sha256(str(kernels._TABLE_KEY).encode())
-    for mod in (kernels, kerneltypes, floatbits, grouped, _attention, rowkernels):
-        h.update(Path(mod.__file__).read_bytes())
-    return int.from_bytes(h.digest()[:7], "little")
-
-
-_SOURCES_KEY = _sources_key()
+# the stamp jitcache gives this file's kernels (its sources and all they import)
+_SOURCES_KEY = jitcache.sources_key(__file__)
 
 
 @njit(cache=True)
@@ -281,16 +266,5 @@ def _built_key() -> int:
     return _SOURCES_KEY  # frozen into the cached machine code with the blocks'
 
 
-_fresh = False
-
-
 def _check_build() -> None:
-    """numba's disk cache follows this file only, while the blocks hold code of functions
-    of other files: rebuild them when their cached machine code was built from other
-    sources or kernel declarations (as ``kernels.check_build`` does for the kernels)."""
-    global _fresh
-    if not _fresh:
-        kernels.check_build()
-        kernels.rebuild_if_stale(_built_key, _SOURCES_KEY,
-                                 (qk_heads, ffn_block, attention_block, _built_key))
-        _fresh = True
+    """Nothing to do: numba rebuilds machine code whose stamp (``jitcache``) is stale."""

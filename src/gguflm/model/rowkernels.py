@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..quant import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
+
 
 @njit(cache=True, nogil=True)
 def rmsnorm_rows(x, w, eps, out):  # noqa: ANN001, ANN201

@@ -33,10 +33,8 @@ at every start. The table's ``Stack`` holds the arrays the addresses point into.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,10 +44,11 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
-from gguflm.quant import kernels, matrix
+from gguflm.quant import jitcache, kernels, matrix
 from gguflm.quant.floatbits import to_f16
 from gguflm.quant.grouped import activation_sets, run_item, weight_bytes
-from gguflm.quant.kernels import _work_items, geglu, swiglu
+from gguflm.quant.kernels import geglu, swiglu
+from gguflm.quant.kernels import work_items as _work_items
 
 from . import blocks
 from .attention import _attend_one, store_rows
@@ -534,15 +533,8 @@ def run_stack(st: Stack, x: np.ndarray, batch: Any, ropes: tuple) -> np.ndarray 
 _NO_STOPS = np.zeros(0, np.int64)
 
 
-def _sources_key() -> int:
-    """What the team's machine code holds from other modules: the blocks' key (the
-    kernels, attention, row kernels) and the blocks' own source (``qk_heads``)."""
-    h = hashlib.sha256(str(blocks._SOURCES_KEY).encode())
-    h.update(Path(blocks.__file__).read_bytes())
-    return int.from_bytes(h.digest()[:7], "little")
-
-
-_SOURCES_KEY = _sources_key()
+# the stamp jitcache gives this file's kernels (its sources and all they import)
+_SOURCES_KEY = jitcache.sources_key(__file__)
 
 
 @njit(cache=True)
@@ -550,16 +542,5 @@ def _built_key() -> int:
     return _SOURCES_KEY  # frozen into the cached machine code with the team's
 
 
-_fresh = False
-
-
 def _check_build() -> None:
-    """Rebuild the team's cached machine code when it was built from other sources (as
-    ``blocks._check_build`` does for the blocks)."""
-    global _fresh
-    if not _fresh:
-        blocks._check_build()
-        kernels.rebuild_if_stale(_built_key, _SOURCES_KEY,
-                                 (stack_items, _residual, _member, stack_team,
-                                  stack_alone, _built_key))
-        _fresh = True
+    """Nothing to do: numba rebuilds machine code whose stamp (``jitcache``) is stale."""

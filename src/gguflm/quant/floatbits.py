@@ -14,6 +14,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
+
 _I32, _F32, _I16, _F16 = ir.IntType(32), ir.FloatType(), ir.IntType(16), ir.HalfType()
 
 

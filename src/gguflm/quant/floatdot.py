@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
+
 __all__ = ["f32_matmul", "twin_f32_matmul"]
 
 LANES = 8

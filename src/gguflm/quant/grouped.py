@@ -13,17 +13,16 @@ import numpy as np
 from numba import njit, prange
 
 from ..gguf.types import GGMLType
+from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
+from .act_quant import activation_sets as int_activation_sets
+from .float_tiles import f16_matmul_rows
 from .floatbits import to_f16
-from .kernels import (
-    _activation_sets,
-    _no_activations,
-    _run_item,
-    _work_items,
-    f16_matmul_rows,
-)
 from .kerneltypes import COMPILED_TYPES  # noqa: F401 - the types these products take
+from .products import run_item as int_run_item
+from .products import work_items
 
 F16_KIND = int(GGMLType.F16)
+Q8_0_KIND = int(GGMLType.Q8_0)  # an integer type whose empty sets stand for "none needed"
 
 
 def weight_bytes(raw: np.ndarray) -> np.ndarray:
@@ -55,15 +54,12 @@ def activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
             f16 = True
         elif first < 0:
             first = kinds[m]
-    if first >= 0:
-        ints = kinds.copy()  # F16 places take an integer type of the group: no new set
-        for m in range(count):
-            if ints[m] == F16_KIND:
-                ints[m] = first
-        a32, ak = _activation_sets(ints, count, x)
-    else:
-        a32 = _no_activations(x.shape[1])
-        ak = _no_activations(x.shape[1])
+    ints = kinds.copy()  # F16 places take an integer type of the group: no new set
+    for m in range(count):
+        if ints[m] == F16_KIND:
+            ints[m] = first if first >= 0 else Q8_0_KIND
+    # no integer weight: the sets of no rows (the integer products never run)
+    a32, ak = int_activation_sets(ints, count, x if first >= 0 else x[:0])
     xh = _rounded_f16(x) if f16 else x[:0]
     return a32, ak, xh
 
@@ -76,7 +72,7 @@ def run_item(kinds, ws, a32, ak, xh, tbl, outs, items, c):  # noqa: ANN001, ANN2
     if kinds[m] == F16_KIND:
         f16_matmul_rows(ws[m].view(np.uint16), xh, outs[m], items[c, 1], items[c, 2])
     else:
-        _run_item(kinds, ws, a32, ak, tbl, outs, items, c)
+        int_run_item(kinds, ws, a32, ak, tbl, outs, items, c)
 
 
 @njit(cache=True, nogil=True)
@@ -85,15 +81,22 @@ def matmul_serial(kinds, ws, x, tbl, outs, count):  # noqa: ANN001, ANN201
     (types ``kinds[m]``) on this thread; ``ws``/``outs`` MAX_FUSED-tuples, the unused
     entries repeating a used one (``kernels.pad_products``)."""
     a32, ak, xh = activation_sets(kinds, count, x)
-    items = _work_items(ws, count, x.shape[0], 0)
+    items = work_items(ws, count, x.shape[0], 0)
     for c in range(items.shape[0]):
         run_item(kinds, ws, a32, ak, xh, tbl, outs, items, c)
 
 
 @njit(cache=True, nogil=True, parallel=True)
+def _run_items_par(kinds, ws, a32, ak, xh, tbl, outs, items):  # noqa: ANN001, ANN202
+    # (the activation sets come in as arguments: numba's parallel loops find a named
+    # tuple's class only there)
+    for c in prange(items.shape[0]):  # handed out one at a time (matrix.set_threads)
+        run_item(kinds, ws, a32, ak, xh, tbl, outs, items, c)
+
+
+@njit(cache=True, nogil=True)
 def matmul_par(kinds, ws, x, tbl, outs, count, threads):  # noqa: ANN001, ANN201
     """``matmul_serial``'s products with their row ranges run in parallel."""
     a32, ak, xh = activation_sets(kinds, count, x)
-    items = _work_items(ws, count, x.shape[0], threads)
-    for c in prange(items.shape[0]):  # handed out one at a time (matrix.set_threads)
-        run_item(kinds, ws, a32, ak, xh, tbl, outs, items, c)
+    _run_items_par(kinds, ws, a32, ak, xh, tbl, outs,
+                   work_items(ws, count, x.shape[0], threads))

@@ -7,7 +7,7 @@ scales, the per-block float scale and the offset term (Q4_1/Q5_1's ``m``, Q4_K/Q
 ``dmin``), and which activation type ggml pairs with it. From that one declaration:
 
 - ``matrix.QMatrix`` dispatches a weight to the integer kernels (``KERNEL_TYPES``);
-- ``kernels.py`` (hot, numba/LLVM) builds each type's block loop;
+- ``int_blocks``/``int_tiles`` (hot, numba/LLVM) build each type's block loop;
 - ``twin_unpack``/``twin_block_terms`` here (portable numpy) are the slow readable twins
   the tests hold the kernels to;
 - ``KernelType.dequantizer`` is the type's own ``to_float`` (``simple.py``/``kquants.py``),
@@ -141,8 +141,8 @@ for _k in KERNEL_TYPES.values():
 
 
 def table_key() -> int:
-    """A checksum of every declaration and the layouts they read: the compiled kernels
-    carry the one they were built from (numba's disk cache tracks only kernels.py)."""
+    """A checksum of every declaration and the layouts they read, as loaded: part of the
+    compiled kernels' cache stamp (``jitcache``)."""
     parts = [repr(k) + repr(k.format) for k in KERNEL_TYPES.values()]
     return zlib.crc32("\n".join(parts).encode())
 

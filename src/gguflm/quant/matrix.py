@@ -2,7 +2,7 @@
 
 The model holds every weight as a QMatrix over the memory-mapped tensor bytes, so resident
 memory stays near the file size. Products go to a numba kernel that works on the quantized
-blocks directly when one exists for the type (``quant/kernels.py``); every other type takes
+blocks directly when one exists for the type (``quant/kernels``); every other type takes
 a correct fallback that dequantizes a bounded tile of rows at a time and hands it to BLAS.
 """
 

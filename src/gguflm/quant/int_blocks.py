@@ -1,0 +1,189 @@
+"""The weight side of an integer product, as LLVM IR built from each type's declaration
+(``kerneltypes.KernelType``): one weight block unpacked into the values of its 32-value
+spans (<32 x i8>, plane by plane as ``kerneltypes.Plane`` describes them), the integer
+group scales, the block's float scale and its offset term. ``int_tiles`` multiplies them
+with the activations.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from llvmlite import ir
+
+from .kerneltypes import KERNEL_TYPES, KernelType, Plane
+from .vector_ir import F32, I8, I16, I32, SIMD, VNNI, VectorIR, vec
+
+
+class SpanScales(NamedTuple):
+    """The integer scales of one span: ``scales`` (<16 x i16>, the block's), lane
+    ``first`` for values 0-15 and ``second`` for 16-31."""
+
+    scales: ir.Value
+    first: int
+    second: int
+
+
+class Span(NamedTuple):
+    """32 weight values of a block, as ``VectorIR.span_dot`` takes them."""
+
+    values: ir.Value  # <32 x i8>, the bias taken off (or the shifted values)
+    magnitudes: ir.Value  # |values| where the type is signed, else ``values``
+    scales: SpanScales | None
+
+
+class OffsetTerm(NamedTuple):
+    """What a block adds besides its integer dot: ``m * s_act`` (kind "m": Q4_1/Q5_1,
+    with the activations' Q8_1 block sum) or ``- d_act * dmin * sum(mins * 32-sums)``
+    (kind "dmin": Q4_K/Q5_K)."""
+
+    kind: str
+    factor: ir.Value  # m or dmin, float
+    mins: ir.Value | None = None  # "dmin": the 8 integer mins as <8 x float>
+
+
+class Block(NamedTuple):
+    spans: list[Span]
+    d: ir.Value  # the block's float scale
+    offset: OffsetTerm | None
+
+
+def signed(k: KernelType) -> bool:
+    """Whether the type's values can be negative (a bias, or whole signed bytes)."""
+    return bool(k.bias) or any(p.width == 8 for p in k.planes)
+
+
+def vnni_offset(k: KernelType) -> int:
+    """What makes type ``k``'s values unsigned for ``vpdpbusd`` (its bias; 128 for whole
+    signed bytes), where the CPU has VNNI and the type has no integer scales; else 0 (the
+    sign step stays). ``sum((w + o) a) - o sum(a)`` is the same integer as ``sum(w a)``."""
+    if not VNNI or k.scales:
+        return 0
+    if k.bias:
+        return k.bias
+    return 128 if any(p.width == 8 for p in k.planes) else 0
+
+
+def _emit_plane(g: VectorIR, k: KernelType, p: Plane, row, off, span: int) -> ir.Value:  # noqa: ANN001
+    """<32 x i8>: plane ``p`` of values ``32 * span`` .. ``+ 31`` of the block at ``row +
+    off``, already shifted into place. Three shapes cover every declared plane: whole bytes,
+    one 32-byte run (Q4_K/Q5_K/Q6_K: a load, a shift, a mask), and the two cases of the
+    32-value types (16 bytes of nibbles; a 32-bit field of one bit per value)."""
+    bld = g.b
+    e0 = 32 * span
+    foff = k.format[p.field].offset
+    if p.width == 8:
+        return g.vload(row, bld.add(off, g.c64(foff + e0)), 32)
+    if p.group == 1 and p.width == 1:
+        word = bld.bitcast(g.at(row, bld.add(off, g.c64(foff + e0 // 8))), I32.as_pointer())
+        return g.bits32(bld.load(word, align=1), p.shift)
+    per_set = p.group * 8 // p.width  # values per run of ``group`` bytes
+    s, within = divmod(e0, per_set)
+    plane, byte0 = divmod(within, p.group)
+    at = bld.add(off, g.c64(foff + s * p.group + byte0))
+    if p.group == 16 and p.width == 4 and plane == 0 and byte0 == 0:
+        v = g.nibbles(row, at)
+    elif p.group >= 32 and byte0 + 32 <= p.group:
+        v = g.vload(row, at, 32)
+        if plane:
+            v = bld.lshr(v, g.splat8(plane * p.width, 32))
+        if (plane + 1) * p.width < 8:
+            v = bld.and_(v, g.splat8((1 << p.width) - 1, 32))
+    else:
+        raise NotImplementedError(f"{k.type.ggml_name}: no IR for plane {p}")
+    if p.shift:
+        v = bld.shl(v, g.splat8(p.shift, 32))
+    return v
+
+
+def _emittable(k: KernelType) -> bool:
+    """Whether ``_emit_plane`` has a shape for every plane of ``k`` (checked at import)."""
+    for p in k.planes:
+        if p.width == 8 or (p.group == 1 and p.width == 1):
+            continue
+        per_set = p.group * 8 // p.width
+        for e0 in range(0, k.block_size, 32):
+            plane, byte0 = divmod(e0 % per_set, p.group)
+            if not ((p.group == 16 and p.width == 4 and plane == 0 and byte0 == 0)
+                    or (p.group >= 32 and byte0 + 32 <= p.group)):
+                return False
+    return True
+
+
+# the builder and the table must agree: every declared type gets a block loop, or none loads
+_UNBUILDABLE = [k.type.ggml_name for k in KERNEL_TYPES.values() if not _emittable(k)]
+if _UNBUILDABLE:
+    raise ImportError(f"kernels: no IR for the declared planes of {', '.join(_UNBUILDABLE)}")
+
+
+def _k_scales(g: VectorIR, row, at):  # noqa: ANN001, ANN202
+    """Q4_K/Q5_K's 8 six-bit scales and 8 mins (ggml get_scale_min_k4) from the 12 bytes at
+    ``row + at`` as <16 x i8> (scales in lanes 0-7, mins in 8-15), unpacked with word-wide
+    masks as ggml's x86 code does rather than 16 byte-by-byte extractions."""
+    bld = g.b
+
+    def word(k: int) -> ir.Value:
+        p = bld.bitcast(g.at(row, bld.add(at, g.c64(4 * k))), I32.as_pointer())
+        return bld.load(p, align=1)
+
+    def c(v: int) -> ir.Constant:
+        return ir.Constant(I32, v)
+
+    u0, u1, u2 = word(0), word(1), word(2)
+    hi2 = c(0x03030303)
+    s_lo = bld.and_(u0, c(0x3F3F3F3F))
+    m_lo = bld.and_(u1, c(0x3F3F3F3F))
+    s_hi = bld.or_(bld.and_(u2, c(0x0F0F0F0F)), bld.shl(bld.and_(bld.lshr(u0, c(6)), hi2), c(4)))
+    m_hi = bld.or_(bld.and_(bld.lshr(u2, c(4)), c(0x0F0F0F0F)),
+                   bld.shl(bld.and_(bld.lshr(u1, c(6)), hi2), c(4)))
+    v = ir.Constant(vec(I32, 4), ir.Undefined)
+    for k, x in enumerate((s_lo, s_hi, m_lo, m_hi)):
+        v = bld.insert_element(v, x, c(k))
+    return bld.bitcast(v, vec(I8, 16))
+
+
+def block_scale(g: VectorIR, k: KernelType, row, off) -> ir.Value:  # noqa: ANN001
+    """The float scale ``d`` of the weight block at byte ``off`` of ``row``."""
+    return g.f16(row, g.b.add(off, g.c64(k.format["d"].offset)))
+
+
+def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False) -> Block:  # noqa: ANN001
+    """The weight block at byte ``off`` of ``row``. ``shifted``: the values plus
+    ``vnni_offset(k)`` instead, all unsigned (``values`` = ``magnitudes``: the bias not
+    taken off, or whole signed bytes plus 128)."""
+    bld = g.b
+    fmt = k.format
+    is_signed = signed(k) and not shifted
+
+    def field_at(name: str) -> ir.Value:
+        return bld.add(off, g.c64(fmt[name].offset))
+
+    d = block_scale(g, k, row, off)
+    sc16 = mins = None
+    if k.scales == "k4":
+        sm8 = _k_scales(g, row, field_at("scales"))
+        sc16 = bld.zext(sm8, vec(I16, 16))
+        smf = bld.uitofp(bld.zext(sm8, vec(I32, 16)), vec(F32, 16))
+        mins = g.lanes(smf, list(range(8, 16)))  # the 8 integer mins, as <8 x float>
+    elif k.scales == "i8":
+        sc16 = bld.sext(g.vload(row, field_at("scales"), 16), vec(I16, 16))
+    group = k.block_size // (16 if k.scales == "i8" else 8)  # values per integer scale
+    spans = []
+    for span in range(k.block_size // 32):
+        w = None
+        for p in k.planes:
+            v = _emit_plane(g, k, p, row, off, span)
+            w = v if w is None else bld.or_(w, v)
+        if shifted and not k.bias:  # whole signed bytes: + 128 is the top bit flipped
+            w = bld.xor(w, g.splat8(-128, 32))
+        elif k.bias and not shifted:
+            w = bld.sub(w, g.splat8(k.bias, 32))
+        sc = None if sc16 is None else SpanScales(sc16, 32 * span // group,
+                                                  (32 * span + 16) // group)
+        spans.append(Span(w, g.magnitude(w) if is_signed and SIMD != "generic" else w, sc))
+    term = None
+    if k.offset == "m":
+        term = OffsetTerm("m", g.f16(row, field_at("m")))
+    elif k.offset == "dmin":
+        term = OffsetTerm("dmin", g.f16(row, field_at("dmin")), mins)
+    return Block(spans, d, term)

@@ -1,0 +1,528 @@
+"""Integer tiles: weight rows of a ggml type times 8-bit activation rows, as ggml's x86
+``vec_dot`` computes each of them.
+
+Each weight block is unpacked to small integers (``int_blocks``) and multiplied with the
+activation integers as ggml's x86 code does (``pmaddubsw`` then ``pmaddwd``): an exact
+integer dot product per block in 8 lanes (lane j sums values 4j..4j+3), converted and fused
+into an 8-lane float accumulator times ``d_weight * d_activation``; at the end ggml's
+horizontal sum. Every tile shape runs the same per-element sequence, so results are
+batch-invariant.
+
+Each weight type has its own compiled row kernel (``rows_kernel``): its block loop alone,
+compiled the first time a model needs the type (``prepare``) and cached on disk. The
+products' callers (``products``, the model's blocks and team) reach it through a table of
+function addresses (``qmatmul_rows``), so their own machine code holds none of the block
+loops: numba links a callee's code into every caller and optimizes it again there, and the
+block loops of every type, linked into every caller, were most of a first run's compile
+time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import NamedTuple
+
+import llvmlite.binding as llvm
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..gguf.types import GGMLType
+from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
+from .int_blocks import block_scale, signed, unpack, vnni_offset
+from .kerneltypes import KERNEL_TYPES, KernelType
+from .vector_ir import F32, I8, I32, I64, VectorIR, array_args, array_view, row_pointer, vec
+
+# Bytes ahead of the block in hand at which the tiles prefetch their weight row (and the
+# next ones: a tile's rows lie one after another); the hardware's prefetchers alone left
+# the tiles waiting on memory.
+PREFETCH = 2048
+SCALE_RUN = 64  # blocks whose scale products the tiles store before their block loop
+
+ROW_CHUNK = 16  # weight rows per parallel work item (kept hot while all activations pass)
+# Activation rows from which a product runs in tiles (1x8, 1x4) over ROW_CHUNK weight rows
+# kept hot; fewer stream the weights as when decoding (four sequential streams, each weight
+# row used by every activation row while in L1). From 4 rows tiles are faster, except for a
+# matrix of STREAM_MIN_BYTES or more at 5-7 rows, whose 1-3 rows past the 1x4 tile would
+# take slow 1x1 passes, while one stream per thread keeps up with memory.
+BATCH_MIN_ROWS = 4
+STREAM_MIN_BYTES = 16 << 20
+
+_NO_BATCH8 = tuple(int(t) for t, k in KERNEL_TYPES.items() if not k.batch8) or (-1,)
+
+
+class ActRow(NamedTuple):
+    """Pointers to one activation row's arrays (``act_quant.ActivationSet``'s)."""
+
+    qa: ir.Value  # i8 values
+    da: ir.Value  # f32 block scales
+    aux: ir.Value  # f32 Q8_1 block sums or Q8_K 32-sums
+    cor: ir.Value  # i32 lane corrections (types with a vnni_offset)
+    qu: ir.Value  # i8 values plus 128
+
+
+class Lanes(NamedTuple):
+    """The lanes tiles' extra pointers (one weight row, 4 or 8 activation rows)."""
+
+    da8: ir.Value  # the rows' activation scales side by side (``_lanes8``)
+    aux8: ir.Value  # their Q8_1 sums side by side
+    acc: ir.Value  # <8 x float> accumulator of Q8_1's m * s_act, lane i row i's
+    scratch: ir.Value  # room for SCALE_RUN blocks' 8 scale products
+
+
+class Tile(NamedTuple):
+    """What one tile's block loop accumulates into and reads."""
+
+    rows: list  # weight row pointers
+    acts: list[ActRow]
+    acc: list  # acc[j][i]: <8 x float> accumulator of weight row j times activation row i
+    acc_scalar: list  # acc_scalar[j][i]: float, the offset terms'
+    lanes: Lanes | None
+
+
+def _emit_type_loop(g: VectorIR, k: KernelType, t: Tile, nb, shift: str = "") -> None:  # noqa: ANN001
+    """The block loop of one weight type over ``nb`` blocks. Each weight block is unpacked
+    once per row; each activation span is loaded once and used by every row. The float
+    arithmetic is ggml's: ``(d_act * d) * isum``, ``+ m * s_act`` (Q8_1's block sum),
+    ``- (d_act * dmin) * sum(min_s * activation 32-sum_s)``.
+
+    With ``t.lanes`` ``d_act * d`` is one vector product for the 8 rows and Q8_1's
+    ``m * s_act`` one vector product and sum, lane i doing row i's scalar steps in the same
+    order: the same numbers, with 2 vector operations in place of 24 scalar ones per
+    block."""
+    bld = g.b
+    if t.lanes is None:
+        with cgutils.for_range(bld, nb) as loop:
+            _emit_block(g, k, t, loop.index, None, shift)
+        return
+    # The scale products d * d_act of a run of blocks, 8 rows a block, are stored first;
+    # the block loop then takes each row's with a broadcast load (a load port, no vector
+    # ALU) rather than a shuffle out of a register. Two loops, so that LLVM cannot forward
+    # the stores into shuffles again.
+    assert len(t.rows) == 1, "the 8 stored scale products are one weight row's"
+    with cgutils.for_range_slice(bld, g.c64(0), nb, g.c64(SCALE_RUN)) as (c0, _):
+        run = bld.select(bld.icmp_signed("<", bld.sub(nb, c0), g.c64(SCALE_RUN)),
+                         bld.sub(nb, c0), g.c64(SCALE_RUN))
+        with cgutils.for_range(bld, run) as loop:
+            b = bld.add(c0, loop.index)
+            d = block_scale(g, k, t.rows[0], bld.mul(b, g.c64(k.type_size)))
+            dd8 = bld.fmul(g.splatf8(d), g.load_v8(t.lanes.da8, b))
+            slot = bld.gep(t.lanes.scratch, [bld.mul(loop.index, g.c64(8))])
+            bld.store(dd8, bld.bitcast(slot, vec(F32, 8).as_pointer()), align=4)
+        with cgutils.for_range(bld, run) as loop:
+            slot = bld.gep(t.lanes.scratch, [bld.mul(loop.index, g.c64(8))])
+            _emit_block(g, k, t, bld.add(c0, loop.index), slot, shift)
+    if k.offset == "m":  # Q8_1's m * s_act: the lanes back to the rows' sums
+        accv = bld.load(t.lanes.acc)
+        for i in range(len(t.acts)):
+            bld.store(bld.extract_element(accv, ir.Constant(I32, i)), t.acc_scalar[0][i])
+
+
+def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:  # noqa: ANN001
+    """Block ``b`` of ``_emit_type_loop``; with ``t.lanes``, ``dd`` points to the block's 8
+    stored scale products ``d * d_act``. ``shift`` (types with a ``vnni_offset``, on VNNI)
+    skips the sign step with the same integers: "w" the weights plus their offset
+    (``int_blocks.unpack``), each lane's integer dot started from the activations' ``-offset
+    * lane sum`` (``ActRow.cor``); "a" the activations plus 128, unsigned (``ActRow.qu``),
+    times the signed weights, each lane started from ``-128 *`` the weights' lane sum, worked
+    out once per weight block for all the activation rows (the tiles)."""
+    qk, ts = k.block_size, k.type_size
+    bld = g.b
+    if len(t.rows) == 1 and len(t.acts) >= 4:  # a tile: see PREFETCH
+        pf = g.at(t.rows[0], bld.add(bld.mul(b, g.c64(ts)), g.c64(PREFETCH)))
+        g.call("llvm.prefetch.p0", ir.VoidType(), [pf, ir.Constant(I32, 0),
+                                                   ir.Constant(I32, 3), ir.Constant(I32, 1)])
+    blocks = [unpack(g, k, row, bld.mul(b, g.c64(ts)), shift == "w") for row in t.rows]
+    if t.lanes is None:
+        dabs = [g.load_f32(a.da, b) for a in t.acts]
+    else:
+        da8 = g.load_v8(t.lanes.da8, b)
+        dabs = [bld.extract_element(da8, ir.Constant(I32, i)) for i in range(len(t.acts))]
+    abase = bld.mul(b, g.c64(qk))
+    a8 = [[g.vload(a.qu if shift == "a" else a.qa, bld.add(abase, g.c64(32 * s)), 32)
+           for s in range(qk // 32)] for a in t.acts]
+    cor = None
+    if shift == "w":  # each span's 8 lanes of -offset * (sum of the lane's 4 activations)
+        cbase = bld.mul(b, g.c64(qk // 4))
+        cor = [[bld.load(bld.bitcast(g.at(a.cor, bld.add(cbase, g.c64(8 * s))),
+                                     vec(I32, 8).as_pointer()), align=4)
+                for s in range(qk // 32)] for a in t.acts]
+    for j, blk in enumerate(blocks):
+        if shift == "a":  # each span's 8 lanes of -128 * (sum of the lane's 4 weights)
+            zero = ir.Constant(vec(I32, 8), [0] * 8)
+            cor = [bld.sub(zero, g.dpbusd(zero, g.splat8(-128, 32), sp.values))
+                   for sp in blk.spans]
+        for i, act in enumerate(t.acts):
+            isum = _integer_dot(g, k, blk, a8[i], cor if shift == "a" else
+                                (cor[i] if cor is not None else None), shift)
+            _accumulate(g, t, j, i, act, b, blk, isum, dabs[i], dd)
+    if t.lanes is not None and k.offset == "m":
+        # + m * sum(x) for the 8 rows: lane i = row i's scalar fmul and fadd
+        accv = bld.load(t.lanes.acc)
+        prod = bld.fmul(g.splatf8(blocks[0].offset.factor), g.load_v8(t.lanes.aux8, b))
+        bld.store(bld.fadd(accv, prod), t.lanes.acc)
+
+
+def _integer_dot(g: VectorIR, k: KernelType, blk, a8: list, cor: list | None,  # noqa: ANN001
+                 shift: str) -> ir.Value:
+    """<8 x i32>: one weight block's exact integer dot with one activation row's spans
+    ``a8``, started from the lane corrections ``cor`` where ``shift`` asks for them."""
+    isum = None
+    for s, sp in enumerate(blk.spans):
+        if shift == "a":
+            start = cor[s] if isum is None else g.b.add(isum, cor[s])
+            isum = g.dpbusd(start, a8[s], sp.values)
+            continue
+        start = isum
+        if cor is not None:
+            start = cor[s] if isum is None else g.b.add(isum, cor[s])
+        isum = g.span_dot(sp.values, sp.magnitudes, a8[s], sp.scales,
+                          signed(k) and not shift, start)
+    return isum
+
+
+def _accumulate(g: VectorIR, t: Tile, j: int, i: int, act: ActRow, b, blk, isum,  # noqa: ANN001, PLR0913
+                dab, dd) -> None:  # noqa: ANN001
+    """Weight row j times activation row i, block ``b``: ``isum`` times the scales into
+    ``t.acc[j][i]``, the block's offset term into ``t.acc_scalar[j][i]``."""
+    bld = g.b
+    acc = bld.load(t.acc[j][i])
+    if t.lanes is None:
+        acc = g.fma8(acc, isum, bld.fmul(blk.d, dab))
+    else:  # row i's d * d_act, the same product as fmul(d, dab)
+        f = bld.sitofp(isum, vec(F32, 8))
+        spread = g.splatf8(bld.load(bld.gep(dd, [g.c64(i)])))
+        acc = g.call("llvm.fma.v8f32", vec(F32, 8), [f, spread, acc])
+    bld.store(acc, t.acc[j][i])
+    term = blk.offset
+    if term is None or (t.lanes is not None and term.kind == "m"):
+        return
+    accs = bld.load(t.acc_scalar[j][i])
+    if term.kind == "m":  # + m * sum(x), Q8_1's stored block sum
+        accs = bld.fadd(accs, bld.fmul(term.factor, g.load_f32(act.aux, b)))
+    else:
+        p8 = bld.bitcast(g.at(act.aux, bld.mul(b, g.c64(8))), vec(F32, 8).as_pointer())
+        # integers below 2**24 in float: the products and sums are exact
+        msum = g.hsum8(bld.fmul(term.mins, bld.load(p8, align=4)))
+        accs = bld.fsub(accs, bld.fmul(bld.fmul(dab, term.factor), msum))
+    bld.store(accs, t.acc_scalar[j][i])
+
+
+def _types_for(kind: types.Type) -> list[KernelType]:
+    """The block loop a row-dot call site needs: the one type of a literal ``kind`` (each
+    type's row kernel is compiled on its own, ``rows_kernel``)."""
+    lit = getattr(kind, "literal_value", None)
+    if lit is None:
+        raise TypeError("rowdot: the weight type must be a compile-time constant")
+    k = KERNEL_TYPES.get(GGMLType(lit)) if lit in GGMLType._value2member_map_ else None
+    return [] if k is None else [k]
+
+
+def _emit_types(g: VectorIR, kind, ktypes: list[KernelType], t: Tile, nbytes,  # noqa: ANN001
+                shifted_srcs: tuple) -> None:  # noqa: ANN001
+    """The switch over ``kind`` to each type's block loop; a type id without one gives NaN,
+    never a silent 0 (the jitted entry points refuse such ids before they get here)."""
+    bld = g.b
+    done = bld.append_basic_block("rowdot.done")
+    unknown = bld.append_basic_block("rowdot.unknown")
+    sw = bld.switch(bld.sext(kind, I64) if kind.type != I64 else kind, unknown)
+    for k in ktypes:
+        blk = bld.append_basic_block(f"rowdot.{k.type.ggml_name}")
+        sw.add_case(ir.Constant(I64, int(k.type)), blk)
+        bld.position_at_end(blk)
+        nb = bld.udiv(nbytes, g.c64(k.type_size))
+        # no sign step (``_emit_block``'s ``shift``): the lanes tiles take the activations
+        # plus 128 and each weight block's lane corrections, the rest the weights plus
+        # their offset and the activations' lane corrections (a third load per row and
+        # block costs the 1x8 tile more than the sign step saves)
+        if vnni_offset(k):
+            src, shift = (shifted_srcs[1], "a") if t.lanes else (shifted_srcs[0], "w")
+            have = bld.icmp_signed("!=", cgutils.unpack_tuple(bld, src.shape)[0], g.c64(0))
+            with bld.if_else(have) as (shifted, plain):
+                with shifted:
+                    _emit_type_loop(g, k, t, nb, shift)
+                with plain:
+                    _emit_type_loop(g, k, t, nb)
+        else:
+            _emit_type_loop(g, k, t, nb)
+        bld.branch(done)
+    bld.position_at_end(unknown)
+    for row_accs in t.acc_scalar:
+        for p in row_accs:
+            bld.store(ir.Constant(F32, float("nan")), p)
+    bld.branch(done)
+    bld.position_at_end(done)
+
+
+def _make_rowdot(nr: int, na: int, lanes: bool = False):  # noqa: ANN202 - a numba intrinsic
+    """Intrinsic ``rowdot(kind, w (R, row_bytes) u8, r0, rs, qa (n, K) i8, da (n, K/QK) f32,
+    aux (n, .) f32, cor (n, K/4) i32 or (0, .), qu (n, K) i8 or (0, .), da8, aux8, tbl, i0,
+    out (n, R) f32)``:
+    ``out[i0+i, r0+j*rs] = W[r0+j*rs] . x[i0+i]`` for ``j < nr``, ``i < na``. Several rows
+    share each activation load and give the CPU independent accumulator chains; ``kind`` (a
+    ggml type id, a compile-time constant: each type's row kernel is its own) selects the
+    block loop.
+    ``da8``/``aux8``: with ``lanes`` (1x8, 1x4), ``_lanes8(da, na)``/``_lanes8(aux, na)``,
+    the scales and sums of activation rows i0..i0+na-1 side by side; otherwise unused.
+    ``cor``: the activations' lane corrections for the types with a ``vnni_offset``, or no
+    rows (then those types take the sign step). ``qu``: the activations plus 128, which the
+    lanes tiles use for those types instead, or no rows."""
+
+    @intrinsic(prefer_literal=True)
+    def rowdot(typingctx, kind, w, r0, rs, qa, da, aux, cor, qu, da8, aux8, tbl, i0, out):  # noqa: ANN001, ANN202, ARG001, PLR0913
+        sig = types.int64(kind, w, r0, rs, qa, da, aux, cor, qu, da8, aux8, tbl, i0, out)
+        ktypes = _types_for(kind)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            kind_, ws, r0_, rs_, qas, das, auxs, cors, qus, da8s, aux8s, tbls, i0_, outs = (
+                array_args(context, builder, signature, args))
+            g = VectorIR(builder, tbls.data)
+            bld = builder
+            ridx = [bld.add(r0_, bld.mul(rs_, g.c64(j))) for j in range(nr)]
+            acts = []
+            for i in range(na):
+                ii = bld.add(i0_, g.c64(i))
+                acts.append(ActRow(row_pointer(bld, qas, ii, I8), row_pointer(bld, das, ii, F32),
+                                   row_pointer(bld, auxs, ii, F32),
+                                   row_pointer(bld, cors, ii, I32),
+                                   row_pointer(bld, qus, ii, I8)))
+            zero = ir.Constant(vec(F32, 8), [0.0] * 8)
+            lane_ptrs = None
+            if lanes:
+                g8 = bld.sdiv(i0_, g.c64(na))  # the rows' group in _lanes8(., na)
+                # one scratch for every type's block loop (each its own would add 2 KB of
+                # stack per type and tile)
+                lane_ptrs = Lanes(row_pointer(bld, da8s, g8, F32),
+                                  row_pointer(bld, aux8s, g8, F32),
+                                  cgutils.alloca_once_value(bld, zero),
+                                  cgutils.alloca_once(bld, F32, size=g.c64(8 * SCALE_RUN)))
+            tile = Tile([row_pointer(bld, ws, ri, I8) for ri in ridx], acts,
+                        [[cgutils.alloca_once_value(bld, zero) for _ in range(na)]
+                         for _ in range(nr)],
+                        [[cgutils.alloca_once_value(bld, ir.Constant(F32, 0.0))
+                          for _ in range(na)] for _ in range(nr)], lane_ptrs)
+            nbytes = cgutils.unpack_tuple(bld, ws.shape)[1]
+            _emit_types(g, kind_, ktypes, tile, nbytes, (cors, qus))
+            for j in range(nr):
+                for i in range(na):
+                    res = bld.fadd(g.hsum8(bld.load(tile.acc[j][i])),
+                                   bld.load(tile.acc_scalar[j][i]))
+                    g.store_2d(outs, bld.add(i0_, g.c64(i)), ridx[j], res)
+            return context.get_constant(types.int64, 0)
+
+        return sig, codegen
+
+    return rowdot
+
+
+# (weight rows, activation rows) per call: 4x1 for token-by-token decoding; for batches 1x8
+# (an unpacked block serves 8 activation rows) and 1x4 for 4-7 rows (one weight row at a
+# time: on a 262144-row output matrix faster than 2x4, as fast on small ones), except types
+# declared batch8=False: 1x4 for all
+_rd_4x1 = _make_rowdot(4, 1)
+_rd_1x1 = _make_rowdot(1, 1)
+_rd_1x8 = _make_rowdot(1, 8, lanes=True)
+_rd_1x4 = _make_rowdot(1, 4)
+_rd_1x4l = _make_rowdot(1, 4, lanes=True)
+
+
+@njit(cache=True, nogil=True)
+def _lanes8(a, group):  # noqa: ANN001, ANN201
+    """a (n, m) f32 -> (n // group, 8 m) f32: each group of ``group`` (<= 8) rows with its
+    columns side by side in 8 lanes, ``[g, 8 j + i] = a[group g + i, j]``, the lanes past
+    ``group`` 0 (the 1x8 and 1x4 tiles' vector loads of scales and sums)."""
+    n, m = a.shape
+    out = np.zeros((n // group, 8 * m), np.float32)
+    for g in range(n // group):
+        for j in range(m):
+            for i in range(group):
+                out[g, 8 * j + i] = a[group * g + i, j]
+    return out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def tiled(n, w):  # noqa: ANN001, ANN201
+    """Whether n activation rows times weights ``w`` (R, row_bytes) run in tiles."""
+    return n >= 8 or n == BATCH_MIN_ROWS or (
+        n > BATCH_MIN_ROWS and w.shape[0] * w.shape[1] < STREAM_MIN_BYTES)
+
+
+@njit(nogil=True, inline="always")
+def _rows_of_type(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1):  # noqa: ANN001, ANN202
+    """The hot loop. W rows r0:r1 (R, row_bytes) u8 @ activations (n, K) -> out[:, r0:r1]
+    (n, R) f32, for the weights' (literal) type ``kind``."""
+    n = qa.shape[0]
+    if tiled(n, w):  # a batch: tiles of ROW_CHUNK rows stay hot while activations pass
+        lanes = kind not in _NO_BATCH8
+        batch8 = lanes and n >= 8
+        da8 = _lanes8(da if batch8 else da[:0], 8)
+        aux8 = _lanes8(aux if batch8 else aux[:0], 8)
+        lanes4 = lanes and n % 8 >= 4  # rows left for one 1x4 pass
+        da4 = _lanes8(da if lanes4 else da[:0], 4)
+        aux4 = _lanes8(aux if lanes4 else aux[:0], 4)
+        for c0 in range(r0, r1, ROW_CHUNK):
+            c1 = min(r1, c0 + ROW_CHUNK)
+            i = 0
+            if batch8:
+                while i + 8 <= n:
+                    for r in range(c0, c1):
+                        _rd_1x8(kind, w, r, 1, qa, da, aux, cor, qu, da8, aux8, tbl, i, out)
+                    i += 8
+            while i + 4 <= n:
+                if lanes4:
+                    for r in range(c0, c1):
+                        _rd_1x4l(kind, w, r, 1, qa, da, aux, cor, qu, da4, aux4, tbl, i, out)
+                else:
+                    for r in range(c0, c1):
+                        _rd_1x4(kind, w, r, 1, qa, da, aux, cor, qu, da, aux, tbl, i, out)
+                i += 4
+            while i < n:
+                for r in range(c0, c1):
+                    _rd_1x1(kind, w, r, 1, qa, da, aux, cor, qu, da, aux, tbl, i, out)
+                i += 1
+        return
+    # token by token: the weights stream from memory once. Four rows per pass, taken from
+    # four quarters of the range, so that each quarter is one long sequential stream for
+    # the prefetcher (adjacent rows would make short broken streams); the activation rows
+    # take turns on those four rows while they are in L1.
+    quarter = (r1 - r0) // 4
+    for k in range(quarter):
+        for i in range(n):
+            _rd_4x1(kind, w, r0 + k, quarter, qa, da, aux, cor, qu, da, aux, tbl, i, out)
+    for r in range(r0 + 4 * quarter, r1):
+        for i in range(n):
+            _rd_1x1(kind, w, r, 1, qa, da, aux, cor, qu, da, aux, tbl, i, out)
+
+
+# -- one compiled row kernel per weight type, reached through a table of addresses ----------
+
+# ``rows_kernel(args)``: args (int64 *) the arrays of ``qmatmul_rows`` as ``_ARG_ARRAYS``
+# lays them out (each 2-D one as data, shape 0, shape 1, stride 0, stride 1; bytes), then
+# F16_TABLE's data and length, and the row range r0, r1
+_ARG_ARRAYS = ("w", "qa", "da", "aux", "cor", "qu", "out")
+_ARG_SLOTS = 5 * len(_ARG_ARRAYS) + 4
+_ROWS_SIG = types.void(types.CPointer(types.int64))
+_TABLE_SIZE = 64  # ggml type ids are below this
+_TABLE_SYMBOL = "gguflm_int_rows_kernels"  # what the callers' machine code links against
+_TABLE = (ctypes.c_void_p * _TABLE_SIZE)()
+llvm.add_symbol(_TABLE_SYMBOL, ctypes.addressof(_TABLE))
+
+_u8_view = array_view(types.uint8, 2)
+_i8_view = array_view(types.int8, 2)
+_i32_view = array_view(types.int32, 2)
+_f32_view = array_view(types.float32, 2)
+_f32_vec_view = array_view(types.float32, 1)
+
+
+@intrinsic
+def _call_rows_kernel(typingctx, kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1):  # noqa: ANN001, ANN202, ARG001, PLR0913
+    """Type ``kind``'s row kernel on these arguments; False (nothing run) when the type has
+    none in the table (no integer kernel, or not ``prepare``d)."""
+    sig = types.boolean(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        kind_, ws, qas, das, auxs, cors, qus, tbls, outs, r0_, r1_ = array_args(
+            context, builder, signature, args)
+        slots = cgutils.alloca_once(builder, I64, size=ir.Constant(I64, _ARG_SLOTS))
+        values = []
+        for a in (ws, qas, das, auxs, cors, qus, outs):
+            values += [builder.ptrtoint(a.data, I64), *cgutils.unpack_tuple(builder, a.shape),
+                       *cgutils.unpack_tuple(builder, a.strides)]
+        values += [builder.ptrtoint(tbls.data, I64), *cgutils.unpack_tuple(builder, tbls.shape),
+                   r0_, r1_]
+        for i, v in enumerate(values):
+            builder.store(v, builder.gep(slots, [ir.Constant(I64, i)]))
+        fnty = ir.FunctionType(ir.VoidType(), [I64.as_pointer()])
+        mod = builder.module
+        table = mod.globals.get(_TABLE_SYMBOL)
+        if table is None:
+            table = ir.GlobalVariable(mod, ir.ArrayType(I8.as_pointer(), _TABLE_SIZE),
+                                      _TABLE_SYMBOL)
+            table.linkage = "external"
+        idx = builder.sext(kind_, I64) if kind_.type != I64 else kind_
+        inside = builder.icmp_unsigned("<", idx, ir.Constant(I64, _TABLE_SIZE))
+        found = cgutils.alloca_once_value(builder, cgutils.false_bit)
+        with builder.if_then(inside):
+            fp = builder.load(builder.gep(table, [ir.Constant(I32, 0), idx]))
+            with builder.if_then(cgutils.is_not_null(builder, fp)):
+                builder.call(builder.bitcast(fp, fnty.as_pointer()), [slots])
+                builder.store(cgutils.true_bit, found)
+        return builder.load(found)
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True)
+def qmatmul_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1):  # noqa: ANN001, ANN201
+    """W rows r0:r1 (R, row_bytes) u8 of ggml type ``kind`` @ activations (n, K) ->
+    out[:, r0:r1] (n, R) f32 (``act_quant.ActivationSet``'s arrays: ``cor`` and ``qu`` may
+    have no rows), by the type's row kernel. A type without one (or not ``prepare``d)
+    gives NaN, never a silent 0."""
+    if not _call_rows_kernel(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1):
+        out[:, r0:r1] = np.nan
+
+
+def _rows_kernel(kind: int):  # noqa: ANN202 - a numba cfunc
+    """Type ``kind``'s row kernel: compiled, or loaded from numba's disk cache."""
+    from numba.core import sigutils
+    from numba.core.ccallback import CFunc
+
+    kind = int(kind)
+
+    def rows_kernel(args):  # noqa: ANN001, ANN202
+        _rows_of_type(kind, _u8_view(args[0], (args[1], args[2]), (args[3], args[4])),
+                      _i8_view(args[5], (args[6], args[7]), (args[8], args[9])),
+                      _f32_view(args[10], (args[11], args[12]), (args[13], args[14])),
+                      _f32_view(args[15], (args[16], args[17]), (args[18], args[19])),
+                      _i32_view(args[20], (args[21], args[22]), (args[23], args[24])),
+                      _i8_view(args[25], (args[26], args[27]), (args[28], args[29])),
+                      _f32_vec_view(args[35], (args[36],), (4,)),
+                      _f32_view(args[30], (args[31], args[32]), (args[33], args[34])),
+                      args[37], args[38])
+
+    # one cache file per type (a shared index would be rewritten by concurrent builds)
+    rows_kernel.__qualname__ = f"rows_kernel_{GGMLType(kind).ggml_name}"
+    fn = CFunc(rows_kernel, sigutils.normalize_signature(_ROWS_SIG), locals={}, options={})
+    fn.enable_caching()
+    return fn
+
+
+_KERNELS: dict[int, object] = {}  # type id -> its compiled row kernel (kept alive here)
+_LOCK = threading.Lock()
+
+
+def prepared(kind: int) -> bool:
+    """Whether type ``kind``'s row kernel is in the table."""
+    return int(kind) in _KERNELS
+
+
+def kernel_cached(kind: int) -> bool:
+    """Whether type ``kind``'s row kernel is in numba's disk cache (loading it then takes
+    milliseconds; compiling it, seconds)."""
+    if prepared(kind):
+        return True
+    try:
+        return len(_rows_kernel(kind)._cache._cache_file._load_index()) > 0
+    except Exception:  # noqa: BLE001 - numba internals moved: assume not
+        return False
+
+
+def prepare(kinds) -> None:  # noqa: ANN001 - any iterable of ggml type ids
+    """Compile (first time) or load each integer-kernel type's row kernel and put it in the
+    table ``qmatmul_rows`` calls through; types without one are left to the callers'
+    checks."""
+    for kind in {int(k) for k in kinds}:
+        if kind in _KERNELS or kind not in _KERNEL_IDS:
+            continue
+        with _LOCK:
+            if kind not in _KERNELS:
+                fn = _rows_kernel(kind)
+                fn.compile()
+                _TABLE[kind] = fn.address
+                _KERNELS[kind] = fn
+
+
+_KERNEL_IDS = frozenset(int(t) for t in KERNEL_TYPES)
