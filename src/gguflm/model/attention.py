@@ -219,7 +219,8 @@ def _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, t, h, g
         vkq[c] = vkq[c] * inv
 
 
-@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+# not inlined: numba's front end then types its body once, not again in every caller
+@njit(cache=True, nogil=True, error_model="numpy")
 def _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item, sinks):  # noqa: ANN001, ANN202
     """Work item ``item``: query row t = item // H_kv with the heads of KV head
     g = item % H_kv, by the arithmetic the row asks for."""
@@ -289,7 +290,7 @@ def _attend_par(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, k_new,
         r = i // n_kv
         row = r // 2 if r % 2 == 0 else n_rows - 1 - r // 2
         _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out,
-                    row * n_kv + i % n_kv, sinks)
+                    np.int64(row * n_kv + i % n_kv), sinks)  # one signature (i is unsigned)
 
 
 def runs_parallel(rows: int, n_kv: int, macs: int) -> bool:

@@ -356,9 +356,10 @@ def stack_team(x, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, rots, r
     q, k, vv, qr, a, o, g, u, o2 = bufs
     sync[:, :] = 0
     for m in prange(threads):
-        _member(m, x, out, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, rots, rot_sel,
-                neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu,
-                (q, k, vv, qr, a, o, g, u, o2), sync, stop, l0, l1)
+        # int64: the parallel body's index is unsigned, and _member would compile twice
+        _member(np.int64(m), x, out, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps,
+                rots, rot_sel, neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16,
+                flash, gelu, (q, k, vv, qr, a, o, g, u, o2), sync, stop, l0, l1)
     return out
 
 

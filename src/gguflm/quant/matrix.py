@@ -264,10 +264,11 @@ def _f16_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
     # every batch size here, never BLAS: each element is summed in the same order
     # whatever the batch (the serving engine's determinism rule)
     from gguflm.quant import kernels
+    from gguflm.quant.float_tiles import STREAM_CHUNK
 
     w = m.raw.view(np.uint16)
     if x.shape[0] * m.shape[0] * m.shape[1] >= PARALLEL_MIN_MACS:
-        if m.shape[0] < 2 * kernels.STREAM_CHUNK and x.shape[0] >= 2 * ROWSPLIT_MIN_ROWS:
+        if m.shape[0] < 2 * STREAM_CHUNK and x.shape[0] >= 2 * ROWSPLIT_MIN_ROWS:
             from gguflm.quant.rowsplit import f16_matmul_xrows  # one weight chunk: split x
 
             f16_matmul_xrows(w, x, out)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from numba import njit, prange
 
-from .kernels import f16_matmul_rows
+from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
+from .float_tiles import f16_matmul_rows
 
 ROW_BLOCK = 16  # activation rows per work item (small: a waiting thread's share moves)
 
