@@ -153,6 +153,12 @@ def soak(srv: Server, port: int, args: argparse.Namespace) -> bool:
     rss_cold = srv.rss_mib()
     for _, _, send in attacks(port):
         send()
+    # and every slot's KV cache written as far as the attacks write it (1,000-token inputs):
+    # the cache's pages are committed as positions are first written (23 kB a position
+    # here), which is the cache, not growth
+    with ThreadPoolExecutor(args.parallel) as pool:
+        list(pool.map(lambda _: post(port, "/v1/embeddings", {"input": list(range(100, 1200))},
+                                     timeout=900), range(args.parallel)))
     wait_idle(port)
     rss0 = srv.rss_mib()
     results: list[tuple[str, object, bool]] = []
