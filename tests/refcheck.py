@@ -88,3 +88,21 @@ def run_reference(model: Any, folder: Path) -> Steps:
         npy = folder / f"logits-{case['id']}.npy"
         compare_case(logits, case, steps, np.load(npy) if npy.is_file() else None)
     return steps
+
+
+def assert_conforms(model: Any, folder: Path, path: Path) -> None:
+    """The architecture bars: llama.cpp's prompt tokens from our tokenizer; over > 500
+    teacher-forced steps, de-shifted max <= 0.5 and median-over-steps max |d| <= 0.15; top-1
+    agreement wherever llama.cpp's margin is >= 0.25."""
+    from gguflm import Tokenizer
+
+    tok = Tokenizer.from_file(path)
+    for case in load_cases(folder):
+        ids = tok.encode(case["prompt"], add_special=True, parse_special=case["special"])
+        assert ids == case["prompt_tokens"], case["id"]
+    steps = run_reference(model, folder)
+    s = steps.summary()
+    assert s["steps"] > 500, s
+    assert s["dev_max"] <= 0.5, s
+    assert s["raw_median"] <= 0.15, s
+    assert steps.disagreements(0.25) == [], s

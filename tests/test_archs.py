@@ -17,7 +17,7 @@ import pytest
 import gguflm
 from gguflm.gguf.errors import TensorInfoError
 from gguflm.model import archs
-from refcheck import load_cases, run_reference
+from refcheck import assert_conforms
 from tinymodel import declared_tensors, random_tensors, tiny_metadata, write_model
 
 ARCHS = ["qwen2", "qwen3", "phi3", "gemma2"]
@@ -50,16 +50,7 @@ def test_conformance(reference: Path, arch: str) -> None:
         pytest.skip(f"{path} not found")
     model = gguflm.load_model(path)
     assert model.config.arch == arch
-    tok = gguflm.Tokenizer.from_file(path)
-    for case in load_cases(folder):
-        ids = tok.encode(case["prompt"], add_special=True, parse_special=case["special"])
-        assert ids == case["prompt_tokens"], case["id"]
-    steps = run_reference(model, folder)
-    s = steps.summary()
-    assert s["steps"] > 500, s
-    assert s["dev_max"] <= 0.5, s
-    assert s["raw_median"] <= 0.15, s
-    assert steps.disagreements(0.25) == [], s
+    assert_conforms(model, folder, path)
 
 
 # -- tiny random models ------------------------------------------------------------------------

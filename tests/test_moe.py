@@ -19,7 +19,7 @@ from gguflm.gguf.errors import MetadataError
 from gguflm.model import executor
 from gguflm.model.batch import ALL, Part
 from gguflm.model.layer import Experts
-from refcheck import load_cases, run_reference
+from refcheck import assert_conforms
 from tinymodel import declared_tensors, tiny_metadata
 
 MOE = ["qwen3moe", "mixtral", "gpt-oss"]
@@ -39,16 +39,7 @@ def test_conformance(reference: Path, arch: str) -> None:
     step's 20 reference ids, de-shifted max <= 0.5 and median-over-steps max |d| <= 0.15."""
     model, folder = _model(reference, arch)
     assert all(isinstance(b.ffn, Experts) for b in model.blocks)
-    tok = gguflm.Tokenizer.from_file(folder / f"tiny-{arch}-f16.gguf")
-    for case in load_cases(folder):
-        ids = tok.encode(case["prompt"], add_special=True, parse_special=case["special"])
-        assert ids == case["prompt_tokens"], case["id"]
-    steps = run_reference(model, folder)
-    s = steps.summary()
-    assert s["steps"] > 500, s
-    assert s["dev_max"] <= 0.5, s
-    assert s["raw_median"] <= 0.15, s
-    assert steps.disagreements(0.25) == [], s
+    assert_conforms(model, folder, folder / f"tiny-{arch}-f16.gguf")
 
 
 @pytest.mark.parametrize("arch", MOE)
