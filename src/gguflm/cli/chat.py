@@ -128,7 +128,7 @@ def chat(args: argparse.Namespace) -> int:
         args.n_predict = -1
     if args.n_predict < -1:
         raise UsageError(f"-n must be -1 (unlimited) or at least 0, got {args.n_predict}")
-    llm = load_llm(args, parallel=1)
+    llm = load_llm(args, parallel=1, generate=True)
     state = Chat(llm, args)
     try:  # bad sampling values or a template failing fail here, once
         state.messages.append({"role": "user", "content": "hi"})

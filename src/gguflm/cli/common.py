@@ -276,10 +276,10 @@ def load_model(name: str, threads: int | None = None,
 
     path = resolve(name)
     set_threads(threads)
-    say_if_compiling()
     t0 = time.perf_counter()
     model = load(path, **(options or {}))
     refuse_encoder(model, path)
+    say_if_compiling()  # (the kernels compile at the warm-up, after this)
     tokenizer = Tokenizer.from_gguf(model.gguf)
     say_if_not_compiled(model)
     say_if_larger_than_memory(path)

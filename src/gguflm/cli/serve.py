@@ -20,6 +20,7 @@ from .common import (
     load_options,
     non_negative_int,
     positive_int,
+    refuse_encoder,
     say_if_compiling,
     say_if_larger_than_memory,
     say_if_not_compiled,
@@ -129,9 +130,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def load_llm(args: argparse.Namespace, parallel: int | None = None,  # noqa: ANN201 - an LLM
-             max_queue: int | None = None):
+             max_queue: int | None = None, generate: bool = False):
     """The LLM for ``args`` (model, -c, -t, --chat-template) with ``parallel`` slots, errors
-    as CLIError."""
+    as CLIError; ``generate``: an embedding model is refused at once (``chat``)."""
     from ..api import LLM, InvalidRequestError
     from ..engine.scheduler import DEFAULT_MAX_QUEUE, DEFAULT_SLOTS
     from ..hub import KNOWN_MODELS
@@ -150,6 +151,8 @@ def load_llm(args: argparse.Namespace, parallel: int | None = None,  # noqa: ANN
         llm.model_id = args.alias
     elif args.model in KNOWN_MODELS:
         llm.model_id = args.model  # the name the user gave, as clients will see it
+    if generate:
+        refuse_encoder(llm.model, path)
     say_if_not_compiled(llm.model)
     say_if_larger_than_memory(path)
     if getattr(args, "warmup", True):

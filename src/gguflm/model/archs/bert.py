@@ -86,18 +86,30 @@ class Bert(Model):
     def load_tensors(self, w: Weights) -> None:
         c = self.config
         self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
-        self.position_embd = w.get("position_embd.weight", (c.n_ctx_train, c.n_embd))
+        self.position_embd = self.position_tensor(w)
         self.token_types = w.get("token_types.weight", (c.n_token_types, c.n_embd),
                                  optional=True)
         self.token_embd_norm = w.get("token_embd_norm.weight", (c.n_embd,))
         self.token_embd_norm_bias = w.get("token_embd_norm.bias", (c.n_embd,))
+        ffn, ffn_optional = self.ffn_tensors()
         self.layers = [w.layer(i, {
             "attn_output": (c.n_embd, c.n_embd_q),
             "attn_output_norm": (c.n_embd,), "attn_output_norm.bias": (c.n_embd,),
-            "ffn_up": (c.n_ff, c.n_embd), "ffn_down": (c.n_embd, c.n_ff),
+            **ffn,
             "layer_output_norm": (c.n_embd,), "layer_output_norm.bias": (c.n_embd,),
-        }, optional={"attn_output.bias": (c.n_embd,), "ffn_up.bias": (c.n_ff,),
-                     "ffn_down.bias": (c.n_embd,)}, qkv=c) for i in range(c.n_layer)]
+        }, optional={"attn_output.bias": (c.n_embd,), **ffn_optional}, qkv=c)
+            for i in range(c.n_layer)]
+
+    def position_tensor(self, w: Weights) -> Any:
+        """Learned position embeddings (a subclass's hook: none with RoPE)."""
+        c = self.config
+        return w.get("position_embd.weight", (c.n_ctx_train, c.n_embd))
+
+    def ffn_tensors(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The FFN's (required, optional) tensors: up and down with optional biases."""
+        c = self.config
+        return ({"ffn_up": (c.n_ff, c.n_embd), "ffn_down": (c.n_embd, c.n_ff)},
+                {"ffn_up.bias": (c.n_ff,), "ffn_down.bias": (c.n_embd,)})
 
     # -- forward ---------------------------------------------------------------------------------
     def embed_batch(self, seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
@@ -176,20 +188,13 @@ class NomicBert(Bert):
     positions but NEOX RoPE on Q and K (``rope.freq_base``), one fused ``attn_qkv``, and a
     SwiGLU FFN ``down(silu(gate(x)) * up(x))`` without biases."""
 
-    def load_tensors(self, w: Weights) -> None:
+    def position_tensor(self, w: Weights) -> Any:
+        return None  # RoPE
+
+    def ffn_tensors(self) -> tuple[dict[str, Any], dict[str, Any]]:
         c = self.config
-        self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
-        self.token_types = w.get("token_types.weight", (c.n_token_types, c.n_embd),
-                                 optional=True)
-        self.token_embd_norm = w.get("token_embd_norm.weight", (c.n_embd,))
-        self.token_embd_norm_bias = w.get("token_embd_norm.bias", (c.n_embd,))
-        self.layers = [w.layer(i, {
-            "attn_output": (c.n_embd, c.n_embd_q),
-            "attn_output_norm": (c.n_embd,), "attn_output_norm.bias": (c.n_embd,),
-            "ffn_up": (c.n_ff, c.n_embd), "ffn_gate": (c.n_ff, c.n_embd),
-            "ffn_down": (c.n_embd, c.n_ff),
-            "layer_output_norm": (c.n_embd,), "layer_output_norm.bias": (c.n_embd,),
-        }, optional={"attn_output.bias": (c.n_embd,)}, qkv=c) for i in range(c.n_layer)]
+        return ({"ffn_up": (c.n_ff, c.n_embd), "ffn_gate": (c.n_ff, c.n_embd),
+                 "ffn_down": (c.n_embd, c.n_ff)}, {})
 
     def _embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
         return self.token_embd.rows(ids)
