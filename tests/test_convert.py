@@ -23,11 +23,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import REFERENCE
 from gguflm import gguf
 from gguflm.convert import ConvertError, convert
 from gguflm.gguf.types import type_name
 
-REF = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
+REF = REFERENCE  # $GGUFLM_REFERENCE or ../shared/reference, as every test reads it
 
 
 def _minilm_dir() -> Path:
