@@ -168,11 +168,17 @@ def _health(url: str) -> dict:
     return out
 
 
-def test_a_closed_non_streaming_request_is_cancelled(server: str) -> None:
+def test_a_closed_non_streaming_request_is_cancelled(server: str, smollm2_path: Path) -> None:
+    from gguflm.tokenizer import Tokenizer
+
     name = 'gguflm_requests_finished_total{reason="cancelled"}'
     before = _metric(server, name)
+    # no end-of-generation token and a long budget: the request cannot end on its own
+    # before its client's disconnect is seen (at 0.8 it sometimes stopped within a second)
+    never = {str(t): False for t in Tokenizer.from_file(smollm2_path).eog_ids}
     _send_and_close(server, "/v1/completions", {"prompt": "Once upon a time",
-                                                 "max_tokens": 200, "temperature": 0.8})
+                                                 "max_tokens": 1000, "temperature": 0.8,
+                                                 "logit_bias": never})
     assert _wait_for(lambda: _metric(server, name) > before, 20), "it ran to its end"
     assert _wait_for(lambda: _health(server)["slots_processing"] == 0, 10)
     _health_fast(server)
