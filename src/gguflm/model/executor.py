@@ -49,6 +49,8 @@ class Plan:
 
     def tables(self) -> tuple[tuple[Any, ...], Any]:
         """(each layer's ``blocks.LayerArgs``, the ``team.Stack`` or None), built once."""
+        if self._tables is not None:  # every forward asks: no lock once built
+            return self._tables
         with self._lock:
             if self._tables is None:
                 from . import blocks as compiled_blocks  # numba: compiled or loaded now

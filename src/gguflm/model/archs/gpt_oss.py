@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ...gguf.errors import MetadataError
 from .. import ops
 from ..base import Model
 from ..batch import Batch
@@ -70,8 +71,6 @@ class GptOss(Model):
     def load_tensors(self, w: Weights) -> None:
         c = self.config
         if not c.n_expert:
-            from ...gguf.errors import MetadataError
-
             raise MetadataError("must be at least 1 for gpt-oss", key=f"{c.arch}.expert_count")
         n_ff, e = c.n_ff_exp, c.n_expert
         self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
