@@ -51,6 +51,7 @@ HEADER_SECONDS = 30         # a connection's first request must arrive within th
 MAX_CONNECTIONS = 1000      # open connections at most (fewer if the fd limit is lower)
 ACCEPT_BURST = 64           # connections accepted per wake-up (the listen backlog too)
 PROBE_SECONDS = 1.0         # how often a client that sent EOF is checked for still being there
+FIRST_PROBE_SECONDS = 0.02  # ...at first: a gone client is seen within ~0.1 s, not 2 s
 SHUTDOWN_SECONDS = 5        # answers in progress get this long to end after a stop signal
 
 # Field checks: name -> (allowed Python types, description for the error). None is always
@@ -199,21 +200,24 @@ def _protocol(cap: int) -> type:
         def eof_received(self) -> bool:  # type: ignore[override]
             # half-closed (shutdown(SHUT_WR)) or closed? Only a write tells: keep the socket
             # open to send the answer, and probe it meanwhile (see _probe)
-            self.loop.call_later(PROBE_SECONDS, self._probe)
+            self.loop.call_later(FIRST_PROBE_SECONDS, self._probe, FIRST_PROBE_SECONDS)
             return True
 
-        def _probe(self) -> None:
+        def _probe(self, delay: float) -> None:
             """While the answer to a client that sent EOF is not started, send it an
             interim ``100 Continue`` every second (HTTP/1.1 clients must accept 1xx answers
             before the final one). A half-closed client reads past them; a gone one resets
             the connection, uvicorn marks the request disconnected, and its work is
-            cancelled at once instead of running to its end in the queue or a slot."""
+            cancelled at once instead of running to its end in the queue or a slot. The
+            reset is only seen by the write after the one it answers, so the first probes
+            come fast (``delay`` doubles from FIRST_PROBE_SECONDS up to PROBE_SECONDS)."""
             cycle = self.cycle
             if self.transport.is_closing() or cycle is None or cycle.response_started \
                     or cycle.response_complete or cycle.scope.get("http_version") != "1.1":
                 return
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            self.loop.call_later(PROBE_SECONDS, self._probe)
+            delay = min(2 * delay, PROBE_SECONDS)
+            self.loop.call_later(delay, self._probe, delay)
 
     return Protocol
 
