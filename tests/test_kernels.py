@@ -75,6 +75,25 @@ def test_f16_kernel_matches_twin(k: int) -> None:
     assert _rel(out, twin) < 1e-6
 
 
+@pytest.mark.parametrize("k", [384, 37])
+def test_f16_tiles_give_each_row_its_own_numbers(k: int) -> None:
+    """The 4x4 tiles of a batch (any row count, weight rows past a multiple of 4, a scalar
+    tail) give exactly the numbers of each activation row alone."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((71, k)).astype(np.float16).view(np.uint16)
+    x = rng.standard_normal((9, k)).astype(np.float16).astype(np.float32)
+    alone = np.empty((9, 71), np.float32)
+    for i in range(9):
+        kernels.f16_matmul_rows(w, x[i:i + 1], alone[i:i + 1], 0, 71)
+    assert _rel(alone, kernels.twin_f16_matmul(w, x)) < 1e-6
+    for n in range(1, 10):
+        out = np.full((n, 71), np.nan, np.float32)
+        kernels.f16_matmul_rows(w, x[:n], out, 0, 71)
+        assert np.array_equal(out, alone[:n]), n
+        kernels.f16_matmul_rows(w, x[:n], out, 5, 38)  # a row range, as a work item
+        assert np.array_equal(out[:, 5:38], alone[:n, 5:38]), n
+
+
 @pytest.mark.parametrize("quant,twin,qk", [
     (kernels.quantize_q8_0, kerneltypes.twin_quantize_q8_0, 32),
     (kernels.quantize_q8_k, kerneltypes.twin_quantize_q8_k, 256),

@@ -15,45 +15,55 @@ from .vector_ir import F32, I16, VectorIR, array_args, row_pointer, vec
 STREAM_CHUNK = 2048  # weight rows per parallel work item (long sequential streams)
 
 
-def _make_f16_rowdot(nr: int):  # noqa: ANN202 - returns a numba intrinsic
-    """Intrinsic ``f16dot(w (R, K) u16, r0, rs, x (n, K) f32, i, out (n, R) f32)``:
-    ``out[i, r0+j*rs] = W[r0+j*rs] . x[i]`` for ``j < nr``, 16 values per step."""
+def _make_f16_rowdot(nr: int, na: int = 1):  # noqa: ANN202 - returns a numba intrinsic
+    """Intrinsic ``f16dot(w (R, K) u16, r0, rs, x (n, K) f32, i0, out (n, R) f32)``:
+    ``out[i0+i, r0+j*rs] = W[r0+j*rs] . x[i0+i]`` for ``j < nr``, ``i < na``, 16 values per
+    step: each weight vector is converted once for the ``na`` activation rows. Every tile
+    shape runs the same per-element sequence (one ``fma`` per 16 values into 16 lanes, the
+    tail in order, then ``VectorIR.hsum``), so results do not depend on the tile."""
 
     @intrinsic
-    def f16dot(typingctx, w, r0, rs, x, i, out):  # noqa: ANN001, ANN202, ARG001
-        sig = types.int64(w, r0, rs, x, i, out)
+    def f16dot(typingctx, w, r0, rs, x, i0, out):  # noqa: ANN001, ANN202, ARG001
+        sig = types.int64(w, r0, rs, x, i0, out)
 
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            ws, r0_, rs_, xs, i_, outs = array_args(context, builder, signature, args)
+            ws, r0_, rs_, xs, i0_, outs = array_args(context, builder, signature, args)
             bld = builder
             g = VectorIR(bld, None)
             ridx = [bld.add(r0_, bld.mul(rs_, g.c64(j))) for j in range(nr)]
             rows = [row_pointer(bld, ws, ri, I16) for ri in ridx]
-            xrow = row_pointer(bld, xs, i_, F32)
+            iidx = [bld.add(i0_, g.c64(i)) for i in range(na)]
+            xrows = [row_pointer(bld, xs, ii, F32) for ii in iidx]
             k = cgutils.unpack_tuple(bld, ws.shape)[1]
             nfull = bld.udiv(k, g.c64(16))
-            zero = ir.Constant(vec(F32, 16), [0.0] * 16)
-            accp = [cgutils.alloca_once_value(bld, zero) for _ in range(nr)]
-            tailp = [cgutils.alloca_once_value(bld, ir.Constant(F32, 0.0)) for _ in range(nr)]
+            v16 = vec(F32, 16)
+            zero = ir.Constant(v16, [0.0] * 16)
+            accp = [[cgutils.alloca_once_value(bld, zero) for _ in range(na)]
+                    for _ in range(nr)]
+            tailp = [[cgutils.alloca_once_value(bld, ir.Constant(F32, 0.0))
+                      for _ in range(na)] for _ in range(nr)]
             half16 = ir.VectorType(ir.HalfType(), 16)
             with cgutils.for_range(bld, nfull) as loop:
                 off = bld.mul(loop.index, g.c64(16))
-                xv = bld.load(bld.bitcast(bld.gep(xrow, [off]), vec(F32, 16).as_pointer()),
-                              align=4)
+                xv = [bld.load(bld.bitcast(bld.gep(xr, [off]), v16.as_pointer()), align=4)
+                      for xr in xrows]
                 for j, row in enumerate(rows):
                     hv = bld.load(bld.bitcast(bld.gep(row, [off]), half16.as_pointer()), align=2)
-                    wf = bld.fpext(hv, vec(F32, 16))
-                    acc = bld.load(accp[j])
-                    bld.store(bld.fadd(bld.fmul(wf, xv, flags=("fast",)), acc, flags=("fast",)),
-                              accp[j])
+                    wf = bld.fpext(hv, v16)
+                    for i in range(na):
+                        acc = g.call("llvm.fma.v16f32", v16, [wf, xv[i], bld.load(accp[j][i])])
+                        bld.store(acc, accp[j][i])
             with cgutils.for_range_slice(bld, bld.mul(nfull, g.c64(16)), k, g.c64(1)) as (e, _):
-                xe = bld.load(bld.gep(xrow, [e]))
+                xe = [bld.load(bld.gep(xr, [e])) for xr in xrows]
                 for j, row in enumerate(rows):
                     we = bld.fpext(bld.bitcast(bld.load(bld.gep(row, [e])), ir.HalfType()), F32)
-                    bld.store(bld.fadd(bld.load(tailp[j]), bld.fmul(we, xe)), tailp[j])
+                    for i in range(na):
+                        bld.store(bld.fadd(bld.load(tailp[j][i]), bld.fmul(we, xe[i])),
+                                  tailp[j][i])
             for j in range(nr):
-                g.store_2d(outs, i_, ridx[j],
-                           bld.fadd(g.hsum(bld.load(accp[j])), bld.load(tailp[j])))
+                for i in range(na):
+                    g.store_2d(outs, iidx[i], ridx[j],
+                               bld.fadd(g.hsum(bld.load(accp[j][i])), bld.load(tailp[j][i])))
             return context.get_constant(types.int64, 0)
 
         return sig, codegen
@@ -63,15 +73,36 @@ def _make_f16_rowdot(nr: int):  # noqa: ANN202 - returns a numba intrinsic
 
 _f16_4 = _make_f16_rowdot(4)
 _f16_1 = _make_f16_rowdot(1)
+_f16_4x4 = _make_f16_rowdot(4, 4)
+_f16_1x4 = _make_f16_rowdot(1, 4)
+
+TILE_MIN_ROWS = 4  # activation rows from which the weights are walked in 4x4 tiles
+TILE_CHUNK = 32  # weight rows kept hot while every activation row passes them
 
 
 @njit(cache=True, nogil=True)
 def f16_matmul_rows(w, x, out, r0, r1):  # noqa: ANN001, ANN201
     """The hot loop. W rows r0:r1 (R, K) fp16 bits (uint16) @ x (n, K) f32 -> out[:, r0:r1]
-    (n, R) f32; four far-apart rows per pass (long sequential streams, as for the quantized
-    types)."""
+    (n, R) f32. A batch: chunks of TILE_CHUNK weight rows, each walked by every group of 4
+    activation rows in 4x4 tiles (a weight vector converted once serves 4 rows); the rows
+    past a multiple of 4 and token-by-token decoding: four far-apart rows per pass (long
+    sequential streams, as for the quantized types)."""
+    n = x.shape[0]
+    n4 = n - n % 4 if n >= TILE_MIN_ROWS else 0
+    for c0 in range(r0, r1, TILE_CHUNK):
+        c1 = min(r1, c0 + TILE_CHUNK)
+        i = 0
+        while i < n4:
+            r = c0
+            while r + 4 <= c1:
+                _f16_4x4(w, r, 1, x, i, out)
+                r += 4
+            while r < c1:
+                _f16_1x4(w, r, 1, x, i, out)
+                r += 1
+            i += 4
     quarter = (r1 - r0) // 4
-    for i in range(x.shape[0]):
+    for i in range(n4, n):
         for k in range(quarter):
             _f16_4(w, r0 + k, quarter, x, i, out)
         for r in range(r0 + 4 * quarter, r1):

@@ -115,7 +115,7 @@ def _emit_type_loop(g: VectorIR, k: KernelType, t: Tile, nb, shift: str = "") ->
         with cgutils.for_range(bld, run) as loop:
             slot = bld.gep(t.lanes.scratch, [bld.mul(loop.index, g.c64(8))])
             _emit_block(g, k, t, bld.add(c0, loop.index), slot, shift)
-    if k.offset == "m":  # Q8_1's m * s_act: the lanes back to the rows' sums
+    if k.offset:  # the offset terms' lanes back to the rows' sums
         accv = bld.load(t.lanes.acc)
         for i in range(len(t.acts)):
             bld.store(bld.extract_element(accv, ir.Constant(I32, i)), t.acc_scalar[0][i])
@@ -138,6 +138,7 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
     blocks = [unpack(g, k, row, bld.mul(b, g.c64(ts)), shift == "w") for row in t.rows]
     if t.lanes is None:
         dabs = [g.load_f32(a.da, b) for a in t.acts]
+        da8 = None
     else:
         da8 = g.load_v8(t.lanes.da8, b)
         dabs = [bld.extract_element(da8, ir.Constant(I32, i)) for i in range(len(t.acts))]
@@ -159,11 +160,28 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
             isum = _integer_dot(g, k, blk, a8[i], cor if shift == "a" else
                                 (cor[i] if cor is not None else None), shift)
             _accumulate(g, t, j, i, act, b, blk, isum, dabs[i], dd)
-    if t.lanes is not None and k.offset == "m":
-        # + m * sum(x) for the 8 rows: lane i = row i's scalar fmul and fadd
-        accv = bld.load(t.lanes.acc)
-        prod = bld.fmul(g.splatf8(blocks[0].offset.factor), g.load_v8(t.lanes.aux8, b))
+    if t.lanes is not None and k.offset:
+        _lanes_offset(g, t, blocks[0].offset, b, da8)
+
+
+def _lanes_offset(g: VectorIR, t: Tile, term, b, da8) -> None:  # noqa: ANN001
+    """Block ``b``'s offset term for the lanes tiles' rows at once, lane i doing row i's
+    scalar steps of ``_accumulate`` (the same numbers): Q8_1's ``+ m * s_act``, or
+    ``- (d_act * dmin) * msum`` with msum the mins times the row's 8 32-sums (integers
+    below 2**24 in float: exact in any order)."""
+    bld = g.b
+    accv = bld.load(t.lanes.acc)
+    if term.kind == "m":
+        prod = bld.fmul(g.splatf8(term.factor), g.load_v8(t.lanes.aux8, b))
         bld.store(bld.fadd(accv, prod), t.lanes.acc)
+        return
+    msum = None
+    for j in range(8):
+        mj = g.splatf8(bld.extract_element(term.mins, ir.Constant(I32, j)))
+        p = bld.fmul(mj, g.load_v8(t.lanes.aux8, bld.add(bld.mul(b, g.c64(8)), g.c64(j))))
+        msum = p if msum is None else bld.fadd(msum, p)
+    scale = bld.fmul(da8, g.splatf8(term.factor))
+    bld.store(bld.fsub(accv, bld.fmul(scale, msum)), t.lanes.acc)
 
 
 def _integer_dot(g: VectorIR, k: KernelType, blk, a8: list, cor: list | None,  # noqa: ANN001
@@ -198,7 +216,7 @@ def _accumulate(g: VectorIR, t: Tile, j: int, i: int, act: ActRow, b, blk, isum,
         acc = g.call("llvm.fma.v8f32", vec(F32, 8), [f, spread, acc])
     bld.store(acc, t.acc[j][i])
     term = blk.offset
-    if term is None or (t.lanes is not None and term.kind == "m"):
+    if term is None or t.lanes is not None:  # the lanes tiles': ``_lanes_offset``
         return
     accs = bld.load(t.acc_scalar[j][i])
     if term.kind == "m":  # + m * sum(x), Q8_1's stored block sum

@@ -26,14 +26,16 @@ import numpy as np
 from .. import ops
 from ..base import Model
 from ..config import Meta, ModelConfig
+from ..encoder_attention import encoder_attention
 from ..kv_cache import KVArena
 from ..layer import qkv
 from ..reference import product
 from ..weights import Weights
 from . import register
 
-FORWARD_PATH = ("bert encoder: numpy reference forward (model/archs/bert.py; QMatrix "
-                "products, per-sequence bidirectional attention), not the compiled decoder path")
+FORWARD_PATH = ("bert encoder: numpy forward (model/archs/bert.py) with compiled QMatrix "
+                "products and compiled per-sequence bidirectional attention "
+                "(model/encoder_attention.py), not the compiled decoder layers")
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ class Bert(Model):
             if len(ids) > c.n_ctx_train:
                 raise ValueError(f"{len(ids)} tokens: more than this encoder's "
                                  f"{c.n_ctx_train} positions")
-        spans = np.cumsum([0] + [len(a) for a in arrays])
+        spans = np.cumsum([0] + [len(a) for a in arrays]).astype(np.int64)
         ids = np.concatenate(arrays)
         pos = np.concatenate([np.arange(len(a)) for a in arrays])
         x = self._embed(ids, pos)                                     # (T, n_embd)
@@ -155,9 +157,10 @@ class Bert(Model):
         if rot is not None:
             q, k = ops.rope_neox(q, rot), ops.rope_neox(k, rot)
         att = np.empty((len(x), c.n_head, c.head_dim_v), np.float32)
-        scale = np.float32(1.0 / math.sqrt(c.head_dim))
-        for a, b in zip(spans[:-1], spans[1:]):
-            att[a:b] = _attention(q[a:b], k[a:b], v[a:b], scale)
+        encoder_attention(np.ascontiguousarray(q, np.float32),
+                          np.ascontiguousarray(k, np.float32),
+                          np.ascontiguousarray(v, np.float32), spans,
+                          1.0 / math.sqrt(c.head_dim), att)
         y = ops.linear(att.reshape(len(x), -1), layer.attn_output, layer.attn_output_bias)
         x = layernorm(x + y, layer.attn_output_norm, layer.attn_output_norm_bias, c.norm_eps)
         y = self._ffn(x, layer)
@@ -215,16 +218,3 @@ def _gelu(h: np.ndarray, rows: int = 64) -> np.ndarray:
     for a in range(0, len(h), rows):
         out[a:a + rows] = ops.gelu_tanh(h[a:a + rows])
     return out
-
-
-def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.float32) -> np.ndarray:
-    """One sequence, all positions see all: q, k, v (T, H, d) -> (T, H, d)."""
-    qh, kh, vh = q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2)
-    if kh.shape[0] != qh.shape[0]:  # grouped-query heads share their K/V head
-        rep = qh.shape[0] // kh.shape[0]
-        kh, vh = np.repeat(kh, rep, axis=0), np.repeat(vh, rep, axis=0)
-    s = np.matmul(qh, kh.transpose(0, 2, 1)) * scale                 # (H, T, T)
-    s -= s.max(axis=2, keepdims=True)
-    p = np.exp(s)
-    p /= p.sum(axis=2, keepdims=True)
-    return np.matmul(p, vh).transpose(1, 0, 2)                      # (T, H, d)
