@@ -112,7 +112,7 @@ def test_tiny_bert_matches_reference(tiny: tuple[Path, dict[str, np.ndarray]]) -
     path, tensors = tiny
     llm = LLM(path, parallel=2)
     try:
-        assert llm.model.is_encoder and "encoder_attention" in repr(llm.model)
+        assert llm.model.is_encoder and "model/encoder.py" in repr(llm.model)
         ids = [llm.tokenize(t) for t in TEXTS]
         assert ids[0][0] == 2 and ids[0][-1] == 3  # [CLS] ... [SEP]
         hidden = llm.model.embed_batch(ids)
@@ -213,7 +213,7 @@ def test_minilm_openai_client_matches_sentence_transformers(minilm_path: Path,
 def test_embed_and_run_commands(minilm_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["embed", str(minilm_path), "-p", "A cat.", "-p", "A kitten."]) == 0
     out, err = capsys.readouterr()
-    assert "cosine similarity matrix" in out and "encoder_attention" in err
+    assert "cosine similarity matrix" in out and "model/encoder.py" in err
     assert main(["run", str(minilm_path), "-p", "hello", "-n", "4"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "embedding model" in err[0]
@@ -222,7 +222,7 @@ def test_embed_and_run_commands(minilm_path: Path, capsys: pytest.CaptureFixture
     assert len(err) == 1 and err[0].startswith("error:") and "embedding model" in err[0]
     assert main(["inspect", str(minilm_path)]) == 0
     out = capsys.readouterr().out
-    assert "encoder_attention" in out and "KV cache" not in out
+    assert "model/encoder.py" in out and "KV cache" not in out
 
 
 # --- nomic-bert: a random NomicBertModel checkpoint, converted, against float64 -------------

@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from ...quant.glu import gelu
 from .. import ops
 from ..base import Model
 from ..config import Meta, ModelConfig
-from ..encoder_attention import encoder_attention
+from ..encoder import encoder_attention, layer_norm
 from ..kv_cache import KVArena
 from ..layer import qkv
 from ..reference import product
@@ -34,8 +35,8 @@ from ..weights import Weights
 from . import register
 
 FORWARD_PATH = ("bert encoder: numpy forward (model/archs/bert.py) with compiled QMatrix "
-                "products and compiled per-sequence bidirectional attention "
-                "(model/encoder_attention.py), not the compiled decoder layers")
+                "products, layer norms, GELU and per-sequence bidirectional attention "
+                "(model/encoder.py), not the compiled decoder layers")
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,10 @@ class BertConfig(ModelConfig):
 
 def layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
     """x (T, n) -> (x - mean) / sqrt(var + eps) * w + b per row (ggml_norm, then w and b)."""
-    mean = x.mean(axis=1, keepdims=True, dtype=np.float32)
-    xc = x - mean
-    var = np.mean(xc * xc, axis=1, keepdims=True, dtype=np.float32)
-    return xc / np.sqrt(var + np.float32(eps)) * w + b
+    out = np.empty((len(x), x.shape[1]), np.float32)
+    layer_norm(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w, np.float32),
+               np.ascontiguousarray(b, np.float32), float(eps), out)
+    return out
 
 
 @register("bert")
@@ -211,10 +212,8 @@ class NomicBert(Bert):
         return ops.linear(ops.swiglu(gate, up), layer.ffn_down)
 
 
-def _gelu(h: np.ndarray, rows: int = 64) -> np.ndarray:
-    """ggml's GELU (tanh form) of h (T, n_ff), a few rows at a time: the formula's
-    temporaries then stay in cache (10x faster than whole arrays for long batches)."""
+def _gelu(h: np.ndarray) -> np.ndarray:
+    """ggml's GELU (tanh form) of h (T, n_ff), compiled, rows in parallel."""
     out = np.empty_like(h)
-    for a in range(0, len(h), rows):
-        out[a:a + rows] = ops.gelu_tanh(h[a:a + rows])
+    gelu(np.ascontiguousarray(h, np.float32), out)
     return out

@@ -1,5 +1,6 @@
-"""Bidirectional attention of an encoder (BERT): every position of a sequence sees every
-position of its own sequence, none of the others', and there is no cache.
+"""The compiled parts of an encoder (BERT) layer: its layer norm, and its bidirectional
+attention, where every position of a sequence sees every position of its own sequence,
+none of the others', and there is no cache.
 
 One numba pass per (sequence, head), in parallel, with one fixed order of arithmetic per
 query (so a text's vectors never depend on the texts batched beside it): scores are sums
@@ -90,3 +91,23 @@ def encoder_attention_twin(q: np.ndarray, k: np.ndarray, v: np.ndarray, spans: n
         p /= p.sum(axis=2, keepdims=True)
         out[a:b] = (p @ vh).transpose(1, 0, 2)
     return out
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def layer_norm(x, w, b, eps, out):  # noqa: ANN001, ANN201
+    """x (T, n) f32 -> out (T, n): ``(x - mean) / sqrt(var + eps) * w + b`` per row, as
+    ggml_norm (float64 sums, the scale in float32) then ggml_mul and ggml_add; rows in
+    parallel. ``out`` may be ``x``."""
+    n = x.shape[1]
+    for t in prange(x.shape[0]):
+        total = 0.0
+        for i in range(n):
+            total += np.float64(x[t, i])
+        mean = np.float32(total / n)
+        sq = 0.0
+        for i in range(n):
+            c = x[t, i] - mean
+            sq += np.float64(c * c)
+        scale = np.float32(1.0) / np.sqrt(np.float32(sq / n + eps))
+        for i in range(n):
+            out[t, i] = (x[t, i] - mean) * scale * w[i] + b[i]
