@@ -108,7 +108,14 @@ class KVArena:
         dtype = np.uint16 if f16 else np.float32  # float16 bits
         self.k = _lazy_zeros((n_layer, n_slots, n_head_kv, n_tiles, head_dim, TILE), dtype)
         self.v = _lazy_zeros((n_layer, n_slots, n_head_kv, n_ctx, head_dim_v), dtype)
-        self.slots = [KVCache(self, i) for i in range(n_slots)]
+        self.lengths = [0] * n_slots  # positions cached per slot (``KVCache.n``)
+
+    @property
+    def slots(self) -> list[KVCache]:
+        """A view of each slot. The views hold the arena, the arena holds no view (its
+        state is ``lengths``): a cache dropped by its last user frees its memory at once,
+        not at the next garbage collection (a perplexity run makes one per chunk)."""
+        return [KVCache(self, i) for i in range(self.n_slots)]
 
     @property
     def nbytes(self) -> int:
@@ -137,7 +144,14 @@ class KVCache:
     def __init__(self, arena: KVArena, slot: int) -> None:
         self.arena = arena
         self.slot = slot
-        self.n = 0
+
+    @property
+    def n(self) -> int:
+        return self.arena.lengths[self.slot]
+
+    @n.setter
+    def n(self, value: int) -> None:
+        self.arena.lengths[self.slot] = value
 
     @property
     def n_ctx(self) -> int:

@@ -23,11 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from ...quant.glu import gelu
 from .. import ops
 from ..base import Model
 from ..config import Meta, ModelConfig
-from ..encoder import encoder_attention, layer_norm
 from ..kv_cache import KVArena
 from ..layer import qkv
 from ..reference import product
@@ -72,6 +70,8 @@ class BertConfig(ModelConfig):
 
 def layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
     """x (T, n) -> (x - mean) / sqrt(var + eps) * w + b per row (ggml_norm, then w and b)."""
+    from ..encoder import layer_norm  # numba: loading a model does not import it
+
     out = np.empty((len(x), x.shape[1]), np.float32)
     layer_norm(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w, np.float32),
                np.ascontiguousarray(b, np.float32), float(eps), out)
@@ -157,6 +157,8 @@ class Bert(Model):
         v = product(x, lv).reshape(n, c.n_head_kv, c.head_dim_v)
         if rot is not None:
             q, k = ops.rope_neox(q, rot), ops.rope_neox(k, rot)
+        from ..encoder import encoder_attention  # numba: not imported by loading a model
+
         att = np.empty((len(x), c.n_head, c.head_dim_v), np.float32)
         encoder_attention(np.ascontiguousarray(q, np.float32),
                           np.ascontiguousarray(k, np.float32),
@@ -214,6 +216,8 @@ class NomicBert(Bert):
 
 def _gelu(h: np.ndarray) -> np.ndarray:
     """ggml's GELU (tanh form) of h (T, n_ff), compiled, rows in parallel."""
+    from ...quant.glu import gelu  # numba: loading a model does not import it
+
     out = np.empty_like(h)
     gelu(np.ascontiguousarray(h, np.float32), out)
     return out
