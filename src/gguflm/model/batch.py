@@ -76,6 +76,8 @@ class Batch:
         self.arena = arena
         self.parts = list(parts)
         self.pause: Pause | None = None  # Model.forward_batch
+        # recurrent layers' new states, {(layer, slot): (conv, ssm)}, committed by advance
+        self._staged: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         ids, pos, slot, out, logit_rows, flash = [], [], [], [], [], []
         self.hidden_rows: list[tuple[Part, np.ndarray]] = []  # (part, its rows of ``out``)
         row = n_out = 0
@@ -134,7 +136,34 @@ class Batch:
                sinks)
         return out.reshape(len(q), -1)
 
+    def sequences(self) -> list[tuple[Part, slice]]:
+        """Each part with its rows of the batch (consecutive, in part order)."""
+        out, row = [], 0
+        for p in self.parts:
+            out.append((p, slice(row, row + len(p.ids))))
+            row += len(p.ids)
+        return out
+
+    def recurrent_state(self, layer: int, part: Part) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of recurrent layer ``layer``'s state for ``part``'s sequence: (conv
+        (conv_rows, conv_dim), ssm (n_head, head_dim, head_dim)) f32, zeros for a sequence
+        that starts here (position 0)."""
+        arena, s = self.arena, part.cache.slot
+        if part.cache.n == 0:
+            return np.zeros_like(arena.conv[layer, s]), np.zeros_like(arena.ssm[layer, s])
+        return arena.conv[layer, s].copy(), arena.ssm[layer, s].copy()
+
+    def stage_state(self, layer: int, part: Part, conv: np.ndarray, ssm: np.ndarray) -> None:
+        """The state after this batch's rows, written to the arena by ``advance`` (a
+        forward pass that fails midway leaves every state as it was)."""
+        self._staged[(layer, part.cache.slot)] = (conv, ssm)
+
     def advance(self) -> None:
-        """Mark every sequence's rows as cached (after the whole forward pass)."""
+        """Commit the recurrent states and mark every sequence's rows as cached (after the
+        whole forward pass)."""
+        for (layer, slot), (conv, ssm) in self._staged.items():
+            self.arena.conv[layer, slot] = conv
+            self.arena.ssm[layer, slot] = ssm
+        self._staged.clear()
         for p in self.parts:
             p.cache.advance(len(p.ids))

@@ -16,11 +16,19 @@ half the bytes attention reads per position; the kernel converts them exactly
 (``vcvtph2ps``). The memory is anonymous and committed only when written (see
 ``_lazy_zeros``), so it grows with use.
 Positions are absolute: slot position i holds the sequence's token i.
+
+Recurrent layers (a gated delta net: ``layer.DeltaNet``) keep no positions but a fixed-size
+state per slot (``RecurrentShape``): the last d_conv - 1 inputs of the convolution
+(``conv``) and the delta rule's matrices (``ssm``), float32, where the attention layers
+keep keys and values. Such a state folds in every position so far and cannot be cut back:
+a cache with one (``rewinds`` False) truncates only to its end or to empty
+(``reusable``); a forward pass stages its new states and ``Batch.advance`` commits them.
 """
 
 from __future__ import annotations
 
 import mmap
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -47,6 +55,22 @@ def _lazy_zeros(shape: tuple[int, ...], dtype: type = np.float32) -> np.ndarray:
     return np.frombuffer(buf, dtype, count=count).reshape(shape)
 
 
+@dataclass(frozen=True)
+class RecurrentShape:
+    """The per-slot state of a model's recurrent layers (all alike)."""
+
+    n_layer: int    # recurrent layers
+    conv_rows: int  # inputs the convolution keeps (d_conv - 1)
+    conv_dim: int   # channels of the convolution
+    n_head: int     # value heads, each with a (head_dim x head_dim) state
+    head_dim: int
+
+    @property
+    def slot_bytes(self) -> int:
+        return 4 * self.n_layer * (self.conv_rows * self.conv_dim
+                                   + self.n_head * self.head_dim * self.head_dim)
+
+
 class ArenaTooLargeError(ValueError):
     """A cache that this machine's memory could never hold (the message says what fits)."""
 
@@ -67,13 +91,14 @@ def _machine_bytes() -> int:
 
 
 def check_arena_fits(n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
-                     head_dim_v: int, f16: bool = True) -> None:
+                     head_dim_v: int, f16: bool = True, extra_slot_bytes: int = 0) -> None:
     """Refuse, before anything is allocated, a cache whose full size exceeds the machine's
     memory (mapping it fails, or a full context is killed later): ArenaTooLargeError saying
     how many positions per slot, and how many slots, would fit."""
     itemsize = 2 if f16 else 4
     n_tiles = -(-n_ctx // TILE)
-    per_slot = n_layer * n_head_kv * itemsize * (n_tiles * TILE * head_dim + n_ctx * head_dim_v)
+    per_slot = (n_layer * n_head_kv * itemsize * (n_tiles * TILE * head_dim + n_ctx * head_dim_v)
+                + extra_slot_bytes)
     need, have = per_slot * n_slots, _machine_bytes()
     if need <= have:
         return
@@ -91,12 +116,14 @@ class KVArena:
     """Cache memory for ``n_slots`` sequences of up to ``n_ctx`` positions each."""
 
     def __init__(self, n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
-                 head_dim_v: int, f16: bool = True) -> None:
+                 head_dim_v: int, f16: bool = True, recurrent: RecurrentShape | None = None
+                 ) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be at least 1, got {n_ctx}")
         if n_slots < 1:
             raise ValueError(f"n_slots must be at least 1, got {n_slots}")
-        check_arena_fits(n_layer, n_slots, n_ctx, n_head_kv, head_dim, head_dim_v, f16)
+        check_arena_fits(n_layer, n_slots, n_ctx, n_head_kv, head_dim, head_dim_v, f16,
+                         recurrent.slot_bytes if recurrent else 0)
         self.n_ctx = n_ctx
         self.n_slots = n_slots
         # llama.cpp's default cache type is F16: keys and values are stored as F16, and
@@ -108,11 +135,17 @@ class KVArena:
         dtype = np.uint16 if f16 else np.float32  # float16 bits
         self.k = _lazy_zeros((n_layer, n_slots, n_head_kv, n_tiles, head_dim, TILE), dtype)
         self.v = _lazy_zeros((n_layer, n_slots, n_head_kv, n_ctx, head_dim_v), dtype)
+        self.recurrent = recurrent
+        r = recurrent or RecurrentShape(0, 0, 0, 0, 0)
+        # per recurrent layer and slot: the convolution's last inputs, the delta-rule state
+        # (head, value dim j, key dim i), as ggml's gated_delta_net holds S transposed
+        self.conv = _lazy_zeros((r.n_layer, n_slots, r.conv_rows, r.conv_dim))
+        self.ssm = _lazy_zeros((r.n_layer, n_slots, r.n_head, r.head_dim, r.head_dim))
         self.slots = [KVCache(self, i) for i in range(n_slots)]
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return self.k.nbytes + self.v.nbytes + self.conv.nbytes + self.ssm.nbytes
 
     def store(self, layer: int, slot: np.ndarray, pos: np.ndarray, k: np.ndarray,
               v: np.ndarray) -> None:
@@ -156,6 +189,17 @@ class KVCache:
         """Bytes of this sequence's share of the arena (all its positions)."""
         return self.arena.nbytes // self.arena.n_slots
 
+    @property
+    def rewinds(self) -> bool:
+        """Whether ``truncate`` can cut back to any position (no recurrent state)."""
+        return self.arena.recurrent is None
+
+    def reusable(self, n: int) -> int:
+        """How many of the first ``n`` cached positions a truncation can keep: all of them,
+        or with a recurrent state (which cannot be cut back) n only when it is every
+        cached position, else none."""
+        return n if self.rewinds or n == self.n else 0
+
     def check_room(self, n_new: int) -> None:
         if n_new > self.n_free:
             raise ContextFullError(
@@ -167,9 +211,14 @@ class KVCache:
         self.n += n_new
 
     def truncate(self, n: int) -> None:
-        """Forget every position from n on (e.g. to reuse a shared prompt prefix)."""
+        """Forget every position from n on (e.g. to reuse a shared prompt prefix); with a
+        recurrent state only to n = 0 or n = ``self.n`` (``reusable``)."""
         if not 0 <= n <= self.n:
             raise ValueError(f"cannot truncate a cache of {self.n} positions to {n}")
+        if self.reusable(n) != n:
+            raise ValueError(f"cannot truncate a cache of {self.n} positions to {n}: its "
+                             f"recurrent layers' state folds in every position (only 0 "
+                             f"or {self.n})")
         self.n = n
 
     def clear(self) -> None:
