@@ -1,0 +1,222 @@
+"""Qwen3.5 hybrid models (``qwen35``): gated delta nets beside gated full attention.
+
+Conformance: shared/reference/arch/qwen35/'s tiny random-weight F16 model against
+llama.cpp's greedy.json, teacher-forced, with the bars of the other architectures, and
+free-running greedy continuations. The recurrent state: bit-identical logits however a
+sequence is batched or chunked; a state that cannot be cut back is kept whole or not at
+all (also by the engine's prefix reuse); a failed forward pass leaves it as it was. The
+delta rule's numba kernel against a float64 numpy twin.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gguflm
+from gguflm.engine.sampling import SamplerParams
+from gguflm.engine.scheduler import Engine
+from gguflm.engine.sequence import Request
+from gguflm.model import deltanet
+from gguflm.model.batch import ALL, LAST, Part
+from gguflm.model.layer import DeltaNet
+from gguflm.tokenizer import Tokenizer
+from refcheck import assert_conforms, load_cases
+from tinymodel import random_tensors, tiny_metadata, write_model
+
+IDS = np.array([5, 300, 77, 1200, 9, 64, 2000, 31, 450, 12, 88, 1500, 7, 260, 41, 3])
+
+
+@pytest.fixture(scope="module")
+def tiny(reference: Path) -> tuple[gguflm.model.Model, Path]:
+    folder = reference / "arch" / "qwen35"
+    path = folder / "tiny-qwen35-f16.gguf"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    return gguflm.load_model(path), folder
+
+
+def test_conformance(tiny) -> None:
+    """prompt_tokens identical; top-1 agrees wherever llama.cpp's margin is >= 0.25; on each
+    step's 20 reference ids, de-shifted max <= 0.5 and median-over-steps max |d| <= 0.15
+    (measured: 0.022 and 0.005, top-1 on all 537 steps)."""
+    model, folder = tiny
+    kinds = [type(b.attn).__name__ for b in model.blocks]
+    assert kinds == ["DeltaNet", "Attention", "DeltaNet", "Attention"]  # the MTP block not run
+    assert_conforms(model, folder, folder / "tiny-qwen35-f16.gguf")
+
+
+def test_greedy_continuations_are_llama_cpps(tiny) -> None:
+    """Free-running greedy decoding (the prompt in one batch, then one token at a time, as
+    llama.cpp was run) gives llama.cpp's 64 tokens."""
+    model, folder = tiny
+    for case in load_cases(folder)[:2]:
+        cache = model.new_cache(128)
+        logits = model.forward(case["prompt_tokens"], cache)
+        got = []
+        for _ in range(len(case["generated_tokens"])):
+            got.append(int(np.argmax(logits)))
+            logits = model.forward([got[-1]], cache)
+        assert got == case["generated_tokens"], case["id"]
+
+
+def test_the_plan_says_the_layers_run_on_the_reference(tiny, capsys) -> None:
+    from gguflm.cli import main
+
+    model, folder = tiny
+    assert not model.plan.compiled
+    assert "layer 0 is a gated delta net" in model.plan.describe()
+    assert main(["inspect", str(folder / "tiny-qwen35-f16.gguf")]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "layers run" in ln)
+    assert "reference (numpy, op by op): layer 0 is a gated delta net" in line
+
+
+def test_batch_invariance(tiny) -> None:
+    model, _ = tiny
+    alone = model.logits(IDS)
+    cache = model.new_cache(32)
+    steps = np.stack([model.forward([int(t)], cache) for t in IDS])
+    np.testing.assert_array_equal(steps, alone)
+    cache = model.new_cache(32)
+    chunks = [model.forward(IDS[a:b], cache, all_logits=True)
+              for a, b in ((0, 5), (5, 6), (6, 16))]
+    np.testing.assert_array_equal(np.concatenate(chunks), alone)
+    arena = model.new_arena(32, 3)
+    other = np.array([900, 3, 44, 1000, 2, 610, 18])
+    model.forward_batch([Part(arena.slots[2], other[:3], LAST)])
+    both = model.forward_batch([Part(arena.slots[0], other, ALL),
+                                Part(arena.slots[1], IDS, ALL),
+                                Part(arena.slots[2], other[3:], LAST)])
+    np.testing.assert_array_equal(both[len(other):len(other) + len(IDS)], alone)
+
+
+def test_a_recurrent_state_is_kept_whole_or_not_at_all(tiny) -> None:
+    model, _ = tiny
+    alone = model.logits(IDS)
+    cache = model.new_cache(32)
+    assert not cache.rewinds
+    model.forward(IDS[:10], cache)
+    assert cache.reusable(10) == 10 and cache.reusable(6) == 0
+    with pytest.raises(ValueError, match="recurrent"):
+        cache.truncate(6)
+    cache.truncate(10)  # its end: kept
+    np.testing.assert_array_equal(model.forward(IDS[10:], cache, all_logits=True), alone[10:])
+    cache.truncate(0)  # emptied: the next sequence starts from a zero state
+    np.testing.assert_array_equal(model.forward(IDS, cache, all_logits=True), alone)
+
+
+def test_a_failed_forward_pass_leaves_the_state_as_it_was(tiny, monkeypatch) -> None:
+    model, _ = tiny
+    alone = model.logits(IDS)
+    cache = model.new_cache(32)
+    model.forward(IDS[:8], cache)
+    forward = type(model)._forward
+
+    def fails(self, batch):  # noqa: ANN001, ANN202 - every layer ran, then an error
+        forward(self, batch)
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(type(model), "_forward", fails)
+    with pytest.raises(RuntimeError, match="injected"):
+        model.forward(IDS[8:12], cache)
+    monkeypatch.undo()
+    assert cache.n == 8
+    np.testing.assert_array_equal(model.forward(IDS[8:], cache, all_logits=True), alone[8:])
+
+
+def test_the_engine_reuses_a_whole_recurrent_cache_only(tiny) -> None:
+    """A next turn that extends the slot's tokens reuses them; a prompt sharing only part
+    of them is evaluated from the start; both give the tokens of a fresh engine."""
+    model, folder = tiny
+    tok = Tokenizer.from_file(folder / "tiny-qwen35-f16.gguf")
+    first = tok.encode("The capital of France is")
+
+    def run(engine: Engine, ids: list[int]) -> list[int]:
+        s = engine.submit(Request(ids, SamplerParams(temp=0), max_tokens=6))
+        s.wait(300)
+        return s.tokens
+
+    engine = Engine(model, tok, n_ctx=128, n_slots=1)
+    reply = run(engine, first)
+    turn = first + reply + tok.encode(" And of Spain?")
+    before = engine.stats.cached_tokens
+    second = run(engine, turn)
+    reused = engine.stats.cached_tokens - before
+    assert reused == len(first) + len(reply) - 1  # the last reply token was never evaluated
+    before = engine.stats.cached_tokens
+    third = run(engine, turn[:len(first)] + tok.encode(" Paris"))
+    assert engine.stats.cached_tokens == before  # part of a state: nothing reused
+    engine.close()
+    fresh = Engine(model, tok, n_ctx=128, n_slots=1)
+    assert run(fresh, turn) == second
+    fresh.forget()
+    assert run(fresh, turn[:len(first)] + tok.encode(" Paris")) == third
+    fresh.close()
+
+
+def _delta_rule_twin(q, k, v, g, beta, state):  # noqa: ANN001, ANN202
+    """The delta rule in float64 numpy, one token at a time."""
+    m = state.astype(np.float64)
+    out = np.empty(v.shape)
+    n_k = q.shape[1]
+    for t in range(len(q)):
+        for h in range(v.shape[1]):
+            kk, qq = k[t, h % n_k].astype(np.float64), q[t, h % n_k].astype(np.float64)
+            m[h] *= np.exp(np.float64(g[t, h]))
+            d = (v[t, h] - m[h] @ kk) * beta[t, h]
+            m[h] += np.outer(d, kk)
+            out[t, h] = m[h] @ qq / np.sqrt(v.shape[2])
+    return out, m
+
+
+def test_the_delta_rule_kernel_matches_a_float64_twin() -> None:
+    rng = np.random.default_rng(0)
+    t, n_k, n_v, s = 5, 2, 4, 8
+    unit = rng.standard_normal((2, t, n_k, s)).astype(np.float32)
+    q, k = unit / np.linalg.norm(unit, axis=-1, keepdims=True)
+    v = rng.standard_normal((t, n_v, s)).astype(np.float32)
+    g = -rng.random((t, n_v)).astype(np.float32)
+    beta = rng.random((t, n_v)).astype(np.float32)
+    state = rng.standard_normal((n_v, s, s)).astype(np.float32)
+    want_out, want_state = _delta_rule_twin(q, k, v, g, beta, state)
+    out = np.empty((t, n_v, s), np.float32)
+    deltanet.delta_rule(q, k, v, g, beta, state, out)
+    np.testing.assert_allclose(out, want_out, atol=2e-5)
+    np.testing.assert_allclose(state, want_state, atol=2e-5)
+
+
+def test_the_convolution_is_causal_and_keeps_its_last_inputs() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 3)).astype(np.float32)
+    w = rng.standard_normal((3, 4)).astype(np.float32)
+    out, kept = deltanet.causal_conv(x, np.zeros((3, 3), np.float32), w)
+    padded = np.concatenate([np.zeros((3, 3)), x])
+    want = np.stack([(padded[i:i + 4] * w.T).sum(0) for i in range(6)])
+    np.testing.assert_allclose(out, want / (1 + np.exp(-want)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(kept, x[-3:])
+    out2, _ = deltanet.causal_conv(x[4:], deltanet.causal_conv(x[:4], np.zeros((3, 3),
+                                                                np.float32), w)[1], w)
+    np.testing.assert_array_equal(out2, out[4:])
+
+
+QWEN35_TINY = dict(ssm__conv_kernel=4, ssm__state_size=8, ssm__group_count=2,
+                   ssm__time_step_rank=4, ssm__inner_size=32, full_attention_interval=2,
+                   rope__dimension_sections=np.array([2, 1, 1, 0], np.int32),
+                   rope__dimension_count=8, attention__key_length=16,
+                   attention__value_length=16)
+
+
+def test_a_tiny_random_model_from_its_declared_tensors(tmp_path) -> None:
+    """tinymodel's recorder sees the architecture's tensors; the file loads and runs, its
+    recurrent layers where full_attention_interval puts them; a missing tensor is named."""
+    md = tiny_metadata("qwen35", **QWEN35_TINY, block_count=4)
+    tensors = random_tensors(md, seed=2)
+    model = gguflm.load_model(write_model(tmp_path / "q.gguf", md, tensors))
+    assert [isinstance(b.attn, DeltaNet) for b in model.blocks] == [True, False, True, False]
+    logits = model.logits(IDS[:6] % 96)
+    assert logits.shape == (6, 96) and np.isfinite(logits).all()
+    del tensors["blk.2.ssm_a"]
+    with pytest.raises(gguflm.gguf.errors.TensorInfoError, match="blk.2.ssm_a"):
+        gguflm.load_model(write_model(tmp_path / "m.gguf", md, tensors))
