@@ -3,8 +3,8 @@
 Conformance: shared/reference/arch/qwen35/'s tiny random-weight F16 model against
 llama.cpp's greedy.json, teacher-forced, with the bars of the other architectures, and
 free-running greedy continuations. The recurrent state: bit-identical logits however a
-sequence is batched or chunked; a state that cannot be cut back is kept whole or not at
-all (also by the engine's prefix reuse); a failed forward pass leaves it as it was. The
+sequence is batched or chunked; a state that cannot be cut back returns to a snapshot
+(the engine's prefix reuse resumes there); a failed forward pass leaves it as it was. The
 delta rule's numba kernel against a float64 numpy twin.
 """
 
@@ -92,17 +92,22 @@ def test_batch_invariance(tiny) -> None:
     np.testing.assert_array_equal(both[len(other):len(other) + len(IDS)], alone)
 
 
-def test_a_recurrent_state_is_kept_whole_or_not_at_all(tiny) -> None:
+def test_a_truncated_state_returns_to_a_snapshot_and_replays(tiny) -> None:
+    """A recurrent state cannot be cut back: truncation restores the last snapshot at or
+    before the cut (one is taken after each batch of several rows) and evaluates the ids
+    from there again before the next batch; the logits are those of the uncut sequence."""
     model, _ = tiny
     alone = model.logits(IDS)
     cache = model.new_cache(32)
     assert not cache.rewinds
     model.forward(IDS[:10], cache)
     assert cache.reusable(10) == 10 and cache.reusable(6) == 0
-    with pytest.raises(ValueError, match="recurrent"):
-        cache.truncate(6)
-    cache.truncate(10)  # its end: kept
-    np.testing.assert_array_equal(model.forward(IDS[10:], cache, all_logits=True), alone[10:])
+    cache.truncate(6)  # back to the zero state, 6 ids to replay
+    assert cache.n == 6 and cache.pending
+    np.testing.assert_array_equal(model.forward(IDS[6:], cache, all_logits=True), alone[6:])
+    assert cache.reusable(10) == 6 and cache.reusable(16) == 16  # snapshots at 6 and 16
+    cache.truncate(11)
+    np.testing.assert_array_equal(model.forward(IDS[11:], cache, all_logits=True), alone[11:])
     cache.truncate(0)  # emptied: the next sequence starts from a zero state
     np.testing.assert_array_equal(model.forward(IDS, cache, all_logits=True), alone)
 
@@ -126,9 +131,10 @@ def test_a_failed_forward_pass_leaves_the_state_as_it_was(tiny, monkeypatch) -> 
     np.testing.assert_array_equal(model.forward(IDS[8:], cache, all_logits=True), alone[8:])
 
 
-def test_the_engine_reuses_a_whole_recurrent_cache_only(tiny) -> None:
-    """A next turn that extends the slot's tokens reuses them; a prompt sharing only part
-    of them is evaluated from the start; both give the tokens of a fresh engine."""
+def test_the_engine_reuses_a_recurrent_cache_up_to_a_snapshot(tiny) -> None:
+    """A next turn that extends the slot's tokens reuses them all; a prompt sharing only
+    part of them resumes from the last snapshot before the split (here: after the first
+    prompt); both give the tokens of a fresh engine."""
     model, folder = tiny
     tok = Tokenizer.from_file(folder / "tiny-qwen35-f16.gguf")
     first = tok.encode("The capital of France is")
@@ -147,7 +153,7 @@ def test_the_engine_reuses_a_whole_recurrent_cache_only(tiny) -> None:
     assert reused == len(first) + len(reply) - 1  # the last reply token was never evaluated
     before = engine.stats.cached_tokens
     third = run(engine, turn[:len(first)] + tok.encode(" Paris"))
-    assert engine.stats.cached_tokens == before  # part of a state: nothing reused
+    assert engine.stats.cached_tokens - before == len(first)  # the first prompt's snapshot
     engine.close()
     fresh = Engine(model, tok, n_ctx=128, n_slots=1)
     assert run(fresh, turn) == second

@@ -146,6 +146,10 @@ class Model:
         and, when asked, between two layers (``batch.Pause``)."""
         for p in parts:
             p.ids = self._check_ids(p.ids)
+        for p in parts:  # a truncated recurrent state: first the ids from its snapshot on
+            replay = p.cache.take_replay()
+            if replay is not None:
+                self.forward_batch([Part(p.cache, replay, NONE)])
         batch = Batch(parts)
         batch.pause = pause
         x = self._forward(batch)                           # (len(batch.out), n_embd)

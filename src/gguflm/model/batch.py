@@ -86,6 +86,9 @@ class Batch:
             if n == 0:
                 raise ValueError("every sequence in a batch needs at least one token")
             p.cache.check_room(n)
+            if p.cache.pending:
+                raise ValueError("a truncated recurrent cache evaluates its replay first "
+                                 "(Model.forward_batch)")
             ids.append(p.ids)
             pos.append(np.arange(p.cache.n, p.cache.n + n))
             slot.append(np.full(n, p.cache.slot))
@@ -166,4 +169,4 @@ class Batch:
             self.arena.ssm[layer, slot] = ssm
         self._staged.clear()
         for p in self.parts:
-            p.cache.advance(len(p.ids))
+            p.cache.advance(len(p.ids), p.ids)

@@ -20,9 +20,9 @@ Positions are absolute: slot position i holds the sequence's token i.
 Recurrent layers (a gated delta net: ``layer.DeltaNet``) keep no positions but a fixed-size
 state per slot (``RecurrentShape``): the last d_conv - 1 inputs of the convolution
 (``conv``) and the delta rule's matrices (``ssm``), float32, where the attention layers
-keep keys and values. Such a state folds in every position so far and cannot be cut back:
-a cache with one (``rewinds`` False) truncates only to its end or to empty
-(``reusable``); a forward pass stages its new states and ``Batch.advance`` commits them.
+keep keys and values. Such a state folds in every position so far and cannot be cut back;
+a cache with one (``rewinds`` False) keeps snapshots of it instead (``KVCache``). A
+forward pass stages its new states and ``Batch.advance`` commits them.
 """
 
 from __future__ import annotations
@@ -34,6 +34,13 @@ import numpy as np
 
 # Positions per key tile (a multiple of the vector width; 64 floats = 4 cache lines).
 TILE = 64
+
+# A recurrent cache's snapshots of its state (llama.cpp's context checkpoints): one after
+# every batch of more than one row for the sequence (a prompt chunk: where a next turn or
+# a shared system prompt resumes) and one every CHECKPOINT_EVERY decoded positions; the
+# oldest dropped beyond MAX_CHECKPOINTS. Each is one copy of every recurrent layer's state.
+MAX_CHECKPOINTS = 8
+CHECKPOINT_EVERY = 256
 
 
 class ContextFullError(ValueError):
@@ -123,7 +130,7 @@ class KVArena:
         if n_slots < 1:
             raise ValueError(f"n_slots must be at least 1, got {n_slots}")
         check_arena_fits(n_layer, n_slots, n_ctx, n_head_kv, head_dim, head_dim_v, f16,
-                         recurrent.slot_bytes if recurrent else 0)
+                         (1 + MAX_CHECKPOINTS) * recurrent.slot_bytes if recurrent else 0)
         self.n_ctx = n_ctx
         self.n_slots = n_slots
         # llama.cpp's default cache type is F16: keys and values are stored as F16, and
@@ -165,12 +172,22 @@ class KVCache:
 
     ``n`` is the number of positions cached. A forward pass stores each layer's new keys
     and values at positions ``n..n+T`` and then ``advance``s by T once all layers are done.
+
+    With recurrent layers the cache also keeps the ids it holds and snapshots of the state
+    (``MAX_CHECKPOINTS``): ``truncate(n)`` returns to the last snapshot at or before n, and
+    the ids from there to n are evaluated again before the next batch (``take_replay``,
+    run by ``Model.forward_batch``), which gives the numbers of an uncut sequence
+    (the recurrence does not depend on how a sequence is chunked). ``reusable`` says how
+    much a truncation keeps without that replay (the engine evaluates the rest itself).
     """
 
     def __init__(self, arena: KVArena, slot: int) -> None:
         self.arena = arena
         self.slot = slot
         self.n = 0
+        self._state_n = 0  # positions the recurrent state holds (< n: a replay is due)
+        self._checkpoints: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._ids = None if self.rewinds else np.zeros(arena.n_ctx, np.int64)
 
     @property
     def n_ctx(self) -> int:
@@ -191,14 +208,17 @@ class KVCache:
 
     @property
     def rewinds(self) -> bool:
-        """Whether ``truncate`` can cut back to any position (no recurrent state)."""
+        """Whether ``truncate`` can cut back to any position at no cost (no recurrent
+        state)."""
         return self.arena.recurrent is None
 
     def reusable(self, n: int) -> int:
-        """How many of the first ``n`` cached positions a truncation can keep: all of them,
-        or with a recurrent state (which cannot be cut back) n only when it is every
-        cached position, else none."""
-        return n if self.rewinds or n == self.n else 0
+        """How many of the first ``n`` cached positions a truncation keeps without
+        evaluating any again: n, or with a recurrent state n when it is where the state
+        is, else the last snapshot's position before n (0 when none)."""
+        if self.rewinds or n == self._state_n:
+            return n
+        return max((p for p, _, _ in self._checkpoints if p <= n), default=0)
 
     def check_room(self, n_new: int) -> None:
         if n_new > self.n_free:
@@ -206,23 +226,53 @@ class KVCache:
                 f"{n_new} more tokens do not fit: {self.n} of the context's {self.n_ctx} "
                 f"positions are used")
 
-    def advance(self, n_new: int) -> None:
-        """Mark n_new more positions as cached (after every layer has stored them)."""
+    def advance(self, n_new: int, ids: np.ndarray | None = None) -> None:
+        """Mark n_new more positions (``ids``) as cached, after every layer has stored
+        them (and the recurrent states are committed: then a snapshot may be taken)."""
+        if self._ids is not None:
+            if ids is None or len(ids) != n_new or self._state_n != self.n:
+                raise ValueError("a recurrent cache advances by the ids it evaluated")
+            self._ids[self.n:self.n + n_new] = ids
+        before = self.n
         self.n += n_new
+        self._state_n = self.n
+        if self._ids is not None and (n_new > 1 or before // CHECKPOINT_EVERY
+                                      != self.n // CHECKPOINT_EVERY):
+            a = self.arena
+            self._checkpoints.append((self.n, a.conv[:, self.slot].copy(),
+                                      a.ssm[:, self.slot].copy()))
+            del self._checkpoints[:-MAX_CHECKPOINTS]
 
     def truncate(self, n: int) -> None:
-        """Forget every position from n on (e.g. to reuse a shared prompt prefix); with a
-        recurrent state only to n = 0 or n = ``self.n`` (``reusable``)."""
+        """Forget every position from n on (e.g. to reuse a shared prompt prefix)."""
         if not 0 <= n <= self.n:
             raise ValueError(f"cannot truncate a cache of {self.n} positions to {n}")
-        if self.reusable(n) != n:
-            raise ValueError(f"cannot truncate a cache of {self.n} positions to {n}: its "
-                             f"recurrent layers' state folds in every position (only 0 "
-                             f"or {self.n})")
+        if self._ids is not None:
+            self._checkpoints = [c for c in self._checkpoints if c[0] <= n]
+            at = self.reusable(n)
+            if at != self._state_n and at:
+                _, conv, ssm = next(c for c in self._checkpoints if c[0] == at)
+                self.arena.conv[:, self.slot] = conv
+                self.arena.ssm[:, self.slot] = ssm
+            self._state_n = at  # 0: the next batch starts from a zero state
         self.n = n
 
+    @property
+    def pending(self) -> bool:
+        """Whether ids between the recurrent state and ``n`` wait to be evaluated again."""
+        return self._ids is not None and self._state_n != self.n
+
+    def take_replay(self) -> np.ndarray | None:
+        """The ids between the recurrent state and ``n`` (to evaluate, without logits,
+        before anything else), the cache set back to the state; None when there are none."""
+        if self._ids is None or self._state_n == self.n:
+            return None
+        ids = self._ids[self._state_n:self.n].copy()
+        self.n = self._state_n
+        return ids
+
     def clear(self) -> None:
-        self.n = 0
+        self.truncate(0)
 
     def __repr__(self) -> str:
         return (f"KVCache(slot {self.slot}, n={self.n}, n_ctx={self.n_ctx}, "

@@ -140,4 +140,7 @@ def stack(x: np.ndarray, blocks: list[Block], batch: object, ropes: tuple[np.nda
     for il, b in enumerate(blocks):
         rot = None if isinstance(b.attn, DeltaNet) else ropes[b.attn.rope]
         x = block(x, b, batch, il, rot, rows if il == last else None)
+        pause = getattr(batch, "pause", None)  # other batches may run between two layers
+        if il < last and pause is not None and pause.flag[0]:
+            pause.run()
     return x
