@@ -1,6 +1,7 @@
-"""Qwen3.5 hybrid models (``qwen35``): gated delta nets beside gated full attention.
+"""Qwen3.5 hybrid models (``qwen35``, ``qwen35moe``): gated delta nets beside gated full
+attention.
 
-Conformance: shared/reference/arch/qwen35/'s tiny random-weight F16 model against
+Conformance: shared/reference/arch/qwen35*/'s tiny random-weight F16 models against
 llama.cpp's greedy.json, teacher-forced, with the bars of the other architectures, and
 free-running greedy continuations. The recurrent state: bit-identical logits however a
 sequence is batched or chunked; a state that cannot be cut back returns to a snapshot
@@ -21,7 +22,7 @@ from gguflm.engine.scheduler import Engine
 from gguflm.engine.sequence import Request
 from gguflm.model import deltanet
 from gguflm.model.batch import ALL, LAST, Part
-from gguflm.model.layer import DeltaNet
+from gguflm.model.layer import DeltaNet, Experts
 from gguflm.tokenizer import Tokenizer
 from refcheck import assert_conforms, load_cases
 from tinymodel import random_tensors, tiny_metadata, write_model
@@ -29,23 +30,33 @@ from tinymodel import random_tensors, tiny_metadata, write_model
 IDS = np.array([5, 300, 77, 1200, 9, 64, 2000, 31, 450, 12, 88, 1500, 7, 260, 41, 3])
 
 
-@pytest.fixture(scope="module")
-def tiny(reference: Path) -> tuple[gguflm.model.Model, Path]:
-    folder = reference / "arch" / "qwen35"
-    path = folder / "tiny-qwen35-f16.gguf"
+def _load(reference: Path, arch: str) -> tuple[gguflm.model.Model, Path]:
+    folder = reference / "arch" / arch
+    path = folder / f"tiny-{arch}-f16.gguf"
     if not path.is_file():
         pytest.skip(f"{path} not found")
     return gguflm.load_model(path), folder
 
 
-def test_conformance(tiny) -> None:
+@pytest.fixture(scope="module")
+def tiny(reference: Path) -> tuple[gguflm.model.Model, Path]:
+    return _load(reference, "qwen35")
+
+
+@pytest.mark.parametrize(("arch", "kinds"), [
+    ("qwen35", ["DeltaNet", "Attention", "DeltaNet", "Attention"]),
+    ("qwen35moe", ["DeltaNet", "Attention"])])
+def test_conformance(reference: Path, arch: str, kinds: list[str]) -> None:
     """prompt_tokens identical; top-1 agrees wherever llama.cpp's margin is >= 0.25; on each
     step's 20 reference ids, de-shifted max <= 0.5 and median-over-steps max |d| <= 0.15
-    (measured: 0.022 and 0.005, top-1 on all 537 steps)."""
-    model, folder = tiny
-    kinds = [type(b.attn).__name__ for b in model.blocks]
-    assert kinds == ["DeltaNet", "Attention", "DeltaNet", "Attention"]  # the MTP block not run
-    assert_conforms(model, folder, folder / "tiny-qwen35-f16.gguf")
+    (measured: qwen35 0.022 and 0.005, top-1 on all 537 steps; qwen35moe 0.004 and 0.002,
+    top-1 on 574 of 576, the other two where llama.cpp's margin is under 0.25)."""
+    model, folder = _load(reference, arch)
+    assert [type(b.attn).__name__ for b in model.blocks] == kinds  # the MTP block not run
+    if arch == "qwen35moe":
+        assert all(isinstance(b.ffn, Experts) and b.ffn.shared is not None
+                   for b in model.blocks)
+    assert_conforms(model, folder, folder / f"tiny-{arch}-f16.gguf")
 
 
 def test_greedy_continuations_are_llama_cpps(tiny) -> None:
@@ -73,8 +84,9 @@ def test_the_plan_says_the_layers_run_on_the_reference(tiny, capsys) -> None:
     assert "reference (numpy, op by op): layer 0 is a gated delta net" in line
 
 
-def test_batch_invariance(tiny) -> None:
-    model, _ = tiny
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
+def test_batch_invariance(reference: Path, arch: str) -> None:
+    model, _ = _load(reference, arch)
     alone = model.logits(IDS)
     cache = model.new_cache(32)
     steps = np.stack([model.forward([int(t)], cache) for t in IDS])
@@ -214,10 +226,15 @@ QWEN35_TINY = dict(ssm__conv_kernel=4, ssm__state_size=8, ssm__group_count=2,
                    attention__value_length=16)
 
 
-def test_a_tiny_random_model_from_its_declared_tensors(tmp_path) -> None:
+@pytest.mark.parametrize(("arch", "extra"), [
+    ("qwen35", {}),
+    ("qwen35moe", {"expert_count": 4, "expert_used_count": 2, "feed_forward_length": None,
+                   "expert_feed_forward_length": 16,
+                   "expert_shared_feed_forward_length": 24})])
+def test_a_tiny_random_model_from_its_declared_tensors(tmp_path, arch: str, extra) -> None:
     """tinymodel's recorder sees the architecture's tensors; the file loads and runs, its
     recurrent layers where full_attention_interval puts them; a missing tensor is named."""
-    md = tiny_metadata("qwen35", **QWEN35_TINY, block_count=4)
+    md = tiny_metadata(arch, **QWEN35_TINY, block_count=4, **extra)
     tensors = random_tensors(md, seed=2)
     model = gguflm.load_model(write_model(tmp_path / "q.gguf", md, tensors))
     assert [isinstance(b.attn, DeltaNet) for b in model.blocks] == [True, False, True, False]

@@ -131,7 +131,8 @@ class Experts:
     weights, renormalised to sum 1 when ``norm_weights`` (the sum clamped below at 2^-14),
     times ``scale`` unless it is 0 or 1; each expert a GLU (``gate[e]``, ``up[e]``,
     ``down[e]``: row views of the 3-D tensors, each product plus its expert's row of
-    ``*_b`` when given); the weighted outputs summed in selection order."""
+    ``*_b`` when given); the weighted outputs summed in selection order; then, when given,
+    the gated ``shared`` expert's output added."""
 
     router: Linear
     gate: tuple[QMatrix, ...]
@@ -145,6 +146,10 @@ class Experts:
     gate_b: np.ndarray | None = None  # (n_expert, n_ff) f32
     up_b: np.ndarray | None = None    # (n_expert, n_ff) f32
     down_b: np.ndarray | None = None  # (n_expert, n_embd) f32
+    # a shared expert every token runs (Qwen3.5-MoE, Qwen3-Next): its output times
+    # sigmoid(shared_gate . x) added after the routed experts'
+    shared: GLU | None = None
+    shared_gate: np.ndarray | None = None  # (n_embd,) f32
 
     def __post_init__(self) -> None:
         if self.act not in EXPERT_ACTS or self.gating not in GATINGS:

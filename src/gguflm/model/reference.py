@@ -106,6 +106,9 @@ def experts(h: np.ndarray, e: Experts) -> np.ndarray:
     out = ys[:, 0] * w[:, :1]
     for j in range(1, e.n_used):
         out = out + ys[:, j] * w[:, j:j + 1]
+    if e.shared is not None:  # each row's gate logit a sum of its own (batch-invariant)
+        logit = (h * e.shared_gate).astype(np.float64).sum(axis=1).astype(np.float32)
+        out = out + ffn(h, e.shared) * deltanet.sigmoid(logit)[:, None]
     return out
 
 
