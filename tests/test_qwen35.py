@@ -80,8 +80,13 @@ def test_the_plan_says_the_layers_run_on_the_reference(tiny, capsys) -> None:
     assert not model.plan.compiled
     assert "layer 0 is a gated delta net" in model.plan.describe()
     assert main(["inspect", str(folder / "tiny-qwen35-f16.gguf")]) == 0
-    line = next(ln for ln in capsys.readouterr().out.splitlines() if "layers run" in ln)
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if "layers run" in ln)
     assert "reference (numpy, op by op): layer 0 is a gated delta net" in line
+    # keys and values in the 2 attention layers only (2 KV heads of 64, f16, K and V); the
+    # state: per delta net 3 x 512 conv inputs and 8 x 32 x 32, f32
+    assert "KV cache (f16)    1,024 bytes/token (attention layers)" in out
+    assert f"recurrent state   {2 * 4 * (3 * 512 + 8 * 32 * 32):,} bytes/sequence" in out
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
