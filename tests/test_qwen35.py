@@ -240,3 +240,20 @@ def test_a_tiny_random_model_from_its_declared_tensors(tmp_path, arch: str, extr
     del tensors["blk.2.ssm_a"]
     with pytest.raises(gguflm.gguf.errors.TensorInfoError, match="blk.2.ssm_a"):
         gguflm.load_model(write_model(tmp_path / "m.gguf", md, tensors))
+
+
+@pytest.mark.parametrize(("override", "key"), [
+    ({"rope__dimension_sections": np.zeros(4, np.int32)}, "rope.dimension_sections"),
+    ({"rope__dimension_sections": None}, "rope.dimension_sections"),
+    ({"attention__recurrent_layers": np.array([True, False, True])}, "attention.recurrent_layers"),
+    ({"ssm__inner_size": 30}, "ssm.inner_size"),
+    ({"ssm__time_step_rank": 3}, "ssm.inner_size"),
+    ({"nextn_predict_layers": 4}, "nextn_predict_layers")])
+def test_bad_metadata_is_named(override: dict, key: str) -> None:
+    from gguflm.gguf.errors import MetadataError
+    from tinymodel import declared_tensors
+
+    md = tiny_metadata("qwen35", **{**QWEN35_TINY, "block_count": 4, **override})
+    with pytest.raises(MetadataError) as e:
+        declared_tensors(md)
+    assert e.value.key == f"qwen35.{key}"

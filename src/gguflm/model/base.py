@@ -270,7 +270,7 @@ def import_kernels() -> None:
     program importing numba (or something built on it) meanwhile cannot collide with the
     engine thread's first step."""
     from ..quant import kernels, matrix  # noqa: F401
-    from . import attention, blocks, rowkernels, team  # noqa: F401
+    from . import attention, blocks, deltanet, rowkernels, team  # noqa: F401
 
 
 def compiled(kinds: Iterable[int] = ()) -> bool:

@@ -77,17 +77,6 @@ def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
     return unit * np.float32(1.0 / np.sqrt(np.float32(n)))
 
 
-def softplus(x: np.ndarray) -> np.ndarray:
-    """log(1 + exp(x)), x itself above 20 (ggml's softplus), elementwise f32."""
-    with np.errstate(over="ignore"):
-        return np.where(x > 20, x, np.log1p(np.exp(x))).astype(np.float32)
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return (np.float32(1) / (np.float32(1) + np.exp(-x))).astype(np.float32)
-
-
 def forward(h: np.ndarray, d: DeltaNet, batch: object, eps: float) -> np.ndarray:
     """Normed input h (T, n_embd) -> (T, n_embd), each sequence of ``batch`` from its
     slot's state, staging the new states; ``eps`` the model's RMS eps (L2 norms, gated
@@ -95,8 +84,8 @@ def forward(h: np.ndarray, d: DeltaNet, batch: object, eps: float) -> np.ndarray
     n, nk, nv, s = len(h), d.n_k_head, d.n_v_head, d.head_dim
     mixed = ops.linear(h, d.qkv.w, d.qkv.b)                   # (T, conv_dim)
     z = ops.linear(h, d.z.w, d.z.b).reshape(n, nv, s)
-    beta = sigmoid(ops.linear(h, d.beta.w, d.beta.b))        # (T, n_v)
-    g = softplus(ops.linear(h, d.alpha.w, d.alpha.b) + d.dt) * d.a
+    beta = ops.sigmoid(ops.linear(h, d.beta.w, d.beta.b))        # (T, n_v)
+    g = ops.softplus(ops.linear(h, d.alpha.w, d.alpha.b) + d.dt) * d.a
     out = np.empty((n, nv, s), np.float32)
     for part, rows in batch.sequences():
         conv_state, ssm = batch.recurrent_state(d.index, part)

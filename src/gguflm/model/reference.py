@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import deltanet, ops
+from . import ops
 from .layer import GLU, Attention, Block, DeltaNet, Experts, Linear
 
 
@@ -38,7 +38,7 @@ def attention(h: np.ndarray, a: Attention, batch: object, il: int, rot: np.ndarr
     out = batch.attention(il, rope(q, rot), rope(k, rot), v, a.scale, a.softcap, a.window,
                           a.sinks)
     if a.q_gate:
-        out = out * deltanet.sigmoid(np.ascontiguousarray(gate).reshape(n, -1))
+        out = out * ops.sigmoid(np.ascontiguousarray(gate).reshape(n, -1))
     return product(out, a.o)
 
 
@@ -108,7 +108,7 @@ def experts(h: np.ndarray, e: Experts) -> np.ndarray:
         out = out + ys[:, j] * w[:, j:j + 1]
     if e.shared is not None:  # each row's gate logit a sum of its own (batch-invariant)
         logit = (h * e.shared_gate).astype(np.float64).sum(axis=1).astype(np.float32)
-        out = out + ffn(h, e.shared) * deltanet.sigmoid(logit)[:, None]
+        out = out + ffn(h, e.shared) * ops.sigmoid(logit)[:, None]
     return out
 
 
@@ -118,8 +118,12 @@ def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray | Non
     (or recurrent mixer) when given (llama.cpp's inp_out_ids in the last layer: T' =
     len(rows)); ``rot`` the attention's RoPE table (None for a recurrent layer)."""
     h = ops.rmsnorm(x, b.attn_norm, b.eps)
-    a = (deltanet.forward(h, b.attn, batch, b.eps) if isinstance(b.attn, DeltaNet)
-         else attention(h, b.attn, batch, il, rot, b.eps))
+    if isinstance(b.attn, DeltaNet):
+        from . import deltanet  # numba: compiled or loaded on first use
+
+        a = deltanet.forward(h, b.attn, batch, b.eps)
+    else:
+        a = attention(h, b.attn, batch, il, rot, b.eps)
     if b.attn_post_norm is not None:
         a = ops.rmsnorm(a, b.attn_post_norm, b.eps)
     if rows is not None:

@@ -72,7 +72,9 @@ def _recurrent(meta: Meta, n_all: int, n_nextn: int) -> tuple[bool, ...]:
     key = meta.key("attention.recurrent_layers")
     flags = meta.metadata.get(key)
     if flags is not None:
-        flags = tuple(bool(f) for f in np.atleast_1d(flags))
+        if not isinstance(flags, np.ndarray) or flags.dtype.kind not in "biu":
+            raise MetadataError("expected an array of per-block flags", key=key)
+        flags = tuple(bool(f) for f in flags.reshape(-1))
         if len(flags) != n_all:
             raise MetadataError(f"has {len(flags)} entries for {n_all} blocks", key=key)
         return flags[:n_all - n_nextn]
@@ -85,9 +87,11 @@ def _sections(meta: Meta) -> tuple[int, ...]:
     value = meta.metadata.get(key)
     if value is None:
         raise MetadataError("missing, required by the qwen35 architectures", key=key)
-    sections = tuple(int(s) for s in np.atleast_1d(value))
-    if len(sections) < 4 or min(sections) < 0:
-        raise MetadataError(f"expected 4 section sizes, got {sections}", key=key)
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "iu":
+        raise MetadataError("expected an array of 4 section sizes", key=key)
+    sections = tuple(int(s) for s in value.reshape(-1))
+    if len(sections) < 4 or min(sections) < 0 or not 0 < sum(sections[:4]) < 2**20:
+        raise MetadataError(f"expected 4 section sizes, not all 0, got {sections}", key=key)
     return sections[:4]
 
 
@@ -179,7 +183,7 @@ class Qwen35(Model):
         shape = RecurrentShape(sum(c.recurrent), c.d_conv - 1,
                                2 * c.n_k_head * c.d_state + c.d_inner, c.n_v_head, c.d_state)
         return KVArena(c.n_layer, n_slots, n_ctx, c.n_head_kv, c.head_dim, c.head_dim_v,
-                       f16=self.kv_f16, recurrent=shape)
+                       f16=self.kv_f16, recurrent=shape if shape.n_layer else None)
 
     def rope_table(self, pos: np.ndarray) -> np.ndarray:
         """The text positions' interleaved M-RoPE as one table: pair i is in sector i mod
