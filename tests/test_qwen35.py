@@ -257,3 +257,20 @@ def test_bad_metadata_is_named(override: dict, key: str) -> None:
     with pytest.raises(MetadataError) as e:
         declared_tensors(md)
     assert e.value.key == f"qwen35.{key}"
+
+
+def test_fused_attention_projections_give_the_same_logits(tmp_path) -> None:
+    """An attention layer's Q (with its gate), K and V fused into one ``attn_qkv`` (as
+    llama.cpp's create_tensor_qkv accepts), with biases, computes what the separate ones do."""
+    md = tiny_metadata("qwen35", **QWEN35_TINY, block_count=4)
+    tensors = random_tensors(md, seed=3, with_optional=("attn_q.bias", "attn_k.bias",
+                                                        "attn_v.bias"))
+    assert "blk.1.attn_q.bias" in tensors
+    separate = gguflm.load_model(write_model(tmp_path / "s.gguf", md, tensors))
+    for il in (1, 3):
+        parts = [tensors.pop(f"blk.{il}.attn_{x}.{kind}") for kind in ("weight", "bias")
+                 for x in "qkv"]
+        tensors[f"blk.{il}.attn_qkv.weight"] = np.concatenate(parts[:3])
+        tensors[f"blk.{il}.attn_qkv.bias"] = np.concatenate(parts[3:])
+    fused = gguflm.load_model(write_model(tmp_path / "f.gguf", md, tensors))
+    np.testing.assert_array_equal(fused.logits(IDS[:9] % 96), separate.logits(IDS[:9] % 96))

@@ -28,7 +28,7 @@ from ..base import Model
 from ..batch import Batch
 from ..config import Meta, ModelConfig
 from ..kv_cache import KVArena, RecurrentShape
-from ..layer import Attention, Block, DeltaNet, glu, linear
+from ..layer import Attention, Block, DeltaNet, glu, linear, qkv
 from ..weights import Layer, Weights
 from . import register
 
@@ -109,14 +109,15 @@ class Qwen35(Model):
         self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
         self.output_norm = w.get("output_norm.weight", (c.n_embd,))
         self.output = w.get_or("output.weight", (c.n_vocab, c.n_embd), self.token_embd)
-        self.layers = [w.layer(i, {"attn_norm": (c.n_embd,), "post_attention_norm": (c.n_embd,),
-                                   **(self.delta_tensors() if c.recurrent[i] else
-                                      self.attention_tensors()),
-                                   **self.ffn_tensors(w)})
-                       for i in range(c.n_layer)]
+        norms = {"attn_norm": (c.n_embd,), "post_attention_norm": (c.n_embd,)}
+        self.layers = []
+        for i in range(c.n_layer):
+            mixer, optional = (self.delta_tensors(), {}) if c.recurrent[i] else (
+                self.attention_tensors(w, i))
+            self.layers.append(w.layer(i, {**norms, **mixer, **self.ffn_tensors(w)}, optional))
         for i in range(c.n_layer, c.n_layer + c.n_nextn):  # MTP blocks: loaded, not run
-            w.layer(i, {}, {"attn_norm": (c.n_embd,), "post_attention_norm": (c.n_embd,),
-                            **self.attention_tensors(), **self.ffn_tensors(w),
+            mixer, optional = self.attention_tensors(w, i)
+            w.layer(i, {}, {**norms, **mixer, **optional, **self.ffn_tensors(w),
                             **self.nextn_tensors()})
         n_rec = 0
         self.blocks = []
@@ -128,11 +129,19 @@ class Qwen35(Model):
             self.blocks.append(Block(layer.attn_norm, mixer, layer.post_attention_norm,
                                      self.ffn(layer), c.norm_eps))
 
-    def attention_tensors(self) -> dict[str, Any]:
+    def attention_tensors(self, w: Weights, i: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Block i's attention tensors (required, optional), as llama.cpp's
+        create_tensor_qkv: one ``attn_qkv`` of rows [Q and gate | K | V] when the file has
+        it, else ``attn_q`` (Q and gate) / ``attn_k`` / ``attn_v``; biases optional."""
         c = self.config
-        return {"attn_q": (2 * c.n_embd_q, c.n_embd), "attn_k": (c.n_embd_k, c.n_embd),
-                "attn_v": (c.n_embd_v, c.n_embd), "attn_q_norm": (c.head_dim,),
-                "attn_k_norm": (c.head_dim,), "attn_output": (c.n_embd, c.n_embd_q)}
+        rows = {"q": 2 * c.n_embd_q, "k": c.n_embd_k, "v": c.n_embd_v}
+        required = {"attn_q_norm": (c.head_dim,), "attn_k_norm": (c.head_dim,),
+                    "attn_output": (c.n_embd, c.n_embd_q)}
+        if w.has(f"blk.{i}.attn_qkv.weight"):
+            n = sum(rows.values())
+            return {**required, "attn_qkv": (n, c.n_embd)}, {"attn_qkv.bias": (n,)}
+        return ({**required, **{f"attn_{x}": (n, c.n_embd) for x, n in rows.items()}},
+                {f"attn_{x}.bias": (n,) for x, n in rows.items()})
 
     def delta_tensors(self) -> dict[str, Any]:
         c = self.config
@@ -162,8 +171,8 @@ class Qwen35(Model):
 
     def attention(self, layer: Layer) -> Attention:
         c = self.config
-        return Attention(linear(layer, "attn_q"), linear(layer, "attn_k"),
-                         linear(layer, "attn_v"), linear(layer, "attn_output"), c.n_head,
+        q, k, v = qkv(layer, 2 * c.n_embd_q, c.n_embd_k, c.n_embd_v)
+        return Attention(q, k, v, linear(layer, "attn_output"), c.n_head,
                          c.n_head_kv, c.head_dim, c.head_dim_v,
                          scale=1.0 / float(np.sqrt(c.head_dim)),
                          neox=self.rope_style == "neox", q_norm=layer.attn_q_norm,
