@@ -197,9 +197,14 @@ def test_the_delta_rule_kernel_matches_a_float64_twin() -> None:
     state = rng.standard_normal((n_v, s, s)).astype(np.float32)
     want_out, want_state = _delta_rule_twin(q, k, v, g, beta, state)
     out = np.empty((t, n_v, s), np.float32)
-    deltanet.delta_rule(q, k, v, g, beta, state, out)
+    new_state = np.empty_like(state)
+    deltanet.delta_rule(q, k, v, g, beta, state, new_state, out)
     np.testing.assert_allclose(out, want_out, atol=2e-5)
-    np.testing.assert_allclose(state, want_state, atol=2e-5)
+    np.testing.assert_allclose(new_state, want_state, atol=2e-5)
+    again = np.empty_like(out)
+    deltanet.delta_rule(q, k, v, g, beta, state, state, again)  # in place: the same numbers
+    np.testing.assert_array_equal(again, out)
+    np.testing.assert_array_equal(state, new_state)
 
 
 def test_the_convolution_is_causal_and_keeps_its_last_inputs() -> None:

@@ -76,8 +76,8 @@ class Batch:
         self.arena = arena
         self.parts = list(parts)
         self.pause: Pause | None = None  # Model.forward_batch
-        # recurrent layers' new states, {(layer, slot): (conv, ssm)}, committed by advance
-        self._staged: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        # the recurrent layers that wrote each slot's new state, made live by advance
+        self._staged: dict[int, set[int]] = {}
         ids, pos, slot, out, logit_rows, flash = [], [], [], [], [], []
         self.hidden_rows: list[tuple[Part, np.ndarray]] = []  # (part, its rows of ``out``)
         row = n_out = 0
@@ -147,26 +147,32 @@ class Batch:
             row += len(p.ids)
         return out
 
-    def recurrent_state(self, layer: int, part: Part) -> tuple[np.ndarray, np.ndarray]:
-        """Copies of recurrent layer ``layer``'s state for ``part``'s sequence: (conv
-        (conv_rows, conv_dim), ssm (n_head, head_dim, head_dim)) f32, zeros for a sequence
-        that starts here (position 0)."""
-        arena, s = self.arena, part.cache.slot
+    def recurrent_state(self, layer: int, part: Part) -> tuple[np.ndarray, np.ndarray,
+                                                                np.ndarray, np.ndarray]:
+        """Recurrent layer ``layer``'s state for ``part``'s sequence: (conv (conv_rows,
+        conv_dim), ssm (n_head, head_dim, head_dim)) to read, zeros for a sequence that
+        starts here (position 0), and (conv, ssm) to write the new state into (the slot's
+        spare copy: ``stage_state``, then ``advance`` makes it the live one)."""
+        s = part.cache.slot
+        conv, ssm = (a[layer] for a in self.arena.state(s))
+        new_conv, new_ssm = (a[layer] for a in self.arena.state(s, spare=True))
         if part.cache.n == 0:
-            return np.zeros_like(arena.conv[layer, s]), np.zeros_like(arena.ssm[layer, s])
-        return arena.conv[layer, s].copy(), arena.ssm[layer, s].copy()
+            conv, ssm = np.zeros_like(conv), np.zeros_like(ssm)
+        return conv, ssm, new_conv, new_ssm
 
-    def stage_state(self, layer: int, part: Part, conv: np.ndarray, ssm: np.ndarray) -> None:
-        """The state after this batch's rows, written to the arena by ``advance`` (a
-        forward pass that fails midway leaves every state as it was)."""
-        self._staged[(layer, part.cache.slot)] = (conv, ssm)
+    def stage_state(self, layer: int, part: Part) -> None:
+        """Recurrent layer ``layer`` has written ``part``'s new state (the spare copy);
+        ``advance`` makes it live once every recurrent layer has."""
+        self._staged.setdefault(part.cache.slot, set()).add(layer)
 
     def advance(self) -> None:
         """Commit the recurrent states and mark every sequence's rows as cached (after the
         whole forward pass)."""
-        for (layer, slot), (conv, ssm) in self._staged.items():
-            self.arena.conv[layer, slot] = conv
-            self.arena.ssm[layer, slot] = ssm
+        r = self.arena.recurrent
+        for slot, layers in self._staged.items():
+            if len(layers) != r.n_layer:
+                raise RuntimeError(f"{len(layers)} of {r.n_layer} recurrent layers ran")
+            self.arena.live[slot] ^= 1
         self._staged.clear()
         for p in self.parts:
             p.cache.advance(len(p.ids), p.ids)

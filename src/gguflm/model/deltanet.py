@@ -24,18 +24,22 @@ from .layer import DeltaNet
 # vec_dot_f32 keeps); the order is fixed by the code and the head size alone, never by the
 # batch. contract: the state update is one fused multiply-add, as ggml's vec_mad_f32.
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
-def delta_rule(q, k, v, g, beta, state, out):  # noqa: ANN001, ANN201
+def delta_rule(q, k, v, g, beta, state, new_state, out):  # noqa: ANN001, ANN201
     """One sequence's tokens through the delta rule, as ggml_compute_forward_gated_delta_net
     (K = 1, scalar gate): q, k (T, H_k, S), v (T, H_v, S), g and beta (T, H_v) f32; state
-    (H_v, S, S) f32 updated in place, M[j, i] = S[i][j]; out (T, H_v, S) f32. Value head h
+    (H_v, S, S) f32, M[j, i] = S[i][j], read and the state after the last token written to
+    ``new_state`` (which may be ``state`` itself); out (T, H_v, S) f32. Value head h
     reads key head h % H_k. Per token: M *= exp(g); d_j = (v_j - M[j] . k) * beta;
     M[j] += d_j k; out_j = (M[j] . q) / sqrt(S)."""
     n_k = q.shape[1]
     s_dim = v.shape[2]
     scale = np.float32(1.0) / np.float32(np.sqrt(np.float32(s_dim)))
     for h in range(v.shape[1]):
-        m = state[h]
+        m = new_state[h]
         kh = h % n_k
+        # copied, then updated in place: one code path for every token (loops whose
+        # arrays may alias are compiled twice, vectorized or not, with different sums)
+        m[:] = state[h]
         for t in range(q.shape[0]):
             decay = np.float32(np.exp(g[t, h]))
             b = beta[t, h]
@@ -66,7 +70,7 @@ def causal_conv(x: np.ndarray, prev: np.ndarray, w: np.ndarray) -> tuple[np.ndar
     acc = window[0:n] * w[:, 0]
     for i in range(1, taps):
         acc = acc + window[i:i + n] * w[:, i]
-    return ops.silu(acc), window[len(window) - (taps - 1):].copy()
+    return ops.silu(acc), window[len(window) - (taps - 1):]
 
 
 def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
@@ -88,13 +92,14 @@ def forward(h: np.ndarray, d: DeltaNet, batch: object, eps: float) -> np.ndarray
     g = ops.softplus(ops.linear(h, d.alpha.w, d.alpha.b) + d.dt) * d.a
     out = np.empty((n, nv, s), np.float32)
     for part, rows in batch.sequences():
-        conv_state, ssm = batch.recurrent_state(d.index, part)
-        x, conv_state = causal_conv(mixed[rows], conv_state, d.conv)
+        conv_state, ssm, new_conv, new_ssm = batch.recurrent_state(d.index, part)
+        x, kept = causal_conv(mixed[rows], conv_state, d.conv)
+        new_conv[:] = kept
         q = l2_norm(x[:, :nk * s].reshape(-1, nk, s), eps)
         k = l2_norm(x[:, nk * s:2 * nk * s].reshape(-1, nk, s), eps)
         v = np.ascontiguousarray(x[:, 2 * nk * s:].reshape(-1, nv, s))
         delta_rule(q, k, v, np.ascontiguousarray(g[rows]), np.ascontiguousarray(beta[rows]),
-                   ssm, out[rows])
-        batch.stage_state(d.index, part, conv_state, ssm)
+                   ssm, new_ssm, out[rows])
+        batch.stage_state(d.index, part)
     gated = ops.rmsnorm(out, d.norm, eps) * ops.silu(z)
     return ops.linear(gated.reshape(n, nv * s), d.out.w, d.out.b)

@@ -130,7 +130,7 @@ class KVArena:
         if n_slots < 1:
             raise ValueError(f"n_slots must be at least 1, got {n_slots}")
         check_arena_fits(n_layer, n_slots, n_ctx, n_head_kv, head_dim, head_dim_v, f16,
-                         (1 + MAX_CHECKPOINTS) * recurrent.slot_bytes if recurrent else 0)
+                         (2 + MAX_CHECKPOINTS) * recurrent.slot_bytes if recurrent else 0)
         self.n_ctx = n_ctx
         self.n_slots = n_slots
         # llama.cpp's default cache type is F16: keys and values are stored as F16, and
@@ -145,14 +145,24 @@ class KVArena:
         self.recurrent = recurrent
         r = recurrent or RecurrentShape(0, 0, 0, 0, 0)
         # per recurrent layer and slot: the convolution's last inputs, the delta-rule state
-        # (head, value dim j, key dim i), as ggml's gated_delta_net holds S transposed
-        self.conv = _lazy_zeros((r.n_layer, n_slots, r.conv_rows, r.conv_dim))
-        self.ssm = _lazy_zeros((r.n_layer, n_slots, r.n_head, r.head_dim, r.head_dim))
+        # (head, value dim j, key dim i), as ggml's gated_delta_net holds S transposed;
+        # twice: a forward pass writes the slot's spare copy, and its advance makes that
+        # the live one (``live``), so a pass that fails midway leaves the state as it was
+        self.conv = _lazy_zeros((2, r.n_layer, n_slots, r.conv_rows, r.conv_dim))
+        self.ssm = _lazy_zeros((2, r.n_layer, n_slots, r.n_head, r.head_dim, r.head_dim))
+        self.live = np.zeros(n_slots, np.int64)
         self.slots = [KVCache(self, i) for i in range(n_slots)]
 
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes + self.conv.nbytes + self.ssm.nbytes
+
+    def state(self, slot: int, spare: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Views of slot ``slot``'s recurrent state, every recurrent layer: (conv
+        (n_layer, conv_rows, conv_dim), ssm (n_layer, n_head, head_dim, head_dim)), the
+        live copy or the spare one a forward pass writes."""
+        i = int(self.live[slot]) ^ int(spare)
+        return self.conv[i, :, slot], self.ssm[i, :, slot]
 
     def store(self, layer: int, slot: np.ndarray, pos: np.ndarray, k: np.ndarray,
               v: np.ndarray) -> None:
@@ -238,9 +248,8 @@ class KVCache:
         self._state_n = self.n
         if self._ids is not None and (n_new > 1 or before // CHECKPOINT_EVERY
                                       != self.n // CHECKPOINT_EVERY):
-            a = self.arena
-            self._checkpoints.append((self.n, a.conv[:, self.slot].copy(),
-                                      a.ssm[:, self.slot].copy()))
+            conv, ssm = self.arena.state(self.slot)
+            self._checkpoints.append((self.n, conv.copy(), ssm.copy()))
             del self._checkpoints[:-MAX_CHECKPOINTS]
 
     def truncate(self, n: int) -> None:
@@ -252,8 +261,9 @@ class KVCache:
             at = self.reusable(n)
             if at != self._state_n and at:
                 _, conv, ssm = next(c for c in self._checkpoints if c[0] == at)
-                self.arena.conv[:, self.slot] = conv
-                self.arena.ssm[:, self.slot] = ssm
+                live_conv, live_ssm = self.arena.state(self.slot)
+                live_conv[:] = conv
+                live_ssm[:] = ssm
             self._state_n = at  # 0: the next batch starts from a zero state
         self.n = n
 
