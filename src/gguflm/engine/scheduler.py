@@ -345,7 +345,7 @@ class Engine:
             keep = min(shared[slot.index], len(prompt) - 1)
             if embedding and seq.request.pooling != "last":
                 keep = 0  # every token's hidden state is needed: the cache has none
-            # a recurrent state cannot be cut back: all of it is kept, or none (``reusable``)
+            # a recurrent state cannot be cut back: it resumes at a snapshot (``reusable``)
             slot.cache.truncate(slot.cache.reusable(min(keep, slot.cache.n)))
             keep = slot.cache.n
             slot.tokens = slot.tokens[:keep]
