@@ -47,6 +47,15 @@ def tiny_llama(reference: Path) -> str:
 
 
 @pytest.fixture(scope="session")
+def qwen35_path(reference: Path) -> Path:
+    """The reference data's tiny random-weight Qwen3.5 (gated delta nets beside attention)."""
+    path = reference / "arch" / "qwen35" / "tiny-qwen35-f16.gguf"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    return path
+
+
+@pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     return _model("smollm2-135m")
 

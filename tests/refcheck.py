@@ -106,3 +106,17 @@ def assert_conforms(model: Any, folder: Path, path: Path) -> None:
     assert s["dev_max"] <= 0.5, s
     assert s["raw_median"] <= 0.15, s
     assert steps.disagreements(0.25) == [], s
+
+
+def load_tiny(reference: Path, arch: str) -> tuple[Any, Path]:
+    """The tiny reference model of ``arch`` (arch/<arch>/tiny-<arch>-f16.gguf) loaded, and
+    its folder; the test is skipped when the file is missing."""
+    import pytest
+
+    import gguflm
+
+    folder = reference / "arch" / arch
+    path = folder / f"tiny-{arch}-f16.gguf"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    return gguflm.load_model(path), folder

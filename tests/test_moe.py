@@ -19,18 +19,14 @@ from gguflm.gguf.errors import MetadataError
 from gguflm.model import executor
 from gguflm.model.batch import ALL, Part
 from gguflm.model.layer import Experts
-from refcheck import assert_conforms
+from refcheck import assert_conforms, load_tiny
 from tinymodel import declared_tensors, tiny_metadata
 
 MOE = ["qwen3moe", "mixtral", "gpt-oss"]
 
 
 def _model(reference: Path, arch: str) -> tuple[gguflm.model.Model, Path]:
-    folder = reference / "arch" / arch
-    path = folder / f"tiny-{arch}-f16.gguf"
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
-    return gguflm.load_model(path), folder
+    return load_tiny(reference, arch)
 
 
 @pytest.mark.parametrize("arch", MOE)

@@ -174,12 +174,19 @@ def _layers_path(f: Any) -> dict[str, Any]:
     (``executor.Plan.describe``), or ``compiled`` None with the reason it does not load."""
     from ..gguf.errors import GGUFError
     from ..model import from_gguf
+    from ..model.kv_cache import MAX_CHECKPOINTS
 
     try:
-        plan = from_gguf(f).plan
+        model = from_gguf(f)
     except (GGUFError, ValueError) as e:
         return {"compiled": None, "detail": f"does not load: {e}"}
-    return {"compiled": plan.compiled, "detail": plan.describe()}
+    out = {"compiled": model.plan.compiled, "detail": model.plan.describe()}
+    kv, state = model.cache_bytes() if model.blocks else (None, 0)
+    if state:  # a hybrid: keys and values for its attention layers only, and a state
+        out["kv_cache_bytes_per_token"] = kv
+        out["recurrent_state_bytes"] = state
+        out["recurrent_snapshots"] = MAX_CHECKPOINTS
+    return out
 
 
 def _ignored_keys(arch: Any) -> list[str]:
@@ -275,8 +282,14 @@ def _summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(("special tokens", ", ".join(toks) if toks else "-"))
     rows.append(("chat template", f"yes ({s['chat_template_chars']} chars)"
                  if s["chat_template"] else "no"))
-    if s["kv_cache_bytes_per_token"] and not encoder:
-        rows.append(("KV cache (f16)", f"{s['kv_cache_bytes_per_token']:,} bytes/token"))
+    path = s.get("layers_path") or {}
+    kv = path.get("kv_cache_bytes_per_token", s["kv_cache_bytes_per_token"])
+    if kv and not encoder:
+        rows.append(("KV cache (f16)", f"{kv:,} bytes/token"
+                     + (" (attention layers)" if "recurrent_state_bytes" in path else "")))
+    if path.get("recurrent_state_bytes"):
+        rows.append(("recurrent state", f"{path['recurrent_state_bytes']:,} bytes/sequence "
+                     f"(f32; plus up to {path['recurrent_snapshots']} snapshots of it)"))
     if s["output_tied"] is not None and not encoder:
         rows.append(("output", "tied to token_embd" if s["output_tied"] else "output.weight"))
     for i, problem in enumerate(s.get("problems", ())):  # keys of the wrong type, left out

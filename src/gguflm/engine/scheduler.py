@@ -345,7 +345,8 @@ class Engine:
             keep = min(shared[slot.index], len(prompt) - 1)
             if embedding and seq.request.pooling != "last":
                 keep = 0  # every token's hidden state is needed: the cache has none
-            slot.cache.truncate(min(keep, slot.cache.n))
+            # a recurrent state cannot be cut back: it resumes at a snapshot (``reusable``)
+            slot.cache.truncate(slot.cache.reusable(min(keep, slot.cache.n)))
             keep = slot.cache.n
             slot.tokens = slot.tokens[:keep]
             slot.flash = flash
@@ -392,7 +393,8 @@ class Engine:
         if prefill_only:
             decoding, prefilling = [], quick
         for s in decoding:  # the last token, and a draft to verify when the request asks
-            draft = s.seq.draft(min(s.cache.n_free, self.n_batch) - 1)
+            # a draft's rejected tail is cut from the cache: a recurrent state cannot be
+            draft = s.seq.draft(min(s.cache.n_free, self.n_batch) - 1) if s.cache.rewinds else []
             parts.append(Part(s.cache, np.array([s.seq.tokens[-1], *draft]),
                               ALL if draft else LAST))
             owners.append((s, True, draft))

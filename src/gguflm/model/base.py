@@ -134,6 +134,15 @@ class Model:
         return KVArena(c.n_layer, n_slots, n_ctx, c.n_head_kv, c.head_dim, c.head_dim_v,
                        f16=self.kv_f16)
 
+    def cache_bytes(self) -> tuple[int, int]:
+        """(bytes of keys and values per position in an F16 cache, over the attention
+        layers; bytes of recurrent state per sequence, whatever its length, not counting
+        its snapshots)."""
+        kv = sum(2 * b.attn.n_head_kv * (b.attn.head_dim + b.attn.head_dim_v)
+                 for b in self.blocks if isinstance(b.attn, Attention))
+        recurrent = self.new_arena(1).recurrent
+        return kv, recurrent.slot_bytes if recurrent else 0
+
     def new_cache(self, n_ctx: int) -> KVCache:
         """An empty KV cache with room for ``n_ctx`` positions (an arena of one slot)."""
         return self.new_arena(n_ctx).slots[0]
@@ -148,6 +157,10 @@ class Model:
         and, when asked, between two layers (``batch.Pause``)."""
         for p in parts:
             p.ids = self._check_ids(p.ids)
+        for p in parts:  # a truncated recurrent state: first the ids from its snapshot on
+            replay = p.cache.take_replay()
+            if replay is not None:
+                self.forward_batch([Part(p.cache, replay, NONE)])
         batch = Batch(parts)
         batch.pause = pause
         x = self._forward(batch)                           # (len(batch.out), n_embd)
@@ -259,7 +272,7 @@ def import_kernels() -> None:
     program importing numba (or something built on it) meanwhile cannot collide with the
     engine thread's first step."""
     from ..quant import kernels, matrix  # noqa: F401
-    from . import attention, blocks, rowkernels, team  # noqa: F401
+    from . import attention, blocks, deltanet, rowkernels, team  # noqa: F401
 
 
 def compiled(kinds: Iterable[int] = ()) -> bool:

@@ -76,6 +76,8 @@ class Batch:
         self.arena = arena
         self.parts = list(parts)
         self.pause: Pause | None = None  # Model.forward_batch
+        # the recurrent layers that wrote each slot's new state, made live by advance
+        self._staged: dict[int, set[int]] = {}
         ids, pos, slot, out, logit_rows, flash = [], [], [], [], [], []
         self.hidden_rows: list[tuple[Part, np.ndarray]] = []  # (part, its rows of ``out``)
         row = n_out = 0
@@ -84,6 +86,9 @@ class Batch:
             if n == 0:
                 raise ValueError("every sequence in a batch needs at least one token")
             p.cache.check_room(n)
+            if p.cache.pending:
+                raise ValueError("a truncated recurrent cache evaluates its replay first "
+                                 "(Model.forward_batch)")
             ids.append(p.ids)
             pos.append(np.arange(p.cache.n, p.cache.n + n))
             slot.append(np.full(n, p.cache.slot))
@@ -134,7 +139,40 @@ class Batch:
                sinks)
         return out.reshape(len(q), -1)
 
-    def advance(self) -> None:
-        """Mark every sequence's rows as cached (after the whole forward pass)."""
+    def sequences(self) -> list[tuple[Part, slice]]:
+        """Each part with its rows of the batch (consecutive, in part order)."""
+        out, row = [], 0
         for p in self.parts:
-            p.cache.advance(len(p.ids))
+            out.append((p, slice(row, row + len(p.ids))))
+            row += len(p.ids)
+        return out
+
+    def recurrent_state(self, layer: int, part: Part) -> tuple[np.ndarray, np.ndarray,
+                                                                np.ndarray, np.ndarray]:
+        """Recurrent layer ``layer``'s state for ``part``'s sequence: (conv (conv_rows,
+        conv_dim), ssm (n_head, head_dim, head_dim)) to read, zeros for a sequence that
+        starts here (position 0), and (conv, ssm) to write the new state into (the slot's
+        spare copy: ``stage_state``, then ``advance`` makes it the live one)."""
+        s = part.cache.slot
+        conv, ssm = (a[layer] for a in self.arena.state(s))
+        new_conv, new_ssm = (a[layer] for a in self.arena.state(s, spare=True))
+        if part.cache.n == 0:
+            conv, ssm = np.zeros_like(conv), np.zeros_like(ssm)
+        return conv, ssm, new_conv, new_ssm
+
+    def stage_state(self, layer: int, part: Part) -> None:
+        """Recurrent layer ``layer`` has written ``part``'s new state (the spare copy);
+        ``advance`` makes it live once every recurrent layer has."""
+        self._staged.setdefault(part.cache.slot, set()).add(layer)
+
+    def advance(self) -> None:
+        """Commit the recurrent states and mark every sequence's rows as cached (after the
+        whole forward pass)."""
+        r = self.arena.recurrent
+        for slot, layers in self._staged.items():
+            if len(layers) != r.n_layer:
+                raise RuntimeError(f"{len(layers)} of {r.n_layer} recurrent layers ran")
+            self.arena.live[slot] ^= 1
+        self._staged.clear()
+        for p in self.parts:
+            p.cache.advance(len(p.ids), p.ids)

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..quant.kerneltypes import COMPILED_TYPES
 from . import reference
-from .layer import Block, Experts
+from .layer import Block, DeltaNet, Experts
 
 
 class Plan:
@@ -81,6 +81,14 @@ def _not_compilable(blocks: list[Block]) -> str:
     """Why these layers cannot run compiled, or ''."""
     if not blocks:
         return "the model has no layers"
+    for il, b in enumerate(blocks):
+        if isinstance(b.attn, DeltaNet):
+            return (f"layer {il} is a gated delta net (a recurrent layer), which has no "
+                    f"compiled executor yet: its convolution and delta rule run per "
+                    f"sequence in numba, its products op by op")
+        if b.attn.q_gate:
+            return (f"layer {il}'s attention has an output gate (joint Q+gate rows), "
+                    f"which the compiled layers do not take yet")
     for b in blocks:
         for role, lins in _GROUPS[:2] if isinstance(b.ffn, Experts) else _GROUPS:
             for lin in lins(b):

@@ -16,16 +16,31 @@ half the bytes attention reads per position; the kernel converts them exactly
 (``vcvtph2ps``). The memory is anonymous and committed only when written (see
 ``_lazy_zeros``), so it grows with use.
 Positions are absolute: slot position i holds the sequence's token i.
+
+Recurrent layers (a gated delta net: ``layer.DeltaNet``) keep no positions but a fixed-size
+state per slot (``RecurrentShape``): the last d_conv - 1 inputs of the convolution
+(``conv``) and the delta rule's matrices (``ssm``), float32, where the attention layers
+keep keys and values. Such a state folds in every position so far and cannot be cut back;
+a cache with one (``rewinds`` False) keeps snapshots of it instead (``KVCache``). A
+forward pass stages its new states and ``Batch.advance`` commits them.
 """
 
 from __future__ import annotations
 
 import mmap
+from dataclasses import dataclass, field
 
 import numpy as np
 
 # Positions per key tile (a multiple of the vector width; 64 floats = 4 cache lines).
 TILE = 64
+
+# A recurrent cache's snapshots of its state (llama.cpp's context checkpoints): one after
+# every batch of more than one row for the sequence (a prompt chunk: where a next turn or
+# a shared system prompt resumes) and one every CHECKPOINT_EVERY decoded positions; the
+# oldest dropped beyond MAX_CHECKPOINTS. Each is one copy of every recurrent layer's state.
+MAX_CHECKPOINTS = 8
+CHECKPOINT_EVERY = 256
 
 
 class ContextFullError(ValueError):
@@ -45,6 +60,22 @@ def _lazy_zeros(shape: tuple[int, ...], dtype: type = np.float32) -> np.ndarray:
     size = np.dtype(dtype).itemsize
     buf = mmap.mmap(-1, max(count * size, 1))
     return np.frombuffer(buf, dtype, count=count).reshape(shape)
+
+
+@dataclass(frozen=True)
+class RecurrentShape:
+    """The per-slot state of a model's recurrent layers (all alike)."""
+
+    n_layer: int    # recurrent layers
+    conv_rows: int  # inputs the convolution keeps (d_conv - 1)
+    conv_dim: int   # channels of the convolution
+    n_head: int     # value heads, each with a (head_dim x head_dim) state
+    head_dim: int
+
+    @property
+    def slot_bytes(self) -> int:
+        return 4 * self.n_layer * (self.conv_rows * self.conv_dim
+                                   + self.n_head * self.head_dim * self.head_dim)
 
 
 class ArenaTooLargeError(ValueError):
@@ -67,13 +98,14 @@ def _machine_bytes() -> int:
 
 
 def check_arena_fits(n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
-                     head_dim_v: int, f16: bool = True) -> None:
+                     head_dim_v: int, f16: bool = True, extra_slot_bytes: int = 0) -> None:
     """Refuse, before anything is allocated, a cache whose full size exceeds the machine's
     memory (mapping it fails, or a full context is killed later): ArenaTooLargeError saying
     how many positions per slot, and how many slots, would fit."""
     itemsize = 2 if f16 else 4
     n_tiles = -(-n_ctx // TILE)
-    per_slot = n_layer * n_head_kv * itemsize * (n_tiles * TILE * head_dim + n_ctx * head_dim_v)
+    per_slot = (n_layer * n_head_kv * itemsize * (n_tiles * TILE * head_dim + n_ctx * head_dim_v)
+                + extra_slot_bytes)
     need, have = per_slot * n_slots, _machine_bytes()
     if need <= have:
         return
@@ -91,12 +123,14 @@ class KVArena:
     """Cache memory for ``n_slots`` sequences of up to ``n_ctx`` positions each."""
 
     def __init__(self, n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
-                 head_dim_v: int, f16: bool = True) -> None:
+                 head_dim_v: int, f16: bool = True, recurrent: RecurrentShape | None = None
+                 ) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be at least 1, got {n_ctx}")
         if n_slots < 1:
             raise ValueError(f"n_slots must be at least 1, got {n_slots}")
-        check_arena_fits(n_layer, n_slots, n_ctx, n_head_kv, head_dim, head_dim_v, f16)
+        check_arena_fits(n_layer, n_slots, n_ctx, n_head_kv, head_dim, head_dim_v, f16,
+                         (2 + MAX_CHECKPOINTS) * recurrent.slot_bytes if recurrent else 0)
         self.n_ctx = n_ctx
         self.n_slots = n_slots
         # llama.cpp's default cache type is F16: keys and values are stored as F16, and
@@ -108,18 +142,35 @@ class KVArena:
         dtype = np.uint16 if f16 else np.float32  # float16 bits
         self.k = _lazy_zeros((n_layer, n_slots, n_head_kv, n_tiles, head_dim, TILE), dtype)
         self.v = _lazy_zeros((n_layer, n_slots, n_head_kv, n_ctx, head_dim_v), dtype)
-        self.lengths = [0] * n_slots  # positions cached per slot (``KVCache.n``)
+        self.recurrent = recurrent
+        r = recurrent or RecurrentShape(0, 0, 0, 0, 0)
+        # per recurrent layer and slot: the convolution's last inputs, the delta-rule state
+        # (head, value dim j, key dim i), as ggml's gated_delta_net holds S transposed;
+        # twice: a forward pass writes the slot's spare copy, and its advance makes that
+        # the live one (``live``), so a pass that fails midway leaves the state as it was
+        self.conv = _lazy_zeros((2, r.n_layer, n_slots, r.conv_rows, r.conv_dim))
+        self.ssm = _lazy_zeros((2, r.n_layer, n_slots, r.n_head, r.head_dim, r.head_dim))
+        self.live = np.zeros(n_slots, np.int64)
+        self.states = [_SlotState(None if recurrent is None else np.zeros(n_ctx, np.int64))
+                       for _ in range(n_slots)]
 
     @property
     def slots(self) -> list[KVCache]:
-        """A view of each slot. The views hold the arena, the arena holds no view (its
-        state is ``lengths``): a cache dropped by its last user frees its memory at once,
-        not at the next garbage collection (a perplexity run makes one per chunk)."""
+        """A view of each slot. The views hold the arena, the arena holds no view (a slot's
+        bookkeeping is its ``states`` entry): a cache dropped by its last user frees its
+        memory at once, not at the next garbage collection (perplexity makes one a chunk)."""
         return [KVCache(self, i) for i in range(self.n_slots)]
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return self.k.nbytes + self.v.nbytes + self.conv.nbytes + self.ssm.nbytes
+
+    def state(self, slot: int, spare: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Views of slot ``slot``'s recurrent state, every recurrent layer: (conv
+        (n_layer, conv_rows, conv_dim), ssm (n_layer, n_head, head_dim, head_dim)), the
+        live copy or the spare one a forward pass writes."""
+        i = int(self.live[slot]) ^ int(spare)
+        return self.conv[i, :, slot], self.ssm[i, :, slot]
 
     def store(self, layer: int, slot: np.ndarray, pos: np.ndarray, k: np.ndarray,
               v: np.ndarray) -> None:
@@ -134,24 +185,44 @@ class KVArena:
                    np.ascontiguousarray(v, dtype=np.float32))
 
 
+@dataclass
+class _SlotState:
+    """One slot's bookkeeping (``KVCache``'s): positions cached, positions the recurrent
+    state holds (< n: a replay is due), its snapshots, and the ids cached (recurrent
+    layers only)."""
+
+    ids: np.ndarray | None
+    n: int = 0
+    state_n: int = 0
+    checkpoints: list = field(default_factory=list)
+
+
 class KVCache:
     """One sequence's cached positions: slot ``slot`` of ``arena``.
 
     ``n`` is the number of positions cached. A forward pass stores each layer's new keys
     and values at positions ``n..n+T`` and then ``advance``s by T once all layers are done.
+
+    With recurrent layers the cache also keeps the ids it holds and snapshots of the state
+    (``MAX_CHECKPOINTS``): ``truncate(n)`` returns to the last snapshot at or before n, and
+    the ids from there to n are evaluated again before the next batch (``take_replay``,
+    run by ``Model.forward_batch``), which gives the numbers of an uncut sequence
+    (the recurrence does not depend on how a sequence is chunked). ``reusable`` says how
+    much a truncation keeps without that replay (the engine evaluates the rest itself).
     """
 
     def __init__(self, arena: KVArena, slot: int) -> None:
         self.arena = arena
         self.slot = slot
+        self._s = arena.states[slot]
 
-    @property
-    def n(self) -> int:
-        return self.arena.lengths[self.slot]
-
-    @n.setter
-    def n(self, value: int) -> None:
-        self.arena.lengths[self.slot] = value
+    # the slot's bookkeeping, kept in the arena (``KVArena.slots``)
+    n = property(lambda self: self._s.n, lambda self, v: setattr(self._s, "n", v))
+    _state_n = property(lambda self: self._s.state_n,
+                        lambda self, v: setattr(self._s, "state_n", v))
+    _checkpoints = property(lambda self: self._s.checkpoints,
+                            lambda self, v: setattr(self._s, "checkpoints", v))
+    _ids = property(lambda self: self._s.ids)
 
     @property
     def n_ctx(self) -> int:
@@ -170,24 +241,73 @@ class KVCache:
         """Bytes of this sequence's share of the arena (all its positions)."""
         return self.arena.nbytes // self.arena.n_slots
 
+    @property
+    def rewinds(self) -> bool:
+        """Whether ``truncate`` can cut back to any position at no cost (no recurrent
+        state)."""
+        return self.arena.recurrent is None
+
+    def reusable(self, n: int) -> int:
+        """How many of the first ``n`` cached positions a truncation keeps without
+        evaluating any again: n, or with a recurrent state n when it is where the state
+        is, else the last snapshot's position before n (0 when none)."""
+        if self.rewinds or n == self._state_n:
+            return n
+        return max((p for p, _, _ in self._checkpoints if p <= n), default=0)
+
     def check_room(self, n_new: int) -> None:
         if n_new > self.n_free:
             raise ContextFullError(
                 f"{n_new} more tokens do not fit: {self.n} of the context's {self.n_ctx} "
                 f"positions are used")
 
-    def advance(self, n_new: int) -> None:
-        """Mark n_new more positions as cached (after every layer has stored them)."""
+    def advance(self, n_new: int, ids: np.ndarray | None = None) -> None:
+        """Mark n_new more positions (``ids``) as cached, after every layer has stored
+        them (and the recurrent states are committed: then a snapshot may be taken)."""
+        if self._ids is not None:
+            if ids is None or len(ids) != n_new or self._state_n != self.n:
+                raise ValueError("a recurrent cache advances by the ids it evaluated")
+            self._ids[self.n:self.n + n_new] = ids
+        before = self.n
         self.n += n_new
+        self._state_n = self.n
+        if self._ids is not None and (n_new > 1 or before // CHECKPOINT_EVERY
+                                      != self.n // CHECKPOINT_EVERY):
+            conv, ssm = self.arena.state(self.slot)
+            self._checkpoints.append((self.n, conv.copy(), ssm.copy()))
+            del self._checkpoints[:-MAX_CHECKPOINTS]
 
     def truncate(self, n: int) -> None:
         """Forget every position from n on (e.g. to reuse a shared prompt prefix)."""
         if not 0 <= n <= self.n:
             raise ValueError(f"cannot truncate a cache of {self.n} positions to {n}")
+        if self._ids is not None:
+            self._checkpoints = [c for c in self._checkpoints if c[0] <= n]
+            at = self.reusable(n)
+            if at != self._state_n and at:
+                _, conv, ssm = next(c for c in self._checkpoints if c[0] == at)
+                live_conv, live_ssm = self.arena.state(self.slot)
+                live_conv[:] = conv
+                live_ssm[:] = ssm
+            self._state_n = at  # 0: the next batch starts from a zero state
         self.n = n
 
+    @property
+    def pending(self) -> bool:
+        """Whether ids between the recurrent state and ``n`` wait to be evaluated again."""
+        return self._ids is not None and self._state_n != self.n
+
+    def take_replay(self) -> np.ndarray | None:
+        """The ids between the recurrent state and ``n`` (to evaluate, without logits,
+        before anything else), the cache set back to the state; None when there are none."""
+        if self._ids is None or self._state_n == self.n:
+            return None
+        ids = self._ids[self._state_n:self.n].copy()
+        self.n = self._state_n
+        return ids
+
     def clear(self) -> None:
-        self.n = 0
+        self.truncate(0)
 
     def __repr__(self) -> str:
         return (f"KVCache(slot {self.slot}, n={self.n}, n_ctx={self.n_ctx}, "

@@ -58,6 +58,48 @@ class Attention:
     q_norm: np.ndarray | None = None
     k_norm: np.ndarray | None = None
     sinks: np.ndarray | None = None  # (n_head,) attention-sink logits (gpt-oss)
+    # Q's rows interleave, per head, head_dim query rows and head_dim output-gate rows
+    # (Qwen3.5, Qwen3-Next): the attention's result times sigmoid(gate), before ``o``
+    q_gate: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class DeltaNet:
+    """A recurrent mixer, the gated delta net of llama.cpp's qwen35 graph
+    (build_layer_attn_linear): ``qkv`` of the normed input (rows [q | k | v]: n_k_head
+    heads of head_dim for q and k, n_v_head for v) through a causal depthwise convolution
+    of ``conv`` (conv_dim, d_conv) taps over the last d_conv inputs (zeros before the
+    sequence), then SiLU; q and k L2-normalised per head; value head j reads key head
+    j mod n_k_head; per token and value head the decay exp(softplus(alpha(x) + dt) * a)
+    and the rate sigmoid(beta(x)) drive the delta rule on a (head_dim x head_dim) state;
+    the read-out is RMS-normed with ``norm`` times silu(z(x)), then ``out``. ``index`` is
+    the layer's place among the recurrent layers (its state in the cache arena)."""
+
+    qkv: Linear
+    z: Linear
+    alpha: Linear
+    beta: Linear
+    dt: np.ndarray    # (n_v_head,) f32: ssm_dt.bias
+    a: np.ndarray     # (n_v_head,) f32: ssm_a (-exp(A_log))
+    conv: np.ndarray  # (conv_dim, d_conv) f32: ssm_conv1d
+    norm: np.ndarray  # (head_dim,) f32: ssm_norm
+    out: Linear
+    n_k_head: int
+    n_v_head: int
+    head_dim: int
+    index: int
+
+    def __post_init__(self) -> None:
+        if self.n_v_head % self.n_k_head:
+            raise ValueError(f"{self.n_v_head} value heads over {self.n_k_head} key heads")
+
+    @property
+    def conv_dim(self) -> int:
+        return self.conv.shape[0]
+
+    @property
+    def d_conv(self) -> int:
+        return self.conv.shape[1]
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,7 +131,8 @@ class Experts:
     weights, renormalised to sum 1 when ``norm_weights`` (the sum clamped below at 2^-14),
     times ``scale`` unless it is 0 or 1; each expert a GLU (``gate[e]``, ``up[e]``,
     ``down[e]``: row views of the 3-D tensors, each product plus its expert's row of
-    ``*_b`` when given); the weighted outputs summed in selection order."""
+    ``*_b`` when given); the weighted outputs summed in selection order; then, when given,
+    the gated ``shared`` expert's output added."""
 
     router: Linear
     gate: tuple[QMatrix, ...]
@@ -103,6 +146,10 @@ class Experts:
     gate_b: np.ndarray | None = None  # (n_expert, n_ff) f32
     up_b: np.ndarray | None = None    # (n_expert, n_ff) f32
     down_b: np.ndarray | None = None  # (n_expert, n_embd) f32
+    # a shared expert every token runs (Qwen3.5-MoE, Qwen3-Next): its output times
+    # sigmoid(shared_gate . x) added after the routed experts'
+    shared: GLU | None = None
+    shared_gate: np.ndarray | None = None  # (n_embd,) f32
 
     def __post_init__(self) -> None:
         if self.act not in EXPERT_ACTS or self.gating not in GATINGS:
@@ -115,10 +162,11 @@ class Experts:
 @dataclass(frozen=True, eq=False)
 class Block:
     """One pre-norm decoder layer: ``x += post(attn(norm(x)))``, ``x += post(ffn(norm(x)))``,
-    the post norms (Gemma's) optional; all norms RMS norms with ``eps``."""
+    the post norms (Gemma's) optional; all norms RMS norms with ``eps``. The mixer
+    ``attn`` is attention or a recurrent ``DeltaNet``."""
 
     attn_norm: np.ndarray
-    attn: Attention
+    attn: Attention | DeltaNet
     ffn_norm: np.ndarray
     ffn: GLU | Experts
     eps: float

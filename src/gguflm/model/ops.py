@@ -114,6 +114,18 @@ def silu(x: np.ndarray) -> np.ndarray:
         return x / (np.float32(1.0) + np.exp(-x))
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-x)), elementwise f32 (ggml's sigmoid)."""
+    with np.errstate(over="ignore"):
+        return (np.float32(1) / (np.float32(1) + np.exp(-x))).astype(np.float32)
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + exp(x)), x itself above 20 (ggml's softplus), elementwise f32."""
+    with np.errstate(over="ignore"):
+        return np.where(x > 20, x, np.log1p(np.exp(x))).astype(np.float32)
+
+
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """GELU, tanh approximation (ggml_gelu, Gemma's gelu_pytorch_tanh), elementwise."""
     c = np.float32(np.sqrt(2.0 / np.pi))

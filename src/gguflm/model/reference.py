@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
-from .layer import GLU, Attention, Block, Experts, Linear
+from .layer import GLU, Attention, Block, DeltaNet, Experts, Linear
 
 
 def product(x: np.ndarray, lin: Linear) -> np.ndarray:
@@ -25,7 +25,9 @@ def attention(h: np.ndarray, a: Attention, batch: object, il: int, rot: np.ndarr
     """Normed input h (T, n_embd) -> (T, n_embd), storing this batch's keys and values in
     layer ``il`` of each row's cache (``Batch.attention``); ``eps`` the Q/K norms'."""
     n = len(h)
-    q = product(h, a.q).reshape(n, a.n_head, a.head_dim)
+    q = product(h, a.q).reshape(n, a.n_head, -1)
+    if a.q_gate:  # per head: head_dim query rows, then head_dim gate rows
+        q, gate = q[:, :, :a.head_dim], q[:, :, a.head_dim:]
     k = product(h, a.k).reshape(n, a.n_head_kv, a.head_dim)
     v = product(h, a.v).reshape(n, a.n_head_kv, a.head_dim_v)
     if a.q_norm is not None:
@@ -35,6 +37,8 @@ def attention(h: np.ndarray, a: Attention, batch: object, il: int, rot: np.ndarr
     rope = ops.rope_neox if a.neox else ops.rope_norm
     out = batch.attention(il, rope(q, rot), rope(k, rot), v, a.scale, a.softcap, a.window,
                           a.sinks)
+    if a.q_gate:
+        out = out * ops.sigmoid(np.ascontiguousarray(gate).reshape(n, -1))
     return product(out, a.o)
 
 
@@ -102,14 +106,24 @@ def experts(h: np.ndarray, e: Experts) -> np.ndarray:
     out = ys[:, 0] * w[:, :1]
     for j in range(1, e.n_used):
         out = out + ys[:, j] * w[:, j:j + 1]
+    if e.shared is not None:  # each row's gate logit a sum of its own (batch-invariant)
+        logit = (h * e.shared_gate).astype(np.float64).sum(axis=1).astype(np.float32)
+        out = out + ffn(h, e.shared) * ops.sigmoid(logit)[:, None]
     return out
 
 
-def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray,
+def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray | None,
           rows: np.ndarray | None = None) -> np.ndarray:
     """One layer: x (T, n_embd) -> (T', n_embd); only ``rows`` go on past the attention
-    when given (llama.cpp's inp_out_ids in the last layer: T' = len(rows))."""
-    a = attention(ops.rmsnorm(x, b.attn_norm, b.eps), b.attn, batch, il, rot, b.eps)
+    (or recurrent mixer) when given (llama.cpp's inp_out_ids in the last layer: T' =
+    len(rows)); ``rot`` the attention's RoPE table (None for a recurrent layer)."""
+    h = ops.rmsnorm(x, b.attn_norm, b.eps)
+    if isinstance(b.attn, DeltaNet):
+        from . import deltanet  # numba: compiled or loaded on first use
+
+        a = deltanet.forward(h, b.attn, batch, b.eps)
+    else:
+        a = attention(h, b.attn, batch, il, rot, b.eps)
     if b.attn_post_norm is not None:
         a = ops.rmsnorm(a, b.attn_post_norm, b.eps)
     if rows is not None:
@@ -131,5 +145,9 @@ def stack(x: np.ndarray, blocks: list[Block], batch: object, ropes: tuple[np.nda
     """Every layer: x (T, n_embd) -> (T', n_embd); only ``rows`` leave the last layer."""
     last = len(blocks) - 1
     for il, b in enumerate(blocks):
-        x = block(x, b, batch, il, ropes[b.attn.rope], rows if il == last else None)
+        rot = None if isinstance(b.attn, DeltaNet) else ropes[b.attn.rope]
+        x = block(x, b, batch, il, rot, rows if il == last else None)
+        pause = getattr(batch, "pause", None)  # other batches may run between two layers
+        if il < last and pause is not None and pause.flag[0]:
+            pause.run()
     return x

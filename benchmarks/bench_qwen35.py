@@ -1,0 +1,161 @@
+"""Qwen3.5 at a real size against llama-bench: pp512 and tg32, engines alternating.
+
+    .venv/bin/python benchmarks/bench_qwen35.py --llama-bin DIR [--shape 2b] [--type Q4_K_M]
+        [-r 3] [-t 2] [--work DIR] [--seed N]
+
+Writes a random-weight ``qwen35`` file of the shape (F16, streamed one tensor at a time:
+the tokenizer of the tiny reference model padded with control tokens to the real
+vocabulary), requantizes it with llama.cpp's ``llama-quantize``, then runs ``gguflm bench
+--json`` and ``llama-bench -o json`` on it in turn (bench_size.py's ``ours``/``theirs``),
+printing the medians and their ratios. Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_size import ours, theirs  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO.parent / "shared" / "reference" / "arch" / "qwen35" / "tiny-qwen35-f16.gguf"
+# Qwen3.5's published shapes: n_embd, layers, heads, KV heads, head dim, delta-net heads
+# (K and V) and head size, FFN, vocabulary, rotary dims, M-RoPE sections
+SHAPES = {
+    "2b": dict(n_embd=2048, n_layer=24, n_head=8, n_kv=2, head_dim=256, n_k=16, n_v=16,
+               d_state=128, n_ff=6144, vocab=248320, n_rot=64, sections=(11, 11, 10, 0)),
+    "0.8b": dict(n_embd=1024, n_layer=24, n_head=8, n_kv=2, head_dim=256, n_k=16, n_v=16,
+                 d_state=128, n_ff=3584, vocab=248320, n_rot=64, sections=(11, 11, 10, 0)),
+    "small": dict(n_embd=512, n_layer=4, n_head=4, n_kv=2, head_dim=64, n_k=4, n_v=8,
+                  d_state=64, n_ff=1024, vocab=8192, n_rot=16, sections=(3, 3, 2, 0)),
+}
+TESTS = ("pp512", "tg32")
+
+
+def _metadata(w, s: dict, src) -> None:  # noqa: ANN001
+    from gguflm.gguf.types import ValueType
+
+    a = "qwen35"
+    n_pad = s["vocab"] - len(src.metadata["tokenizer.ggml.tokens"])
+    for key, value in src.metadata.items():
+        if key.startswith("tokenizer."):
+            if key == "tokenizer.ggml.tokens":
+                value = [*value, *(f"<|pad_{i}|>" for i in range(n_pad))]
+            elif key == "tokenizer.ggml.token_type":
+                value = np.concatenate([value, np.full(n_pad, 3, value.dtype)])
+            w.add(key, value, src.types[key])
+    d_inner = s["n_v"] * s["d_state"]
+    for key, value in {
+            "general.architecture": a, "general.name": "bench-qwen35",
+            f"{a}.block_count": s["n_layer"], f"{a}.context_length": 4096,
+            f"{a}.embedding_length": s["n_embd"], f"{a}.feed_forward_length": s["n_ff"],
+            f"{a}.attention.head_count": s["n_head"], f"{a}.attention.head_count_kv": s["n_kv"],
+            f"{a}.attention.key_length": s["head_dim"],
+            f"{a}.attention.value_length": s["head_dim"],
+            f"{a}.attention.layer_norm_rms_epsilon": 1e-6, f"{a}.rope.freq_base": 1e7,
+            f"{a}.rope.dimension_count": s["n_rot"],
+            f"{a}.rope.dimension_sections": np.array(s["sections"], np.int32),
+            f"{a}.ssm.conv_kernel": 4, f"{a}.ssm.state_size": s["d_state"],
+            f"{a}.ssm.group_count": s["n_k"], f"{a}.ssm.time_step_rank": s["n_v"],
+            f"{a}.ssm.inner_size": d_inner, f"{a}.full_attention_interval": 4,
+            f"{a}.vocab_size": s["vocab"]}.items():
+        w.add(key, value, ValueType.UINT32 if isinstance(value, int) else
+              ValueType.FLOAT32 if isinstance(value, float) else None)
+
+
+def _tensors(s: dict) -> dict[str, tuple[int, ...]]:
+    """{name: numpy shape} of the trunk (tied output, no MTP block)."""
+    e, conv = s["n_embd"], 2 * s["n_k"] * s["d_state"] + s["n_v"] * s["d_state"]
+    q, kv, v_dim = s["n_head"] * s["head_dim"], s["n_kv"] * s["head_dim"], s["n_v"] * s["d_state"]
+    out = {"token_embd.weight": (s["vocab"], e), "output_norm.weight": (e,)}
+    for i in range(s["n_layer"]):
+        layer = {"attn_norm.weight": (e,), "post_attention_norm.weight": (e,),
+                 "ffn_gate.weight": (s["n_ff"], e), "ffn_up.weight": (s["n_ff"], e),
+                 "ffn_down.weight": (e, s["n_ff"])}
+        if (i + 1) % 4:
+            layer |= {"attn_qkv.weight": (conv, e), "attn_gate.weight": (v_dim, e),
+                      "ssm_conv1d.weight": (conv, 4), "ssm_dt.bias": (s["n_v"],),
+                      "ssm_a": (s["n_v"],), "ssm_beta.weight": (s["n_v"], e),
+                      "ssm_alpha.weight": (s["n_v"], e), "ssm_norm.weight": (s["d_state"],),
+                      "ssm_out.weight": (e, v_dim)}
+        else:
+            layer |= {"attn_q.weight": (2 * q, e), "attn_k.weight": (kv, e),
+                      "attn_v.weight": (kv, e), "attn_q_norm.weight": (s["head_dim"],),
+                      "attn_k_norm.weight": (s["head_dim"],), "attn_output.weight": (e, q)}
+        out |= {f"blk.{i}.{k}": v for k, v in layer.items()}
+    return out
+
+
+def _random(name: str, shape: tuple[int, ...], seed: int):  # noqa: ANN202
+    """A callable giving the tensor's bytes: norms near 1, ssm_a negative, matrices of
+    std 1/sqrt(fan-in) (F16; the small 1-D and conv tensors F32)."""
+    def make() -> bytes:
+        rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+        if name.endswith("ssm_a"):
+            return (-rng.uniform(0.5, 2.0, shape)).astype(np.float32).tobytes()
+        if len(shape) == 1 or "conv1d" in name:
+            base = 0.0 if name.endswith(".bias") or "conv1d" in name else 1.0
+            return (base + 0.1 * rng.standard_normal(shape)).astype(np.float32).tobytes()
+        std = 1.0 if name == "token_embd.weight" else 1 / np.sqrt(shape[1])
+        return (std * rng.standard_normal(shape, np.float32)).astype(np.float16).tobytes()
+    return make
+
+
+def make(shape: str, qtype: str, args: argparse.Namespace) -> Path:
+    from gguflm.gguf.reader import GGUFFile
+    from gguflm.gguf.types import GGMLType
+    from gguflm.gguf.writer import GGUFWriter
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    f16 = work / f"qwen35-{shape}-s{args.seed}-f16.gguf"
+    out = work / f"qwen35-{shape}-s{args.seed}-{qtype}.gguf"
+    if not out.exists():
+        if not f16.exists():
+            s = SHAPES[shape]
+            w = GGUFWriter(f16)
+            _metadata(w, s, GGUFFile(TINY))
+            for name, shp in _tensors(s).items():
+                small = len(shp) == 1 or "conv1d" in name or name.endswith("ssm_a")
+                w.add_tensor(name, _random(name, shp, args.seed),
+                             type=GGMLType.F32 if small else GGMLType.F16,
+                             shape=tuple(reversed(shp)))
+            w.write()
+        subprocess.run([str(Path(args.llama_bin) / "llama-quantize"), str(f16), str(out),
+                        qtype, str(args.threads)], check=True, capture_output=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llama-bin", required=True, help="folder with llama-bench, llama-quantize")
+    ap.add_argument("--shape", default="2b", choices=sorted(SHAPES))
+    ap.add_argument("--type", default="Q4_K_M")
+    ap.add_argument("-r", "--rounds", type=int, default=3)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--work", default=str(Path.home() / ".cache" / "gguflm" / "big"))
+    args = ap.parse_args()
+    path = make(args.shape, args.type, args)
+    got: dict[str, list[float]] = {}
+    ref: dict[str, list[float]] = {}
+    for _ in range(max(1, args.rounds)):
+        for k, v in ours(path, args.threads)[0].items():
+            got.setdefault(k, []).append(v)
+        for k, v in theirs(path, args.threads, args.llama_bin).items():
+            ref.setdefault(k, []).append(v)
+    for k in TESTS:
+        a, b = statistics.median(got[k]), statistics.median(ref[k])
+        print(f"{path.name}  {k}: gguflm {a:.2f} / llama.cpp {b:.2f} tokens/s = {a / b:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

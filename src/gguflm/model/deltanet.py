@@ -1,0 +1,105 @@
+"""The gated delta net (``layer.DeltaNet``): the recurrent mixer of Qwen3.5, as llama.cpp's
+qwen35 graph (build_layer_attn_linear) and ggml-cpu's ssm_conv and gated_delta_net ops
+compute it.
+
+Per sequence of the batch, in position order from the slot's state (``Batch.
+recurrent_state``): the causal convolution over the last d_conv inputs, then for each
+token the fused delta rule, one float32 step at a time, exactly as ggml's fused op runs it
+for prompts and decoding alike (its chunked form is a GPU path). So a sequence's numbers
+do not depend on how its prompt was cut into batches or on the other rows of a batch;
+the new states are staged and committed with the positions (``Batch.advance``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..quant import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
+from . import ops
+from .layer import DeltaNet
+
+
+# reassociation lets the dot products vectorize (8 or 16 partial sums, as ggml's
+# vec_dot_f32 keeps); the order is fixed by the code and the head size alone, never by the
+# batch. contract: the state update is one fused multiply-add, as ggml's vec_mad_f32.
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
+def delta_rule(q, k, v, g, beta, state, new_state, out):  # noqa: ANN001, ANN201
+    """One sequence's tokens through the delta rule, as ggml_compute_forward_gated_delta_net
+    (K = 1, scalar gate): q, k (T, H_k, S), v (T, H_v, S), g and beta (T, H_v) f32; state
+    (H_v, S, S) f32, M[j, i] = S[i][j], read and the state after the last token written to
+    ``new_state`` (which may be ``state`` itself); out (T, H_v, S) f32. Value head h
+    reads key head h % H_k. Per token: M *= exp(g); d_j = (v_j - M[j] . k) * beta;
+    M[j] += d_j k; out_j = (M[j] . q) / sqrt(S)."""
+    n_k = q.shape[1]
+    s_dim = v.shape[2]
+    scale = np.float32(1.0) / np.float32(np.sqrt(np.float32(s_dim)))
+    for h in range(v.shape[1]):
+        m = new_state[h]
+        kh = h % n_k
+        # copied, then updated in place: one code path for every token (loops whose
+        # arrays may alias are compiled twice, vectorized or not, with different sums)
+        m[:] = state[h]
+        for t in range(q.shape[0]):
+            decay = np.float32(np.exp(g[t, h]))
+            b = beta[t, h]
+            kt, qt = k[t, kh], q[t, kh]
+            for j in range(s_dim):
+                row = m[j]
+                acc = np.float32(0.0)
+                for i in range(s_dim):  # the decay, then the row's dot with k
+                    x = row[i] * decay
+                    row[i] = x
+                    acc += x * kt[i]
+                dj = (v[t, h, j] - acc) * b
+                acc = np.float32(0.0)
+                for i in range(s_dim):  # the update, then the row's dot with q
+                    x = row[i] + kt[i] * dj
+                    row[i] = x
+                    acc += x * qt[i]
+                out[t, h, j] = acc * scale
+
+
+def causal_conv(x: np.ndarray, prev: np.ndarray, w: np.ndarray) -> tuple[np.ndarray,
+                                                                          np.ndarray]:
+    """ggml's ssm_conv then SiLU: inputs x (T, C) after the kept ``prev`` (d_conv - 1, C),
+    taps w (C, d_conv) -> (silu(conv) (T, C), the new kept inputs (d_conv - 1, C)). Each
+    output sums its d_conv products in tap order, in float32."""
+    n, taps = len(x), w.shape[1]
+    window = np.concatenate([prev, x])                       # (d_conv - 1 + T, C)
+    acc = window[0:n] * w[:, 0]
+    for i in range(1, taps):
+        acc = acc + window[i:i + n] * w[:, i]
+    return ops.silu(acc), window[len(window) - (taps - 1):]
+
+
+def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    """x (..., n) / sqrt(sum(x^2) + eps), as llama.cpp's build_gdn_l2_norm: an RMS norm
+    with eps / n, times 1 / sqrt(n)."""
+    n = x.shape[-1]
+    unit = ops.rmsnorm(x, np.ones(n, np.float32), eps / n)
+    return unit * np.float32(1.0 / np.sqrt(np.float32(n)))
+
+
+def forward(h: np.ndarray, d: DeltaNet, batch: object, eps: float) -> np.ndarray:
+    """Normed input h (T, n_embd) -> (T, n_embd), each sequence of ``batch`` from its
+    slot's state, staging the new states; ``eps`` the model's RMS eps (L2 norms, gated
+    norm)."""
+    n, nk, nv, s = len(h), d.n_k_head, d.n_v_head, d.head_dim
+    mixed = ops.linear(h, d.qkv.w, d.qkv.b)                   # (T, conv_dim)
+    z = ops.linear(h, d.z.w, d.z.b).reshape(n, nv, s)
+    beta = ops.sigmoid(ops.linear(h, d.beta.w, d.beta.b))        # (T, n_v)
+    g = ops.softplus(ops.linear(h, d.alpha.w, d.alpha.b) + d.dt) * d.a
+    out = np.empty((n, nv, s), np.float32)
+    for part, rows in batch.sequences():
+        conv_state, ssm, new_conv, new_ssm = batch.recurrent_state(d.index, part)
+        x, kept = causal_conv(mixed[rows], conv_state, d.conv)
+        new_conv[:] = kept
+        q = l2_norm(x[:, :nk * s].reshape(-1, nk, s), eps)
+        k = l2_norm(x[:, nk * s:2 * nk * s].reshape(-1, nk, s), eps)
+        v = np.ascontiguousarray(x[:, 2 * nk * s:].reshape(-1, nv, s))
+        delta_rule(q, k, v, np.ascontiguousarray(g[rows]), np.ascontiguousarray(beta[rows]),
+                   ssm, new_ssm, out[rows])
+        batch.stage_state(d.index, part)
+    gated = ops.rmsnorm(out, d.norm, eps) * ops.silu(z)
+    return ops.linear(gated.reshape(n, nv * s), d.out.w, d.out.b)
