@@ -133,15 +133,15 @@ class LLM:
         except ValueError as e:  # a bad override or rope_style (file errors pass as they are)
             raise InvalidRequestError(str(e), param="kv_overrides" if rope_style is None
                                       or "rope" not in str(e) else "rope_style") from None
+        try:
+            self.model.use_kv_type(kv_cache_type)
+        except ValueError as e:  # a q8_0 cache for heads that are not whole Q8_0 blocks
+            raise InvalidRequestError(str(e), param="kv_cache_type") from None
         self.tokenizer = Tokenizer.from_gguf(self.model.gguf)
         self.pooling = self._check_pooling(pooling)
         n_ctx_train = int(self.model.config.n_ctx_train or 0)
         self.n_ctx = n_ctx if n_ctx else (n_ctx_train if n_ctx == 0 and n_ctx_train
                                           else default_n_ctx(n_ctx_train))
-        try:
-            self.model.use_kv_type(kv_cache_type)
-        except ValueError as e:  # a q8_0 cache for heads that are not whole Q8_0 blocks
-            raise InvalidRequestError(str(e), param="kv_cache_type") from None
         self.chat_template = ChatTemplate.for_tokenizer(
             self.tokenizer, self.model.gguf.metadata, override=chat_template)
         try:
