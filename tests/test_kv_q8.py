@@ -11,10 +11,12 @@ import pytest
 from numba import njit
 
 from gguflm import load_model
+from gguflm.cli.common import KV_CACHE_TYPES
 from gguflm.model import kv_q8
 from gguflm.model.attention import attend
 from gguflm.model.batch import ALL, LAST, Part
 from gguflm.model.kv_cache import KV_TYPES, KVArena
+from gguflm.model.kv_q8_ir import q8_dot, q8_weighted_add
 from gguflm.tokenizer import Tokenizer
 from refcheck import load_cases, teacher_forced_ids
 from test_determinism import PROMPTS
@@ -30,13 +32,19 @@ def _rows(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
 
 @njit
 def _dot(a: np.ndarray, b: np.ndarray) -> np.float32:
-    return kv_q8.dot(a, b)
+    return q8_dot(a, b)
+
+
+@njit
+def _weighted_add(vr: np.ndarray, ws: np.ndarray, acc: np.ndarray) -> None:
+    q8_weighted_add(vr, ws, acc)
 
 
 def test_blocks_are_ggmls_and_the_dot_is_its_order() -> None:
     """Rows quantized by the kernel equal ggml's x86 quantize_row_q8_0 (the numpy twin the
     weight quantizer's tests hold to ggml's output), laid out as block_q8_0; the dot is
-    ggml_vec_dot_q8_0_q8_0's AVX2 order; dequantizing is exact."""
+    ggml_vec_dot_q8_0_q8_0's AVX2 order; the weighted add of a value row its fused steps
+    over exactly dequantized values."""
     rng = np.random.default_rng(0)
     x = _rows(rng, 40, 96)
     got = np.zeros((len(x), kv_q8.row_bytes(96)), np.int8)
@@ -48,12 +56,21 @@ def test_blocks_are_ggmls_and_the_dot_is_its_order() -> None:
     d = blk[:, :2].copy().view(np.float16).astype(np.float32)[:, 0]
     np.testing.assert_array_equal(d, (np.abs(x[5].reshape(3, 32)).max(1) / np.float32(127))
                                   .astype(np.float16).astype(np.float32))
-    assert np.abs(kv_q8.twin_dequantize(got) - x).max() <= np.abs(x).max() / 127
+    acc = rng.standard_normal((3, 96)).astype(np.float32)
+    ws = rng.uniform(0, 1, (3, len(x))).astype(np.float32)
+    want_acc = acc.astype(np.float64)
+    values = kv_q8.twin_dequantize(got)
     for i in range(len(x) - 1):
         assert _dot(got[i], got[i + 1]) == kv_q8.twin_dot(got[i], got[i + 1])
+        _weighted_add(got[i], ws[:, i], acc)  # a strided column of weights
+        # fused: the exact product and sum rounded once (float64 holds it: exact operands)
+        want_acc = (values[i] * ws[:, i:i + 1].astype(np.float64) + want_acc
+                    ).astype(np.float32).astype(np.float64)
         exact = kv_q8.twin_dequantize(got[i:i + 1])[0].astype(np.float64) \
             @ kv_q8.twin_dequantize(got[i + 1:i + 2])[0]
         assert abs(_dot(got[i], got[i + 1]) - exact) <= 1e-5 * max(1.0, abs(exact))
+    assert np.isclose(acc, want_acc, rtol=1e-6, atol=0).mean() > 0.99
+    assert np.abs(values - x).max() <= np.abs(x).max() / 127
 
 
 def _twin_flash_q8(qb: np.ndarray, kb: np.ndarray, vd: np.ndarray, scale: float,
@@ -131,7 +148,7 @@ def test_attention_over_a_q8_cache() -> None:
 def test_cache_types_and_their_memory() -> None:
     """A q8_0 arena holds 34 bytes per 32 numbers: 53% of f16's; heads that are not whole
     blocks are refused, saying why."""
-    assert KV_TYPES == ("f16", "f32", "q8_0")
+    assert KV_TYPES == ("f16", "f32", "q8_0") == KV_CACHE_TYPES  # the CLI's choices
     f16 = KVArena(30, 4, 4096, 3, 64, 64).nbytes
     q8 = KVArena(30, 4, 4096, 3, 64, 64, kv_type="q8_0").nbytes
     assert q8 / f16 == 34 / 64

@@ -35,6 +35,7 @@ from ..quant.floatbits import (
 from . import kv_q8
 from .attention_ir import tile_scores, weighted_sum
 from .kv_cache import TILE  # key positions per tile of the arena's transposed keys
+from .kv_q8_ir import q8_dot, q8_weighted_add
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -269,25 +270,23 @@ def _attend_one_q8(q, kc, vc, slot, pos, window, scale, cap, out, item, sinks): 
     vkq[:] = 0.0
     total = np.zeros(group, np.float32)
     m = np.full(group, -np.inf, np.float32)
-    vrow = np.empty(out.shape[2], np.float32)
+    vs = np.empty(group, np.float32)  # each head's weight of value j
     for j in range(lo, hi + 1):
-        kv_q8.dequantize_row(vc[s, g, j], vrow)
         for hh in range(group):
-            x = kv_q8.dot(kc[s, g, j], qb[hh]) * scale
+            x = q8_dot(kc[s, g, j], qb[hh]) * scale
             if cap > 0:
                 x = cap * np.float32(np.tanh(x))
             ms = np.float32(1.0)
-            vs = np.float32(1.0)
+            vs[hh] = np.float32(1.0)
             if x > m[hh]:
                 ms = np.float32(np.exp(m[hh] - x))
                 m[hh] = x
-                for c in range(vrow.shape[0]):
+                for c in range(vkq.shape[1]):
                     vkq[hh, c] = vkq[hh, c] * ms
             else:
-                vs = np.float32(np.exp(x - m[hh]))
-            for c in range(vrow.shape[0]):
-                vkq[hh, c] = fma32(vrow[c], vs, vkq[hh, c])
-            total[hh] = fma32(total[hh], ms, vs)
+                vs[hh] = np.float32(np.exp(x - m[hh]))
+            total[hh] = fma32(total[hh], ms, vs[hh])
+        q8_weighted_add(vc[s, g, j], vs, vkq)  # vkq[hh] = fma(value j, vs[hh], vkq[hh])
     for hh in range(group):
         _flash_finish(vkq[hh], total[hh], m[hh], sinks, h0 + hh)
 

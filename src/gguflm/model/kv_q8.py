@@ -7,7 +7,8 @@ as int8. A row is stored as ggml's x86 ``quantize_row_q8_0`` makes it (``ggml_se
 into a Q8_0 cache): scale amax / 127 rounded to float16, values rint(x * 127 / amax).
 Scores are ggml's ``ggml_vec_dot_q8_0_q8_0`` (AVX2) of the key row and the query quantized
 the same way (its ``vec_dot_type``); a value is dequantized exactly (int8 times the
-float16 scale is exact in float32) before it is weighted, as ``dequantize_row_q8_0``.
+float16 scale is exact in float32) before it is weighted, as ``dequantize_row_q8_0``: the
+two loops are vector IR in ``kv_q8_ir``, their numpy twins here.
 
 The arrays are int8 with the row's bytes last: keys and values (S, H_kv, n_ctx, d / 32 *
 34) per layer, one contiguous row per position (no tiles: a score is one row's dot).
@@ -19,7 +20,7 @@ import numpy as np
 from numba import njit
 
 from ..quant import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
-from ..quant.floatbits import f16_from_f32, fma32, kv_load
+from ..quant.floatbits import f16_from_f32
 from ..quant.kerneltypes import twin_quantize_q8_0
 from .kv_cache import BLOCK8 as BLOCK  # bytes per block: float16 scale, 32 int8 values
 from .kv_cache import QK8 as QK  # values per block
@@ -28,14 +29,6 @@ from .kv_cache import QK8 as QK  # values per block
 def row_bytes(n: int) -> int:
     """Bytes of one cached row of n values (n a multiple of 32)."""
     return n // QK * BLOCK
-
-
-@njit(cache=True, nogil=True, inline="always")
-def block_scale(row, b):  # noqa: ANN001, ANN201
-    """Block b's scale (float16, as float32) of an int8 row of blocks."""
-    lo = np.uint16(np.uint8(row[b * BLOCK]))
-    hi = np.uint16(np.uint8(row[b * BLOCK + 1]))
-    return kv_load(np.uint16(lo | (hi << np.uint16(8))))
 
 
 @njit(cache=True, nogil=True)
@@ -52,43 +45,6 @@ def quantize_row(x, out):  # noqa: ANN001, ANN201
         out[b * BLOCK + 1] = np.int8(np.uint8(bits >> np.uint16(8)))
         for j in range(QK):
             out[b * BLOCK + 2 + j] = np.int8(np.rint(x[b * QK + j] * inv))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _lane(kr, qr, o):  # noqa: ANN001, ANN202
-    """The exact integer sum of the 4 products at o..o+3, as float32 (|sum| < 2**16)."""
-    s = np.int32(kr[o]) * np.int32(qr[o]) + np.int32(kr[o + 1]) * np.int32(qr[o + 1])
-    s += np.int32(kr[o + 2]) * np.int32(qr[o + 2]) + np.int32(kr[o + 3]) * np.int32(qr[o + 3])
-    return np.float32(s)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def dot(kr, qr):  # noqa: ANN001, ANN201
-    """Rows kr . qr of blocks (equal lengths) as ggml_vec_dot_q8_0_q8_0 sums on x86 (AVX2):
-    per block, 8 lanes of exact integer sums of 4 products each (lane l: values 4l..4l+3),
-    each added as fma(d_k * d_q, lane, acc_l); the lanes reduced ((0+4)+(2+6))+((1+5)+(3+7))."""
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
-    for b in range(kr.shape[0] // BLOCK):
-        d = block_scale(kr, b) * block_scale(qr, b)  # exact: two float16 values
-        o = b * BLOCK + 2
-        a0 = fma32(d, _lane(kr, qr, o), a0)
-        a1 = fma32(d, _lane(kr, qr, o + 4), a1)
-        a2 = fma32(d, _lane(kr, qr, o + 8), a2)
-        a3 = fma32(d, _lane(kr, qr, o + 12), a3)
-        a4 = fma32(d, _lane(kr, qr, o + 16), a4)
-        a5 = fma32(d, _lane(kr, qr, o + 20), a5)
-        a6 = fma32(d, _lane(kr, qr, o + 24), a6)
-        a7 = fma32(d, _lane(kr, qr, o + 28), a7)
-    return ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def dequantize_row(row, out):  # noqa: ANN001, ANN201
-    """row of blocks -> out (n,) f32: each value int8 * scale (exact)."""
-    for b in range(row.shape[0] // BLOCK):
-        d = block_scale(row, b)
-        for j in range(QK):
-            out[b * QK + j] = np.float32(row[b * BLOCK + 2 + j]) * d
 
 
 @njit(cache=True, nogil=True)
