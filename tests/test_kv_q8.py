@@ -13,7 +13,7 @@ from numba import njit
 from gguflm import load_model
 from gguflm.cli.common import KV_CACHE_TYPES
 from gguflm.model import kv_q8
-from gguflm.model.attention import attend
+from gguflm.model.attention import attend, twin_flash
 from gguflm.model.batch import ALL, LAST, Part
 from gguflm.model.kv_cache import KV_TYPES, KVArena
 from gguflm.model.kv_q8_ir import q8_dot, q8_weighted_add
@@ -73,31 +73,6 @@ def test_blocks_are_ggmls_and_the_dot_is_its_order() -> None:
     assert np.abs(values - x).max() <= np.abs(x).max() / 127
 
 
-def _twin_flash_q8(qb: np.ndarray, kb: np.ndarray, vd: np.ndarray, scale: float,
-                   cap: float) -> np.ndarray:
-    """ggml's one_chunk flash attention with Q8_0 K and V for one (row, head), in numpy:
-    qb the quantized query, kb (S, bytes) its visible keys' rows, vd (S, d_v) their values
-    dequantized; fused steps as float64 rounded once."""
-    f32 = np.float32
-    sc = f32(scale) / f32(cap) if cap > 0 else f32(scale)
-    vkq = np.zeros(vd.shape[1], np.float32)
-    total, m = f32(0.0), f32(-np.inf)
-    for j in range(len(kb)):
-        x = f32(kv_q8.twin_dot(kb[j], qb) * sc)
-        if cap > 0:
-            x = f32(cap) * f32(np.tanh(x))
-        ms = vs = f32(1.0)
-        if x > m:
-            ms = f32(np.exp(f32(m - x)))
-            m = x
-            vkq = vkq * ms
-        else:
-            vs = f32(np.exp(f32(x - m)))
-        vkq = (vd[j].astype(np.float64) * np.float64(vs) + vkq).astype(np.float32)
-        total = f32(np.float64(total) * np.float64(ms) + np.float64(vs))
-    return vkq * (f32(1.0) / total)
-
-
 def test_attention_over_a_q8_cache() -> None:
     """Stored rows are the quantized rows; every row attends as ggml's flash attention
     with Q8_0 K and V (the flag that picks flash rows changes nothing), equal to a numpy
@@ -133,8 +108,8 @@ def test_attention_over_a_q8_cache() -> None:
             s = slot[t]
             for h in range(n_head):
                 g = h // 2
-                twin[t, h] = _twin_flash_q8(qb[t, h], kb[s, lo:p + 1, g], vd[s, lo:p + 1, g],
-                                            0.125, cap)
+                dots = [kv_q8.twin_dot(k, qb[t, h]) for k in kb[s, lo:p + 1, g]]
+                twin[t, h] = twin_flash(dots, vd[s, lo:p + 1, g], 0.125, cap, False)
                 sc = 0.125 * kd[s, lo:p + 1, g].astype(np.float64) @ q[t, h]
                 if cap:
                     sc = cap * np.tanh(sc / cap)

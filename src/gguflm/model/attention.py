@@ -473,6 +473,15 @@ def _twin_flash_row(q: np.ndarray, kk: np.ndarray, vh: np.ndarray, scale: float,
                     f16: bool) -> np.ndarray:
     """``_attend_row_flash`` for one (row, head): kk (S, d) and vh (S, d_v) its visible keys
     and values in position order."""
+    return twin_flash([_twin_ggml_dot(k, q) for k in kk], vh, scale, cap, f16)
+
+
+def twin_flash(dots: list[np.float32], vh: np.ndarray, scale: float, cap: float, f16: bool
+               ) -> np.ndarray:
+    """ggml's one_chunk flash attention for one (row, head) in numpy, from its keys' raw
+    dot products ``dots`` (S,) with the query and their values vh (S, d_v) in position
+    order: the value sum rounded to float16 after every step with ``f16`` (an F16 V), kept
+    in float32 otherwise (F32 or a dequantized Q8_0 V)."""
     def rnd(x: np.ndarray) -> np.ndarray:
         return x.astype(np.float16).astype(np.float32) if f16 else x.astype(np.float32)
 
@@ -480,8 +489,8 @@ def _twin_flash_row(q: np.ndarray, kk: np.ndarray, vh: np.ndarray, scale: float,
     sc = f32(scale) / f32(cap) if cap > 0 else f32(scale)
     vkq = np.zeros(vh.shape[1], np.float32)
     total, m = f32(0.0), f32(-np.inf)
-    for j in range(len(kk)):
-        x = f32(_twin_ggml_dot(kk[j], q) * sc)
+    for j in range(len(dots)):
+        x = f32(dots[j] * sc)
         if cap > 0:
             x = f32(cap) * f32(np.tanh(x))
         ms = vs = f32(1.0)
