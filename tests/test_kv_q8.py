@@ -12,6 +12,9 @@ from numba import njit
 
 from gguflm import load_model
 from gguflm.cli.common import KV_CACHE_TYPES
+from gguflm.engine.sampling import SamplerParams
+from gguflm.engine.scheduler import Engine
+from gguflm.engine.sequence import Request
 from gguflm.model import kv_q8
 from gguflm.model.attention import attend, twin_flash
 from gguflm.model.batch import ALL, LAST, Part
@@ -139,14 +142,14 @@ def q8_model(request: pytest.FixtureRequest):
     model = load_model(path)
     tok = Tokenizer.from_gguf(model.gguf)
     model.use_kv_type("q8_0")
-    yield model, [tok.encode(p) for p in PROMPTS[:6]]
+    yield model, [tok.encode(p) for p in PROMPTS[:7]], tok
     model.gguf.close()
 
 
 def test_q8_cache_is_batch_invariant(q8_model) -> None:
     """Bit-identical logits with a q8_0 cache: one prefill, token by token, in chunks of 5,
     and in one batch with other sequences (prefilling and decoding) of the same arena."""
-    model, prompts = q8_model
+    model, prompts, _ = q8_model
     assert model.new_cache(8).arena.kv_type == "q8_0"
     for i, ids in enumerate(prompts):
         alone = model.forward(ids, model.new_cache(64), all_logits=True)
@@ -165,6 +168,27 @@ def test_q8_cache_is_batch_invariant(q8_model) -> None:
                   for k, o in enumerate(others)]
         mixed = model.forward_batch(parts)
         assert np.array_equal(alone, mixed[:len(ids)])
+
+
+def test_q8_cache_in_the_engine_is_the_alone_greedy_text(q8_model) -> None:
+    """Seven sequences through the serving engine at once (decoding steps of 7 rows, which
+    the team pads to 8 with a copy storing the same Q8_0 rows again) generate, greedy, the
+    tokens each generates alone."""
+    model, prompts, tok = q8_model
+    engine = Engine(model, tok, n_ctx=64, n_slots=8)
+    try:
+        seqs = [engine.submit(Request(ids, SamplerParams(temp=0), max_tokens=6))
+                for ids in prompts]
+        for s in seqs:
+            s.wait(600)
+    finally:
+        engine.close()
+    for ids, s in zip(prompts, seqs, strict=True):
+        cache, alone, nxt = model.new_cache(64), [], list(ids)
+        for _ in range(len(s.tokens)):
+            nxt = [int(np.argmax(model.forward(nxt, cache)))]
+            alone += nxt
+        assert s.tokens == alone
 
 
 def test_q8_cache_stays_close_to_f16(smollm2_path: Path, reference: Path) -> None:
