@@ -38,7 +38,7 @@ def main() -> None:
         llm = gguflm.LLM(resolve_model(name), n_ctx=256, parallel=4)
         try:
             ours = llm.embed(texts, normalize=False)
-            llm.model.kv_f16 = False  # new caches only: the engine's arena is already made
+            llm.model.kv_type = "f32"  # new caches only: the engine's arena is already made
             f32 = []
             for t in texts:
                 from gguflm.model.batch import ALL, NONE, Part

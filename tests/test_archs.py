@@ -62,7 +62,7 @@ def tiny(request, tmp_path_factory) -> gguflm.model.Model:
     md = _tiny_md(arch)
     path = tmp_path_factory.mktemp(arch) / f"tiny-{arch}.gguf"
     model = gguflm.load_model(write_model(path, md, random_tensors(md, seed=1)))
-    model.kv_f16 = False  # exact float32 attention: evaluation orders agree to ~1e-5
+    model.kv_type = "f32"  # exact float32 attention: evaluation orders agree to ~1e-5
     return model
 
 
@@ -135,7 +135,7 @@ def test_fused_and_separate_qkv_agree(tmp_path, arch) -> None:
     sep = random_tensors(md, seed=2, with_optional=(".bias",) if arch == "qwen2" else ())
     def logits(name: str, tensors: dict) -> np.ndarray:
         model = gguflm.load_model(write_model(tmp_path / name, md, tensors))
-        model.kv_f16 = False  # exact float32 attention, so the layouts agree to ~1e-5
+        model.kv_type = "f32"  # exact float32 attention, so the layouts agree to ~1e-5
         return model.logits(IDS)
 
     a, b = logits("sep.gguf", sep), logits("fused.gguf", _fuse(sep))

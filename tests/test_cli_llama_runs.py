@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 
 import gguflm
-from gguflm.cli import main
+from gguflm.cli import UsageError, main
+from gguflm.cli.common import use_kv_cache_type
 from test_cli_llama_flags import PROMPT, _json
 
 
@@ -49,6 +51,66 @@ def test_batch_sizes_and_cache_types_keep_the_tokens(tiny_llama: str,
         llm.close()
     with pytest.raises(gguflm.InvalidRequestError, match="kv_cache_type"):
         gguflm.LLM(tiny_llama, kv_cache_type="q4_0")
+    sizes = {}
+    for kv in ("f16", "q8_0"):
+        llm = gguflm.LLM(tiny_llama, kv_cache_type=kv, n_ctx=256, parallel=2)
+        try:
+            assert llm.engine.arena.kv_type == kv
+            sizes[kv] = llm.engine.arena.nbytes
+            done = llm.create_completion(PROMPT, max_tokens=4, temperature=0)
+            assert done["usage"]["completion_tokens"] == 4
+        finally:
+            llm.close()
+    assert sizes["q8_0"] / sizes["f16"] == 34 / 64  # a Q8_0 block: 34 bytes per 32 numbers
+
+
+def test_q8_0_cache_in_run_bench_perplexity_and_serve(
+        tiny_llama: str, reference: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """-ctk/-ctv q8_0 is a real Q8_0 cache in every command that takes it, without a note;
+    a model whose heads are not whole Q8_0 blocks is a usage error saying so."""
+    q8 = ["-ctk", "q8_0", "-ctv", "q8_0"]
+    res = _json(capsys, tiny_llama, "-p", PROMPT * 6, "-n", "8", "--temp", "0", *q8)
+    assert len(res["generated_tokens"]) == 8
+    assert main(["run", tiny_llama, "-p", PROMPT, "-n", "2", "-ctk", "q8_0"]) == 0
+    err0 = capsys.readouterr().err
+    assert main(["bench", tiny_llama, "-p", "8", "-n", "2", "-r", "1", "--json", *q8]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["tg_tps"] > 0
+    text = str(reference / "text" / "apache-2.0.txt")
+    assert main(["perplexity", tiny_llama, "-f", text, "-c", "32", "--chunks", "2", "--json",
+                 *q8]) == 0
+    out, err2 = capsys.readouterr()
+    assert json.loads(out)["n_chunks"] == 2
+    assert "note: -ctk" not in err0 + err + err2
+    log = tmp_path / "serve.txt"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "gguflm.cli", "serve", tiny_llama,
+                                 "--host", "127.0.0.1", "--port", "0", "-c", "256", *q8],
+                                stdout=subprocess.DEVNULL, stderr=f)
+    try:
+        deadline, url = time.monotonic() + 300, None
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", log.read_text())
+            url = m.group(1) if m else time.sleep(0.2)
+        assert url, log.read_text()
+        openai = pytest.importorskip("openai")
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                               timeout=300)
+        done = client.completions.create(model="m", prompt=PROMPT, max_tokens=4, temperature=0)
+        assert done.usage.completion_tokens == 4
+        assert "note: -ctk" not in log.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    from tinymodel import write_tiny  # heads of 16 numbers: half a Q8_0 block
+
+    small = write_tiny(tmp_path / "tiny16.gguf")
+    with pytest.raises(UsageError, match="-ctk/-ctv q8_0: a q8_0 KV cache needs head sizes "
+                                         "that are multiples of 32"):
+        use_kv_cache_type(gguflm.load_model(small), "q8_0")
+    with pytest.raises(gguflm.InvalidRequestError, match="multiples of 32"):
+        gguflm.LLM(str(small), kv_cache_type="q8_0")
 
 
 def test_system_prompt_and_single_turn_use_the_chat_template(
@@ -125,11 +187,13 @@ def test_ctrl_c_ends_the_line_and_prints_the_timings(tiny_llama: str) -> None:
 
 def test_llama_cpp_spellings_that_gguflm_maps(tiny_llama: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    # -n -2 (until the context is filled) and a quantized cache type (f16 here, noted)
-    assert main(["run", tiny_llama, "-p", PROMPT, "-n", "-2", "-c", "16", "-ctk", "q8_0",
-                 "-ctv", "q8_0", "--temp", "0"]) == 0
+    # -n -2 (until the context is filled) and a quantized cache type gguflm does not have
+    # (f16 here, noted)
+    assert main(["run", tiny_llama, "-p", PROMPT, "-n", "-2", "-c", "16", "-ctk", "q4_0",
+                 "-ctv", "q4_0", "--temp", "0"]) == 0
     err = capsys.readouterr().err
-    assert "note: -ctk/-ctv q8_0: gguflm's KV cache holds f16 or f32 numbers; using f16" in err
+    assert ("note: -ctk/-ctv q4_0: gguflm's KV cache holds f16, f32 or q8_0 numbers; "
+            "using f16") in err
     assert "stop: context full (n_ctx 16)" in err
     # llama-bench's thread list and -o json
     assert main(["bench", tiny_llama, "-p", "8", "-n", "2", "-r", "1", "-t", "1,2",

@@ -381,7 +381,7 @@ def test_converted_llama_runs_like_hugging_face(tmp_path: Path) -> None:
     w = {k: (v * 0.1 if v.ndim == 2 else 1 + 0.1 * v) for k, v in w.items()}  # tame scales
     write_safetensors(tmp_path / "model.safetensors", w)
     model = load_model(convert(tmp_path, tmp_path / "llama.gguf", "f32"))
-    model.kv_f16 = False
+    model.kv_type = "f32"
     ids = [128000, 791, 4062, 14198, 39935, 35308, 927, 279]
     got = model.logits(ids)
     want = _hf_llama_logits(w, ids, heads=4, kv=2)

@@ -238,7 +238,7 @@ def test_attention_matches_per_head_loop() -> None:
     rng = np.random.default_rng(1)
     n_tok, n_head, n_kv, d, past = 4, 6, 2, 8, 70  # past > TILE: keys span two tiles
     n_pos = past + n_tok
-    arena = KVArena(1, 2, n_pos, n_kv, d, d, f16=False)
+    arena = KVArena(1, 2, n_pos, n_kv, d, d, kv_type="f32")
     k = rng.standard_normal((2, n_pos, n_kv, d)).astype(np.float32)   # per slot
     v = rng.standard_normal((2, n_pos, n_kv, d)).astype(np.float32)
     for s in (0, 1):
@@ -279,7 +279,7 @@ def test_flash_attention_rows_match_twin_and_softmax() -> None:
     n_tok, n_head, n_kv, d, past = 4, 4, 2, 64, 70  # d = 64: two 32-wide dot steps
     n_pos = past + n_tok
     for f16 in (True, False):
-        arena = KVArena(1, 2, n_pos, n_kv, d, d, f16=f16)
+        arena = KVArena(1, 2, n_pos, n_kv, d, d, kv_type="f16" if f16 else "f32")
         k = rng.standard_normal((2, n_pos, n_kv, d)).astype(np.float32)
         v = rng.standard_normal((2, n_pos, n_kv, d)).astype(np.float32)
         if f16:

@@ -103,7 +103,7 @@ def test_attention_sinks_match_a_float64_softmax() -> None:
 
     rng = np.random.default_rng(4)
     n_head, n_kv, d, n_pos = 4, 2, 8, 40
-    arena = KVArena(1, 1, n_pos, n_kv, d, d, f16=False)
+    arena = KVArena(1, 1, n_pos, n_kv, d, d, kv_type="f32")
     k = rng.standard_normal((n_pos, n_kv, d)).astype(np.float32)
     v = rng.standard_normal((n_pos, n_kv, d)).astype(np.float32)
     arena.store(0, np.zeros(n_pos, np.int64), np.arange(n_pos), k, v)

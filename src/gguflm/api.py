@@ -33,6 +33,7 @@ from .engine.scheduler import DEFAULT_MAX_QUEUE, DEFAULT_SLOTS, QueueFullError, 
 from .engine.sequence import Request, check_logit_bias
 from .engine.sequence import Sequence as EngineSequence
 from .engine.stops import StopError, check_stops
+from .model.kv_cache import KV_TYPES
 from .tokenizer.chat import (
     ChatTemplate,
     ChatTemplateError,
@@ -64,7 +65,8 @@ class LLM:
     ``model`` is a GGUF file or a known model name (pulled on first use). ``n_ctx`` is each
     sequence's context size in tokens (default: 4096, at most the training context; 0: the
     training context); ``kv_cache_type`` the KV cache's numbers (``"f16"``, llama.cpp's
-    default, or ``"f32"``); ``n_batch`` prompt tokens per step (default and most: 512);
+    default, ``"f32"``, or ``"q8_0"``: ggml Q8_0 blocks, about half f16's memory);
+    ``n_batch`` prompt tokens per step (default and most: 512);
     ``threads`` the kernel threads (default: the cores available); ``chat_template`` a file
     that replaces the model's template (Jinja text or a ``tokenizer_config.json``);
     ``parallel`` the sequences computed together (slots, default 4; more calls wait in
@@ -110,9 +112,9 @@ class LLM:
                                       or value < least):
                 raise InvalidRequestError(
                     f"{arg} must be an integer of at least {least}, got {value!r}", param=arg)
-        if kv_cache_type not in ("f16", "f32"):
-            raise InvalidRequestError(f"kv_cache_type must be 'f16' or 'f32', got "
-                                      f"{kv_cache_type!r}", param="kv_cache_type")
+        if kv_cache_type not in KV_TYPES:
+            raise InvalidRequestError(f"kv_cache_type must be one of {', '.join(KV_TYPES)}, "
+                                      f"got {kv_cache_type!r}", param="kv_cache_type")
         self.model_path = resolve_model(name)
         # the id clients see: a known name as given, else the file's name
         self.model_id = name if name in KNOWN_MODELS else self.model_path.name
@@ -131,12 +133,15 @@ class LLM:
         except ValueError as e:  # a bad override or rope_style (file errors pass as they are)
             raise InvalidRequestError(str(e), param="kv_overrides" if rope_style is None
                                       or "rope" not in str(e) else "rope_style") from None
+        try:
+            self.model.use_kv_type(kv_cache_type)
+        except ValueError as e:  # a q8_0 cache for heads that are not whole Q8_0 blocks
+            raise InvalidRequestError(str(e), param="kv_cache_type") from None
         self.tokenizer = Tokenizer.from_gguf(self.model.gguf)
         self.pooling = self._check_pooling(pooling)
         n_ctx_train = int(self.model.config.n_ctx_train or 0)
         self.n_ctx = n_ctx if n_ctx else (n_ctx_train if n_ctx == 0 and n_ctx_train
                                           else default_n_ctx(n_ctx_train))
-        self.model.kv_f16 = kv_cache_type == "f16"
         self.chat_template = ChatTemplate.for_tokenizer(
             self.tokenizer, self.model.gguf.metadata, override=chat_template)
         try:

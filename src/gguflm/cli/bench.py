@@ -38,6 +38,7 @@ from .common import (
     kv_cache_type,
     refuse_encoder,
     say_if_compiling,
+    use_kv_cache_type,
 )
 from .common import non_negative_int as _non_negative
 from .common import positive_int as _positive
@@ -337,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
     compile_s = kernels.warm_up()
     t0 = time.perf_counter()
     model = load_model(path)
-    model.kv_f16 = kv_cache_type(args) == "f16"
+    use_kv_cache_type(model, kv_cache_type(args))
     refuse_encoder(model, path)
     load_s = time.perf_counter() - t0
     n_vocab = model.config.n_vocab

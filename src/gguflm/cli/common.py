@@ -102,9 +102,11 @@ def normalize_argv(argv: list[str], known: frozenset[str] = frozenset()) -> list
     return out
 
 
-KV_CACHE_TYPES = ("f16", "f32")
+# the caches gguflm has: gguflm.model.kv_cache.KV_TYPES (not imported here: heavy; a test
+# checks that the two agree)
+KV_CACHE_TYPES = ("f16", "f32", "q8_0")
 # llama.cpp's other cache types: accepted, and the cache is f16 (said in a note)
-LLAMA_KV_CACHE_TYPES = ("bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+LLAMA_KV_CACHE_TYPES = ("bf16", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
 def add_kv_cache_options(p: argparse.ArgumentParser) -> None:
@@ -114,10 +116,10 @@ def add_kv_cache_options(p: argparse.ArgumentParser) -> None:
                               ("-ctv", "--cache-type-v", "values")):
         p.add_argument(short, long, choices=KV_CACHE_TYPES + LLAMA_KV_CACHE_TYPES,
                        type=str.lower, default=None, metavar="TYPE",
-                       help=f"number type of the KV cache's {what}: f16 (default, as llama.cpp) "
-                            "or f32 (exact attention, twice the memory); keys and values "
-                            "share one type (llama.cpp's quantized types are taken as f16, "
-                            "with a note)")
+                       help=f"number type of the KV cache's {what}: f16 (default, as llama.cpp), "
+                            "f32 (exact attention, twice the memory) or q8_0 (ggml Q8_0 "
+                            "blocks, about half the memory); keys and values share one type "
+                            "(llama.cpp's other quantized types are taken as f16, with a note)")
 
 
 def kv_cache_type(args: argparse.Namespace) -> str:
@@ -129,8 +131,8 @@ def kv_cache_type(args: argparse.Namespace) -> str:
     if other and not getattr(args, "kv_noted", False):
         args.kv_noted = True
         if not getattr(args, "log_disable", False):
-            print(f"note: -ctk/-ctv {other[0]}: gguflm's KV cache holds f16 or f32 numbers; "
-                  "using f16 (more memory than a quantized cache, more exact)",
+            print(f"note: -ctk/-ctv {other[0]}: gguflm's KV cache holds f16, f32 or q8_0 "
+                  "numbers; using f16 (more memory than a quantized cache, more exact)",
                   file=sys.stderr, flush=True)
     k = "f16" if k in LLAMA_KV_CACHE_TYPES else k
     v = "f16" if v in LLAMA_KV_CACHE_TYPES else v
@@ -138,6 +140,16 @@ def kv_cache_type(args: argparse.Namespace) -> str:
         raise UsageError(f"-ctk {k} and -ctv {v}: gguflm's cache holds keys and values in "
                          "one type; give both the same")
     return k or v or "f16"
+
+
+def use_kv_cache_type(model: Any, kv: str) -> None:
+    """Make ``model``'s caches of type ``kv``; a UsageError when its heads cannot be."""
+    from . import UsageError
+
+    try:
+        model.use_kv_type(kv)
+    except ValueError as e:
+        raise UsageError(f"-ctk/-ctv {kv}: {e}") from None
 
 
 def add_batch_options(p: argparse.ArgumentParser) -> None:

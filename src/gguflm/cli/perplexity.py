@@ -28,6 +28,7 @@ from .common import (
     non_negative_int,
     positive_int,
     read_text,
+    use_kv_cache_type,
     warm_up,
 )
 
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
     loaded = load_model(args.model, args.threads, load_options(args))
     model, tok = loaded.model, loaded.tokenizer
-    model.kv_f16 = kv == "f16"
+    use_kv_cache_type(model, kv)
     if args.ctx_size == 0:  # llama.cpp's -c 0: the model's own context
         args.ctx_size = int(model.config.n_ctx_train or 0) or 4096
     tokens = tok.encode(text, add_special=True)

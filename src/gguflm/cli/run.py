@@ -37,6 +37,7 @@ from .common import (
     non_negative_int,
     process_escapes,
     read_text,
+    use_kv_cache_type,
     warm_up,
 )
 
@@ -242,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
 
     path, model, tokenizer, load_seconds = load_model(args.model, args.threads,
                                                       load_options(args))
-    model.kv_f16 = kv_cache_type(args) == "f16"
+    use_kv_cache_type(model, kv_cache_type(args))
     prompt = _prompt_ids(args, text, model, tokenizer)
     if not prompt:
         raise CLIError("the prompt is empty (and the model adds no BOS token)")

@@ -16,7 +16,8 @@ batch's shape, is not used.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from ..quant import (
     jitcache,  # noqa: F401 - stamps the cached kernels below (before any njit)
@@ -31,8 +32,10 @@ from ..quant.floatbits import (
     round_f16,
     to_f16,
 )
+from . import kv_q8
 from .attention_ir import tile_scores, weighted_sum
 from .kv_cache import TILE  # key positions per tile of the arena's transposed keys
+from .kv_q8_ir import q8_dot, q8_weighted_add
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -204,26 +207,31 @@ def _attend_row_flash(q, kt, v, slot, pos, window, scale, cap, f16, out, t, h, g
             y = fma32(kv_load(v[s, g, j, c]), vs, vkq[c])
             vkq[c] = round_f16(y) if f16 else y
         total = fma32(total, ms, vs)
-    if sinks.shape[0]:  # the sink after the keys, on the float32 sum, as ggml
+    _flash_finish(vkq, total, m, sinks, h)
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _flash_finish(vkq, total, m, sinks, h):  # noqa: ANN001, ANN202
+    """The end of a flash row: head h's sink (if any) after the keys, on the float32 sum,
+    as ggml; then the value sum ``vkq`` divided by the softmax sum ``total``."""
+    if sinks.shape[0]:
         ms = np.float32(1.0)
         vs = np.float32(1.0)
         if sinks[h] > m:
             ms = np.float32(np.exp(m - sinks[h]))
-            for c in range(d_v):
+            for c in range(vkq.shape[0]):
                 vkq[c] = vkq[c] * ms
         else:
             vs = np.float32(np.exp(sinks[h] - m))
         total = total * ms + vs
     inv = np.float32(0.0) if total == 0 else np.float32(1.0) / total
-    for c in range(d_v):
+    for c in range(vkq.shape[0]):
         vkq[c] = vkq[c] * inv
 
 
-# not inlined: numba's front end then types its body once, not again in every caller
 @njit(cache=True, nogil=True, error_model="numpy")
-def _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item, sinks):  # noqa: ANN001, ANN202
-    """Work item ``item``: query row t = item // H_kv with the heads of KV head
-    g = item % H_kv, by the arithmetic the row asks for."""
+def _attend_one_float(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item, sinks):  # noqa: ANN001, ANN202
+    """``_attend_one`` with a float16 or float32 cache."""
     n_kv = kt.shape[1]
     t, g = item // n_kv, item % n_kv
     if flash[t]:
@@ -238,12 +246,86 @@ def _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item, 
         _attend_group(q, kt, v, slot, pos, 0, scale, cap, f16, out, t, g, sinks)
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def _attend_one_q8(q, kc, vc, slot, pos, window, scale, cap, out, item, sinks):  # noqa: ANN001, ANN202
+    """``_attend_one`` with a Q8_0 cache (``kv_q8``): every row as llama.cpp's CPU flash
+    attention computes with Q8_0 K and V, the one arithmetic it has for them (quantized V
+    needs flash attention; quantized K/V always take ggml_compute_forward_flash_attn_ext_f16_
+    one_chunk, never the tiled or split-KV paths): each head's query quantized to Q8_0 (K's
+    vec_dot_type), scores by the q8_0 . q8_0 dot; an online softmax over the keys in
+    position order, each value dequantized to float32 and the value sum kept in float32.
+    The heads sharing KV head g go together, each with its own state, so that a value is
+    dequantized once for all of them; each head's arithmetic is its own, in order."""
+    n_kv = kc.shape[1]
+    t, g = item // n_kv, item % n_kv
+    group = q.shape[1] // n_kv
+    h0 = g * group
+    s, lo, hi = _span(slot, pos, window, t)
+    if cap > 0:
+        scale = scale / cap
+    qb = np.empty((group, kc.shape[3]), np.int8)
+    for hh in range(group):
+        kv_q8.quantize_row(q[t, h0 + hh], qb[hh])
+    vkq = out[t, h0:h0 + group]
+    vkq[:] = 0.0
+    total = np.zeros(group, np.float32)
+    m = np.full(group, -np.inf, np.float32)
+    vs = np.empty(group, np.float32)  # each head's weight of value j
+    for j in range(lo, hi + 1):
+        for hh in range(group):
+            x = q8_dot(kc[s, g, j], qb[hh]) * scale
+            if cap > 0:
+                x = cap * np.float32(np.tanh(x))
+            ms = np.float32(1.0)
+            vs[hh] = np.float32(1.0)
+            if x > m[hh]:
+                ms = np.float32(np.exp(m[hh] - x))
+                m[hh] = x
+                for c in range(vkq.shape[1]):
+                    vkq[hh, c] = vkq[hh, c] * ms
+            else:
+                vs[hh] = np.float32(np.exp(x - m[hh]))
+            total[hh] = fma32(total[hh], ms, vs[hh])
+        q8_weighted_add(vc[s, g, j], vs, vkq)  # vkq[hh] = fma(value j, vs[hh], vkq[hh])
+    for hh in range(group):
+        _flash_finish(vkq[hh], total[hh], m[hh], sinks, h0 + hh)
+
+
+def _is_q8(cache: types.Type) -> bool:
+    """Whether a numba type is a Q8_0 cache's (int8 rows of ggml blocks)."""
+    return isinstance(cache, types.Array) and cache.dtype == types.int8
+
+
+def _attend_cache(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item, sinks):  # noqa: ANN001, ANN202, ARG001
+    """``_attend_one``'s arithmetic for the cache's type (chosen when numba compiles)."""
+    raise NotImplementedError("numba only")
+
+
+@overload(_attend_cache)
+def _attend_cache_impl(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item, sinks):  # noqa: ANN001, ANN202, ARG001
+    if _is_q8(kt):
+        def q8(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item, sinks):  # noqa: ANN001, ANN202, ARG001
+            _attend_one_q8(q, kt, v, slot, pos, window, scale, cap, out, item, sinks)
+        return q8
+
+    def floats(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item, sinks):  # noqa: ANN001, ANN202
+        _attend_one_float(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item,
+                          sinks)
+    return floats
+
+
+# not inlined: numba's front end then types its body once, not again in every caller
+@njit(cache=True, nogil=True, error_model="numpy")
+def _attend_one(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item, sinks):  # noqa: ANN001, ANN202
+    """Work item ``item``: query row t = item // H_kv with the heads of KV head
+    g = item % H_kv, by the arithmetic the row and the cache ask for (with a Q8_0 cache
+    every row is a flash row and ``f16`` is unused: ``_attend_one_q8``)."""
+    _attend_cache(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, item, sinks)
+
+
 @njit(cache=True, nogil=True)
-def store_rows(kt, v, slot, pos, k_new, v_new):  # noqa: ANN001, ANN201
-    """Write k_new (T, H_kv, d) and v_new (T, H_kv, d_v) of rows at positions ``pos`` of
-    slots ``slot`` into one layer's keys ``kt`` (S, H_kv, tiles, d, TILE) and values ``v``
-    (S, H_kv, n_ctx, d_v): as float16 bits into a uint16 cache (llama.cpp's F16 cache),
-    as they are into a float32 one."""
+def _store_float(kt, v, slot, pos, k_new, v_new):  # noqa: ANN001, ANN202
+    """``store_rows`` into a float16 or float32 cache."""
     tile_len = kt.shape[4]
     for t in range(k_new.shape[0]):
         s, p = slot[t], pos[t]
@@ -253,6 +335,33 @@ def store_rows(kt, v, slot, pos, k_new, v_new):  # noqa: ANN001, ANN201
                 kt[s, g, tile, e, off] = kv_encode(k_new[t, g, e], kt)
             for c in range(v_new.shape[2]):
                 v[s, g, p, c] = kv_encode(v_new[t, g, c], v)
+
+
+def _store_cache(kt, v, slot, pos, k_new, v_new):  # noqa: ANN001, ANN202, ARG001
+    """``store_rows`` for the cache's type (chosen when numba compiles)."""
+    raise NotImplementedError("numba only")
+
+
+@overload(_store_cache)
+def _store_cache_impl(kt, v, slot, pos, k_new, v_new):  # noqa: ANN001, ANN202, ARG001
+    if _is_q8(kt):
+        def q8(kt, v, slot, pos, k_new, v_new):  # noqa: ANN001, ANN202
+            kv_q8.store_rows(kt, v, slot, pos, k_new, v_new)
+        return q8
+
+    def floats(kt, v, slot, pos, k_new, v_new):  # noqa: ANN001, ANN202
+        _store_float(kt, v, slot, pos, k_new, v_new)
+    return floats
+
+
+@njit(cache=True, nogil=True)
+def store_rows(kt, v, slot, pos, k_new, v_new):  # noqa: ANN001, ANN201
+    """Write k_new (T, H_kv, d) and v_new (T, H_kv, d_v) of rows at positions ``pos`` of
+    slots ``slot`` into one layer's keys ``kt`` (S, H_kv, tiles, d, TILE) and values ``v``
+    (S, H_kv, n_ctx, d_v): as float16 bits into a uint16 cache (llama.cpp's F16 cache),
+    as they are into a float32 one; into a Q8_0 cache's int8 rows (S, H_kv, n_ctx, bytes)
+    as ggml's Q8_0 blocks (``kv_q8.store_rows``)."""
+    _store_cache(kt, v, slot, pos, k_new, v_new)
 
 
 @njit(cache=True, nogil=True)
@@ -308,7 +417,9 @@ def attend(q: np.ndarray, kt: np.ndarray, v: np.ndarray, slot: np.ndarray, pos: 
            flash: np.ndarray | None = None, k_new: np.ndarray | None = None,
            v_new: np.ndarray | None = None, sinks: np.ndarray | None = None) -> None:
     """q (T, H, d) f32, keys kt (S, H_kv, tiles, d, TILE), values v (S, H_kv, n_ctx, d_v),
-    slot (T,) i64, pos (T,) i64 -> out (T, H, d_v) f32.
+    slot (T,) i64, pos (T,) i64 -> out (T, H, d_v) f32; or a Q8_0 cache's keys and values
+    (S, H_kv, n_ctx, bytes) int8 (``kv_q8``: every row as llama.cpp's flash attention with
+    Q8_0 K and V computes it, ``_attend_one_q8``; ``f16`` and ``flash`` unused).
 
     Row t attends over positions lo..pos[t] of sequence slot[t] (lo = pos[t] - window + 1
     when window > 0, else 0); query head h reads KV head h // (H / H_kv). Scores are
@@ -326,12 +437,12 @@ def attend(q: np.ndarray, kt: np.ndarray, v: np.ndarray, slot: np.ndarray, pos: 
     """
     if flash is None:
         flash = np.zeros(len(q), np.bool_)
-    if kt.shape[4] != TILE:
+    if kt.dtype != np.int8 and kt.shape[4] != TILE:
         raise ValueError(f"attend: keys in tiles of {kt.shape[4]}, the kernel reads {TILE}")
     if k_new is None or v_new is None:
-        k_new = np.zeros((0,) + kt.shape[1:2] + kt.shape[3:4], np.float32)
-        v_new = np.zeros((0,) + v.shape[1:2] + v.shape[3:4], np.float32)
-    work = q.shape[0] * q.shape[1] * (int(pos.max()) + 1) * (q.shape[2] + v.shape[3])
+        k_new = np.zeros((0, kt.shape[1], q.shape[2]), np.float32)
+        v_new = np.zeros((0, v.shape[1], out.shape[2]), np.float32)
+    work = q.shape[0] * q.shape[1] * (int(pos.max()) + 1) * (q.shape[2] + out.shape[2])
     fn = _attend_par if runs_parallel(len(q), kt.shape[1], work) else _attend_serial
     sinks = NO_SINKS if sinks is None else np.ascontiguousarray(sinks, np.float32)
     fn(q, kt, v, slot, pos, int(window), np.float32(scale), np.float32(cap), bool(f16), flash,
@@ -362,6 +473,15 @@ def _twin_flash_row(q: np.ndarray, kk: np.ndarray, vh: np.ndarray, scale: float,
                     f16: bool) -> np.ndarray:
     """``_attend_row_flash`` for one (row, head): kk (S, d) and vh (S, d_v) its visible keys
     and values in position order."""
+    return twin_flash([_twin_ggml_dot(k, q) for k in kk], vh, scale, cap, f16)
+
+
+def twin_flash(dots: list[np.float32], vh: np.ndarray, scale: float, cap: float, f16: bool
+               ) -> np.ndarray:
+    """ggml's one_chunk flash attention for one (row, head) in numpy, from its keys' raw
+    dot products ``dots`` (S,) with the query and their values vh (S, d_v) in position
+    order: the value sum rounded to float16 after every step with ``f16`` (an F16 V), kept
+    in float32 otherwise (F32 or a dequantized Q8_0 V)."""
     def rnd(x: np.ndarray) -> np.ndarray:
         return x.astype(np.float16).astype(np.float32) if f16 else x.astype(np.float32)
 
@@ -369,8 +489,8 @@ def _twin_flash_row(q: np.ndarray, kk: np.ndarray, vh: np.ndarray, scale: float,
     sc = f32(scale) / f32(cap) if cap > 0 else f32(scale)
     vkq = np.zeros(vh.shape[1], np.float32)
     total, m = f32(0.0), f32(-np.inf)
-    for j in range(len(kk)):
-        x = f32(_twin_ggml_dot(kk[j], q) * sc)
+    for j in range(len(dots)):
+        x = f32(dots[j] * sc)
         if cap > 0:
             x = f32(cap) * f32(np.tanh(x))
         ms = vs = f32(1.0)

@@ -25,7 +25,7 @@ from ..gguf.reader import GGUFFile
 from . import executor, ops
 from .batch import ALL, LAST, NONE, Batch, Part, Pause
 from .config import ModelConfig
-from .kv_cache import KVArena, KVCache
+from .kv_cache import KVArena, KVCache, check_kv_type
 from .layer import Attention, Block, experts, glu, linear, qkv
 from .weights import Layer, Weights
 
@@ -41,10 +41,12 @@ ROPE_STYLES = ops.ROPE_STYLES  # RoPE pairings by name
 class Model:
     """A loaded model: ``forward`` turns token ids into logits, caching keys and values.
 
-    ``kv_f16`` (default True): caches round keys and values to float16, and attention its
-    other operands, as llama.cpp's default F16 cache does, which brings the logits closer to
-    llama.cpp's; False keeps attention in float32 (exact comparisons between evaluation
-    orders, since float16 rounding magnifies last-bit differences into ~1e-3).
+    ``kv_type`` (``kv_cache.KV_TYPES``), the number type of the caches ``new_arena`` makes:
+    "f16" (default) rounds keys and values to float16, and attention its other operands, as
+    llama.cpp's default F16 cache does, which brings the logits closer to llama.cpp's;
+    "f32" keeps attention in float32 (exact comparisons between evaluation orders, since
+    float16 rounding magnifies last-bit differences into ~1e-3); "q8_0" stores them as ggml
+    Q8_0 blocks (about half f16's memory; llama.cpp's ``-ctk/-ctv q8_0``).
     """
 
     config_class: type[ModelConfig] = ModelConfig
@@ -52,7 +54,7 @@ class Model:
     # an architecture that runs its own forward instead of layer specs says what runs it
     forward_path: str | None = None
     plan: executor.Plan      # how they run (``from_gguf``)
-    kv_f16: bool = True
+    kv_type: str = "f16"
     # how the architecture pairs dimensions for RoPE; an instance may override it (a file
     # converted for the other pairing: ``load_model(..., rope_style=...)``)
     rope_style: str = "norm"
@@ -127,12 +129,18 @@ class Model:
         return self.output.matmul(x, pause=pause)
 
     # -- the interface --------------------------------------------------------------------------
+    def use_kv_type(self, kv_type: str) -> None:
+        """Make later caches of type ``kv_type``; a ValueError saying why when this model's
+        heads cannot be stored in it (``kv_cache.check_kv_type``)."""
+        check_kv_type(kv_type, self.config.head_dim, self.config.head_dim_v)
+        self.kv_type = kv_type
+
     def new_arena(self, n_ctx: int, n_slots: int = 1) -> KVArena:
         """KV cache memory for ``n_slots`` sequences of up to ``n_ctx`` positions each
         (``arena.slots``); sequences batched together must come from one arena."""
         c = self.config
         return KVArena(c.n_layer, n_slots, n_ctx, c.n_head_kv, c.head_dim, c.head_dim_v,
-                       f16=self.kv_f16)
+                       kv_type=self.kv_type)
 
     def cache_bytes(self) -> tuple[int, int]:
         """(bytes of keys and values per position in an F16 cache, over the attention

@@ -132,7 +132,7 @@ class Batch:
 
         arena = self.arena
         q = np.ascontiguousarray(q, dtype=np.float32)
-        out = np.empty((len(q), q.shape[1], arena.v.shape[-1]), np.float32)
+        out = np.empty((len(q), q.shape[1], arena.head_dim_v), np.float32)
         attend(q, arena.k[il], arena.v[il], self.slot, self.pos, int(window),  # stores k, v
                np.float32(scale), np.float32(cap), arena.f16, out, self.flash,
                np.ascontiguousarray(k, dtype=np.float32), np.ascontiguousarray(v, np.float32),

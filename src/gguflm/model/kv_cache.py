@@ -13,8 +13,10 @@ Layout, chosen for the attention kernel (``model/attention.py``):
 With ``f16`` (the default) keys and values are stored as float16 (their bits, uint16: numba
 has no float16 type), as in llama.cpp's default F16 cache: half the memory of float32, and
 half the bytes attention reads per position; the kernel converts them exactly
-(``vcvtph2ps``). The memory is anonymous and committed only when written (see
-``_lazy_zeros``), so it grows with use.
+(``vcvtph2ps``). With ``q8_0`` each position's key and value of a KV head is a row of ggml
+Q8_0 blocks (``kv_q8``): keys and values (n_layer, n_slots, n_head_kv, n_ctx, bytes) int8,
+34 bytes per 32 numbers, 53% of f16's memory. The memory is anonymous and committed only
+when written (see ``_lazy_zeros``), so it grows with use.
 Positions are absolute: slot position i holds the sequence's token i.
 
 Recurrent layers (a gated delta net: ``layer.DeltaNet``) keep no positions but a fixed-size
@@ -97,20 +99,43 @@ def _machine_bytes() -> int:
     return total
 
 
+# The cache's number types, by llama.cpp's -ctk/-ctv names: f16 (llama.cpp's default), f32,
+# and q8_0 (ggml Q8_0 blocks: ``kv_q8``)
+KV_TYPES = ("f16", "f32", "q8_0")
+QK8, BLOCK8 = 32, 34  # a Q8_0 block: 32 numbers in 34 bytes (float16 scale, 32 int8)
+
+
+def check_kv_type(kv_type: str, head_dim: int, head_dim_v: int) -> None:
+    """A ValueError naming what is wrong, unless ``kv_type`` is a cache type the heads can
+    be stored in (Q8_0 rows need head sizes that are multiples of 32, as in ggml)."""
+    if kv_type not in KV_TYPES:
+        raise ValueError(f"KV cache type {kv_type!r} is not one of {', '.join(KV_TYPES)}")
+    if kv_type == "q8_0" and (head_dim % QK8 or head_dim_v % QK8):
+        raise ValueError(f"a q8_0 KV cache needs head sizes that are multiples of {QK8} "
+                         f"(ggml's Q8_0 block); this model's are {head_dim} and {head_dim_v}")
+
+
+def _position_bytes(kv_type: str, n_ctx: int, head_dim: int, head_dim_v: int) -> int:
+    """Bytes of one slot's keys and values of one layer and KV head (all n_ctx positions)."""
+    if kv_type == "q8_0":
+        return n_ctx * (head_dim + head_dim_v) // QK8 * BLOCK8
+    itemsize = 2 if kv_type == "f16" else 4
+    return itemsize * (-(-n_ctx // TILE) * TILE * head_dim + n_ctx * head_dim_v)
+
+
 def check_arena_fits(n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
-                     head_dim_v: int, f16: bool = True, extra_slot_bytes: int = 0) -> None:
+                     head_dim_v: int, kv_type: str = "f16", extra_slot_bytes: int = 0) -> None:
     """Refuse, before anything is allocated, a cache whose full size exceeds the machine's
     memory (mapping it fails, or a full context is killed later): ArenaTooLargeError saying
     how many positions per slot, and how many slots, would fit."""
-    itemsize = 2 if f16 else 4
-    n_tiles = -(-n_ctx // TILE)
-    per_slot = (n_layer * n_head_kv * itemsize * (n_tiles * TILE * head_dim + n_ctx * head_dim_v)
+    per_slot = (n_layer * n_head_kv * _position_bytes(kv_type, n_ctx, head_dim, head_dim_v)
                 + extra_slot_bytes)
     need, have = per_slot * n_slots, _machine_bytes()
     if need <= have:
         return
-    per_position = n_layer * n_head_kv * itemsize * (head_dim + head_dim_v)
-    ctx_fits = have // max(per_position * n_slots, 1) // TILE * TILE
+    per_position = n_layer * n_head_kv * _position_bytes(kv_type, TILE, head_dim,
+                                                          head_dim_v) / TILE
+    ctx_fits = int(have // max(per_position * n_slots, 1)) // TILE * TILE
     slots_fit = have // max(per_slot, 1)
     raise ArenaTooLargeError(
         f"the KV cache for {n_slots} slot(s) of {n_ctx} positions needs {need / 2**30:.1f} "
@@ -120,28 +145,36 @@ def check_arena_fits(n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, hea
 
 
 class KVArena:
-    """Cache memory for ``n_slots`` sequences of up to ``n_ctx`` positions each."""
+    """Cache memory for ``n_slots`` sequences of up to ``n_ctx`` positions each, its
+    numbers of type ``kv_type`` (``KV_TYPES``)."""
 
     def __init__(self, n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
-                 head_dim_v: int, f16: bool = True, recurrent: RecurrentShape | None = None
-                 ) -> None:
+                 head_dim_v: int, kv_type: str = "f16",
+                 recurrent: RecurrentShape | None = None) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be at least 1, got {n_ctx}")
         if n_slots < 1:
             raise ValueError(f"n_slots must be at least 1, got {n_slots}")
-        check_arena_fits(n_layer, n_slots, n_ctx, n_head_kv, head_dim, head_dim_v, f16,
+        check_kv_type(kv_type, head_dim, head_dim_v)
+        check_arena_fits(n_layer, n_slots, n_ctx, n_head_kv, head_dim, head_dim_v, kv_type,
                          (2 + MAX_CHECKPOINTS) * recurrent.slot_bytes if recurrent else 0)
         self.n_ctx = n_ctx
         self.n_slots = n_slots
+        self.kv_type = kv_type
+        self.head_dim_v = head_dim_v
         # llama.cpp's default cache type is F16: keys and values are stored as F16, and
         # attention rounds its other operands as ggml does.
         # Measured against llama.cpp's logits: Gemma 3's worst de-shifted step 2.17 -> 1.86,
         # the Q4_0 tiny Llama's 1.31 -> 0.63, SmolLM2's perplexity -0.42% -> +0.004%.
-        self.f16 = f16
-        n_tiles = -(-n_ctx // TILE)
-        dtype = np.uint16 if f16 else np.float32  # float16 bits
-        self.k = _lazy_zeros((n_layer, n_slots, n_head_kv, n_tiles, head_dim, TILE), dtype)
-        self.v = _lazy_zeros((n_layer, n_slots, n_head_kv, n_ctx, head_dim_v), dtype)
+        self.f16 = kv_type == "f16"
+        lead = (n_layer, n_slots, n_head_kv)
+        if kv_type == "q8_0":  # one row of ggml blocks per position (kv_q8)
+            self.k = _lazy_zeros(lead + (n_ctx, head_dim // QK8 * BLOCK8), np.int8)
+            self.v = _lazy_zeros(lead + (n_ctx, head_dim_v // QK8 * BLOCK8), np.int8)
+        else:
+            dtype = np.uint16 if self.f16 else np.float32  # float16 bits
+            self.k = _lazy_zeros(lead + (-(-n_ctx // TILE), head_dim, TILE), dtype)
+            self.v = _lazy_zeros(lead + (n_ctx, head_dim_v), dtype)
         self.recurrent = recurrent
         r = recurrent or RecurrentShape(0, 0, 0, 0, 0)
         # per recurrent layer and slot: the convolution's last inputs, the delta-rule state
@@ -175,8 +208,8 @@ class KVArena:
     def store(self, layer: int, slot: np.ndarray, pos: np.ndarray, k: np.ndarray,
               v: np.ndarray) -> None:
         """Write k (T, n_head_kv, head_dim) and v (T, n_head_kv, head_dim_v) of layer
-        ``layer`` for rows whose sequence is ``slot[t]`` at position ``pos[t]`` (as float16
-        when ``f16``). The forward pass stores its rows inside the attention call
+        ``layer`` for rows whose sequence is ``slot[t]`` at position ``pos[t]`` (in the
+        cache's type). The forward pass stores its rows inside the attention call
         (``attention.attend``); this is the same code, for tests and tools."""
         from .attention import store_rows  # numba: compiled or loaded on first use
 
@@ -229,8 +262,8 @@ class KVCache:
         return self.arena.n_ctx
 
     @property
-    def f16(self) -> bool:
-        return self.arena.f16
+    def kv_type(self) -> str:
+        return self.arena.kv_type
 
     @property
     def n_free(self) -> int:

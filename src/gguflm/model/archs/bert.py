@@ -179,7 +179,7 @@ class Bert(Model):
         each, for their bookkeeping."""
         c = self.config
         return KVArena(c.n_layer, n_slots, 1, c.n_head_kv, c.head_dim, c.head_dim_v,
-                       f16=self.kv_f16)
+                       kv_type=self.kv_type)
 
     def warm_up(self, prompts: bool = False) -> None:
         self.embed_batch([[0, min(1, self.config.n_vocab - 1)]])

@@ -192,7 +192,7 @@ class Qwen35(Model):
         shape = RecurrentShape(sum(c.recurrent), c.d_conv - 1,
                                2 * c.n_k_head * c.d_state + c.d_inner, c.n_v_head, c.d_state)
         return KVArena(c.n_layer, n_slots, n_ctx, c.n_head_kv, c.head_dim, c.head_dim_v,
-                       f16=self.kv_f16, recurrent=shape if shape.n_layer else None)
+                       kv_type=self.kv_type, recurrent=shape if shape.n_layer else None)
 
     def rope_table(self, pos: np.ndarray) -> np.ndarray:
         """The text positions' interleaved M-RoPE as one table: pair i is in sector i mod
