@@ -133,6 +133,16 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))
 
 
+def gelu(h: np.ndarray) -> np.ndarray:
+    """ggml's GELU (tanh form) of h (T, n), as ``geglu`` evaluates its gate: compiled, rows
+    in parallel (each element's numbers its own)."""
+    from gguflm.quant.glu import gelu as gelu_rows  # numba: not imported on import
+
+    out = np.empty(h.shape, np.float32)
+    gelu_rows(np.ascontiguousarray(h, np.float32), out)
+    return out
+
+
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate) * up: the Llama FFN's gated activation. (T, n_ff) x2 -> (T, n_ff).
 
