@@ -90,6 +90,9 @@ def _uncompiled_parts(b: Block) -> list[str]:
     if isinstance(b.ffn, Experts) and (b.ffn.router_in_norm is not None
                                        or b.ffn.down_scale is not None):
         parts.append("a normed router input or scaled experts")
+    ffns = (b.ffn.dense, b.ffn.experts) if isinstance(b.ffn, DenseAndExperts) else (b.ffn,)
+    if any(f.act == "gelu_f16" for f in ffns):
+        parts.append("GELU through ggml's float16 table")
     return parts
 
 

@@ -17,8 +17,10 @@ import numpy as np
 
 from ..quant.matrix import QMatrix
 
-# the gated activations a GLU FFN may use: llama.cpp's LLM_FFN_SILU and LLM_FFN_GELU
-GLU_ACTS = ("silu", "gelu")
+# the gated activations a GLU FFN may use: llama.cpp's LLM_FFN_SILU and LLM_FFN_GELU, the
+# latter computed in float32 ("gelu") or through ggml-cpu's float16 table ("gelu_f16",
+# ``ops.gelu_f16``: what llama.cpp's CPU backend computes)
+GLU_ACTS = ("silu", "gelu", "gelu_f16")
 
 
 @dataclass(frozen=True, eq=False)
@@ -192,7 +194,8 @@ class DenseAndExperts:
 @dataclass(frozen=True, eq=False)
 class PerLayerInput:
     """A per-layer embedding input (Gemma 3n/4), after the FFN's residual add:
-    ``x += norm(proj(gelu(gate(x)) * inp))``, ``inp`` (T, d) this layer's slice ``index``
+    ``x += norm(proj(gelu(gate(x)) * inp))`` (ggml's GELU: ``ops.gelu_f16``), ``inp`` (T, d)
+    this layer's slice ``index``
     of the model's per-layer inputs (``reference.stack``'s ``inputs``: (T, n_layer, d))."""
 
     gate: Linear

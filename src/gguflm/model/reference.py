@@ -49,9 +49,13 @@ def attention(h: np.ndarray, a: Attention, batch: object, il: int, rot: np.ndarr
     return product(out, a.o)
 
 
+# the GLUs' gated activations by name (layer.GLU_ACTS)
+GATED = {"silu": ops.swiglu, "gelu": ops.geglu, "gelu_f16": ops.geglu_f16}
+
+
 def ffn(h: np.ndarray, f: GLU) -> np.ndarray:
     """Normed input h (T, n_embd) -> (T, n_embd): down(act(gate(h)) * up(h))."""
-    gated = ops.swiglu if f.act == "silu" else ops.geglu
+    gated = GATED[f.act]
     return product(gated(product(h, f.gate), product(h, f.up)), f.down)
 
 
@@ -113,7 +117,7 @@ def experts(h: np.ndarray, e: Experts, x: np.ndarray | None = None, eps: float =
     together (its weights read once per batch); each row's numbers are its own. ``x``
     and ``eps``: the FFN's input and norm eps, for a router that reads x itself."""
     chosen, w = expert_choice(product(router_input(h, e, x, eps), e.router), e)
-    gated = {"silu": ops.swiglu, "gelu": ops.geglu, "swiglu_oai": swiglu_oai}[e.act]
+    gated = {**GATED, "swiglu_oai": swiglu_oai}[e.act]
     ys = np.empty((*chosen.shape, e.down[0].shape[0]), np.float32)  # (T, n_used, n_embd)
     for ex in np.unique(chosen):
         rows, slots = np.nonzero(chosen == ex)
@@ -155,7 +159,7 @@ def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray | Non
     x = x + ffn_part(x, b)
     if b.per_layer is not None:
         p = b.per_layer
-        g = ops.gelu(product(x, p.gate)) * inp
+        g = ops.gelu_f16(product(x, p.gate)) * inp
         x = x + ops.rmsnorm(product(g, p.proj), p.norm, b.eps)
     return x if b.out_scale == 1.0 else x * np.float32(b.out_scale)
 

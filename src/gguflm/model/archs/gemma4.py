@@ -3,6 +3,8 @@ src/models/gemma4.cpp runs it.
 
 Gemma 3's layer (embedding times sqrt(n_embd), norm weights used as stored, post norms on
 attention and FFN, NEOX RoPE, GELU-gated FFN, final soft-cap, tied output), and:
+- every GELU as llama.cpp's CPU backend computes it, through ggml's float16 table
+  (``ops.gelu_f16``: llama.cpp's top-1 at 2 and 3 more of the tiny models' 576 steps);
 - sliding layers (``attention.sliding_window_pattern``) and full ones differ in head size
   (``attention.key_length_swa`` / ``key_length``), RoPE dims and base; the full layers
   divide each RoPE frequency by ``rope_freqs`` (proportional RoPE: factors of 1e30 leave
@@ -200,12 +202,12 @@ class Gemma4(Gemma3):
 
     def ffn(self, layer: Layer) -> Any:
         """The dense GELU MLP, or beside it the experts (a layer with a router)."""
-        dense = glu(layer, "gelu")
+        dense = glu(layer, "gelu_f16")
         if not hasattr(layer, "ffn_gate_inp"):
             return dense
         c = self.config
         inv_sqrt = float(np.float32(1) / np.sqrt(np.float32(c.n_embd)))  # ggml's, in float32
-        moe = experts(layer, c.n_expert_used, "gelu", router_in_norm=layer.ffn_gate_inp_scale,
+        moe = experts(layer, c.n_expert_used, "gelu_f16", router_in_norm=layer.ffn_gate_inp_scale,
                       router_in_scale=inv_sqrt, down_scale=layer.ffn_down_exps_scale)
         return DenseAndExperts(dense, layer.post_ffw_norm_1, moe, layer.pre_ffw_norm_2,
                                layer.post_ffw_norm_2)
