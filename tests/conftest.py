@@ -56,6 +56,15 @@ def qwen35_path(reference: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma4_path(reference: Path) -> Path:
+    """The reference data's tiny random-weight Gemma 4 (shared KV layers, per-layer inputs)."""
+    path = reference / "arch" / "gemma4" / "tiny-gemma4-f16.gguf"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    return path
+
+
+@pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     return _model("smollm2-135m")
 

@@ -1,6 +1,7 @@
-"""The standing rule of the serving engine, on both real models and the tiny Qwen3.5 (whose
-recurrent layers' state is restored from a snapshot after a cache hit): a sequence's
-logits do not depend on what else is in the batch or in the cache.
+"""The standing rule of the serving engine, on both real models, the tiny Qwen3.5 (whose
+recurrent layers' state is restored from a snapshot after a cache hit) and the tiny Gemma 4
+(shared KV layers, per-layer inputs): a sequence's logits do not depend on what else is in
+the batch or in the cache.
 
 For 20 prompts, each followed by its greedy continuation, the logits of every position are
 bit-identical (np.array_equal) when the sequence is evaluated as one prefill, token by
@@ -34,7 +35,7 @@ PROMPTS = [
 N_GEN = 6
 
 
-@pytest.fixture(scope="module", params=["smollm2", "gemma3", "qwen35"])
+@pytest.fixture(scope="module", params=["smollm2", "gemma3", "qwen35", "gemma4"])
 def setup(request: pytest.FixtureRequest):
     path: Path = request.getfixturevalue(f"{request.param}_path")
     model = load_model(path)

@@ -25,7 +25,7 @@ from ..gguf.reader import GGUFFile
 from . import executor, ops
 from .batch import ALL, LAST, NONE, Batch, Part, Pause
 from .config import ModelConfig
-from .kv_cache import KVArena, KVCache, check_kv_type
+from .kv_cache import KVArena, KVCache, KVShape, check_kv_type
 from .layer import Attention, Block, experts, glu, linear, qkv
 from .weights import Layer, Weights
 
@@ -116,11 +116,13 @@ class Model:
                      else glu(layer, act),
                      c.norm_eps, attn_post_norm, ffn_post_norm)
 
-    def run_layers(self, x: np.ndarray, batch: Batch, ropes: tuple[np.ndarray, ...]
-                   ) -> np.ndarray:
+    def run_layers(self, x: np.ndarray, batch: Batch, ropes: tuple[np.ndarray, ...],
+                   inputs: np.ndarray | None = None) -> np.ndarray:
         """Every layer over x (T, n_embd) as the plan says; only the rows ``batch.out``
-        lists leave the last layer -> (len(batch.out), n_embd)."""
-        return executor.run(self.plan, self.blocks, x, batch, ropes, rows=batch.out)
+        lists leave the last layer -> (len(batch.out), n_embd); ``inputs`` (T, n_layer,
+        d): per-layer inputs, for layers that take one (``layer.PerLayerInput``)."""
+        return executor.run(self.plan, self.blocks, x, batch, ropes, rows=batch.out,
+                            inputs=inputs)
 
     def head(self, x: np.ndarray, pause: Pause | None = None) -> np.ndarray:
         """Logits (rows, n_vocab) of final hidden states x (rows, n_embd): the output
@@ -140,14 +142,25 @@ class Model:
         (``arena.slots``); sequences batched together must come from one arena."""
         c = self.config
         return KVArena(c.n_layer, n_slots, n_ctx, c.n_head_kv, c.head_dim, c.head_dim_v,
-                       kv_type=self.kv_type)
+                       kv_type=self.kv_type, layers=self.kv_shapes())
+
+    def kv_shapes(self) -> tuple[KVShape | None, ...] | None:
+        """Each layer's keys and values (None: a layer that reads another's), from the
+        layer specs; None when every layer has the config's (one array for all)."""
+        c = self.config
+        shapes = tuple(KVShape(b.attn.n_head_kv, b.attn.head_dim, b.attn.head_dim_v)
+                       if isinstance(b.attn, Attention) and b.attn.kv_layer is None else None
+                       for b in self.blocks)
+        same = KVShape(c.n_head_kv, c.head_dim, c.head_dim_v)
+        return None if all(s == same for s in shapes) else shapes
 
     def cache_bytes(self) -> tuple[int, int]:
         """(bytes of keys and values per position in an F16 cache, over the attention
         layers; bytes of recurrent state per sequence, whatever its length, not counting
         its snapshots)."""
         kv = sum(2 * b.attn.n_head_kv * (b.attn.head_dim + b.attn.head_dim_v)
-                 for b in self.blocks if isinstance(b.attn, Attention))
+                 for b in self.blocks
+                 if isinstance(b.attn, Attention) and b.attn.kv_layer is None)
         recurrent = self.new_arena(1).recurrent
         return kv, recurrent.slot_bytes if recurrent else 0
 

@@ -120,23 +120,26 @@ class Batch:
         """The context size of the batch's sequences (one arena: all the same)."""
         return self.arena.n_ctx
 
-    def attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
-                  cap: float = 0.0, window: int = 0, sinks: np.ndarray | None = None
-                  ) -> np.ndarray:
+    def attention(self, il: int, q: np.ndarray, k: np.ndarray | None, v: np.ndarray | None,
+                  scale: float, cap: float = 0.0, window: int = 0,
+                  sinks: np.ndarray | None = None) -> np.ndarray:
         """llama.cpp's build_attn less the output projection: store this batch's k
         (T, H_kv, d) and v (T, H_kv, d_v) in layer ``il`` of each row's cache, then attend
         with q (T, H, d) over each row's own sequence -> (T, H * d_v). Causal; with a
         sliding ``window`` > 0 a query sees itself and the window - 1 positions before it;
-        ``cap`` > 0 soft-caps the scores; ``sinks`` (H,): each head's attention sink."""
+        ``cap`` > 0 soft-caps the scores; ``sinks`` (H,): each head's attention sink.
+        Without k and v (a layer sharing layer ``il``'s keys and values) nothing is
+        stored: layer ``il`` stored this batch's already."""
         from .attention import attend  # numba: compiled or loaded on first use
 
         arena = self.arena
         q = np.ascontiguousarray(q, dtype=np.float32)
-        out = np.empty((len(q), q.shape[1], arena.head_dim_v), np.float32)
+        out = np.empty((len(q), q.shape[1], arena.head_dims_v[il]), np.float32)
+        if k is not None:
+            k = np.ascontiguousarray(k, dtype=np.float32)
+            v = np.ascontiguousarray(v, dtype=np.float32)
         attend(q, arena.k[il], arena.v[il], self.slot, self.pos, int(window),  # stores k, v
-               np.float32(scale), np.float32(cap), arena.f16, out, self.flash,
-               np.ascontiguousarray(k, dtype=np.float32), np.ascontiguousarray(v, np.float32),
-               sinks)
+               np.float32(scale), np.float32(cap), arena.f16, out, self.flash, k, v, sinks)
         return out.reshape(len(q), -1)
 
     def sequences(self) -> list[tuple[Part, slice]]:

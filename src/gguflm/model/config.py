@@ -20,11 +20,15 @@ _REQUIRED = object()
 
 
 class Meta:
-    """Typed access to ``{arch}.<name>`` metadata keys with errors that name the key."""
+    """Typed access to ``{arch}.<name>`` metadata keys with errors that name the key.
+    Keys named in ``per_layer`` may hold one value per layer (``layers``); read as one
+    value, such an array gives its largest."""
 
-    def __init__(self, metadata: Mapping[str, Any], arch: str) -> None:
+    def __init__(self, metadata: Mapping[str, Any], arch: str,
+                 per_layer: tuple[str, ...] = ()) -> None:
         self.metadata = metadata
         self.arch = arch
+        self.per_layer = per_layer
 
     def key(self, name: str) -> str:
         return f"{self.arch}.{name}"
@@ -36,6 +40,8 @@ class Meta:
         """The value of a present key; a uniform per-layer array becomes its one value."""
         key = self.key(name)
         value = self.metadata[key]
+        if isinstance(value, np.ndarray) and name in self.per_layer and value.size:
+            value = value.max()
         if isinstance(value, np.ndarray):
             # per-layer arrays (e.g. head_count_kv in some files): fine while uniform
             if value.size == 0 or value.ndim != 1 or not np.all(value == value[0]):
@@ -60,6 +66,17 @@ class Meta:
         if value < minimum:
             raise MetadataError(f"must be at least {minimum}, got {value}", key=self.key(name))
         return int(value)
+
+    def layers(self, name: str, n_layer: int, default: Any = _REQUIRED) -> tuple[int, ...]:
+        """A per-layer integer key (one of ``per_layer``): its array of n_layer positive
+        values, or its one value (``int``) for every layer."""
+        value = self.metadata.get(self.key(name))
+        if not isinstance(value, np.ndarray):
+            return (self.int(name, default),) * n_layer
+        if value.shape != (n_layer,) or value.dtype.kind not in "iu" or value.min() < 1:
+            raise MetadataError(f"expected {n_layer} positive integers, one per layer, got "
+                                f"{value.tolist()}", key=self.key(name))
+        return tuple(int(v) for v in value)
 
     def float(self, name: str, default: Any = _REQUIRED, *, positive: bool = True) -> float:
         if not self.has(name):
@@ -152,6 +169,9 @@ class ModelConfig:
     rope_scalings: ClassVar[tuple[str, ...]] = ("linear",)
     # whether feed_forward_length is required (an all-experts model sizes them apart)
     needs_n_ff: ClassVar[bool] = True
+    # keys that may hold one value per layer (``Meta.layers``; read as one value: the
+    # largest), for an architecture whose layers differ
+    per_layer_keys: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any], n_vocab_fallback: int = 0
@@ -162,7 +182,7 @@ class ModelConfig:
         if not isinstance(arch, str) or not arch:
             raise MetadataError("missing or not a string: not a model file (vocabulary only?)",
                                 key="general.architecture")
-        m = Meta(metadata, arch)
+        m = Meta(metadata, arch, cls.per_layer_keys)
         n_embd = m.int("embedding_length")
         n_head = m.int("attention.head_count")
         n_head_kv = m.int("attention.head_count_kv", n_head)

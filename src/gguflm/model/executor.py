@@ -25,7 +25,7 @@ import numpy as np
 
 from ..quant.kerneltypes import COMPILED_TYPES
 from . import reference
-from .layer import Block, DeltaNet, Experts
+from .layer import Block, DeltaNet, DenseAndExperts, Experts
 
 
 class Plan:
@@ -77,11 +77,34 @@ _GROUPS = (("Q/K/V", lambda b: (b.attn.q, b.attn.k, b.attn.v)),
            ("FFN down", lambda b: (b.ffn.down,)))
 
 
+def _uncompiled_parts(b: Block) -> list[str]:
+    """The parts of layer spec ``b`` that the compiled layers do not take yet."""
+    a = b.attn
+    parts = [name for name, present in (
+        ("values RMS-normed", a.v_norm is not None),
+        (f"keys and values shared from layer {a.kv_layer}", a.kv_layer is not None),
+        ("V = K's product (no attn_v)", a.kv_layer is None and a.v is a.k),
+        ("a dense FFN beside experts", isinstance(b.ffn, DenseAndExperts)),
+        ("a per-layer embedding input", b.per_layer is not None),
+        ("an output scale", b.out_scale != 1.0)) if present]
+    if isinstance(b.ffn, Experts) and (b.ffn.router_in_norm is not None
+                                       or b.ffn.down_scale is not None):
+        parts.append("a normed router input or scaled experts")
+    ffns = (b.ffn.dense, b.ffn.experts) if isinstance(b.ffn, DenseAndExperts) else (b.ffn,)
+    if any(f.act == "gelu_f16" for f in ffns):
+        parts.append("GELU through ggml's float16 table")
+    return parts
+
+
 def _not_compilable(blocks: list[Block]) -> str:
     """Why these layers cannot run compiled, or ''."""
     if not blocks:
         return "the model has no layers"
     for il, b in enumerate(blocks):
+        parts = [] if isinstance(b.attn, DeltaNet) else _uncompiled_parts(b)
+        if parts:
+            return (f"layer {il} has what the compiled layers do not take yet: "
+                    f"{', '.join(parts)}")
         if isinstance(b.attn, DeltaNet):
             return (f"layer {il} is a gated delta net (a recurrent layer), which has no "
                     f"compiled executor yet: its convolution and delta rule run per "
@@ -128,11 +151,13 @@ def plan(blocks: list[Block]) -> Plan:
 
 
 def run(p: Plan, blocks: list[Block], x: np.ndarray, batch: Any,
-        ropes: tuple[np.ndarray, ...], rows: np.ndarray | None = None) -> np.ndarray:
+        ropes: tuple[np.ndarray, ...], rows: np.ndarray | None = None,
+        inputs: np.ndarray | None = None) -> np.ndarray:
     """Every layer over x (T, n_embd) -> (T', n_embd), as ``p`` says; ``ropes`` the RoPE
-    tables the layers' ``attn.rope`` index; only ``rows`` leave the last layer."""
+    tables the layers' ``attn.rope`` index; only ``rows`` leave the last layer; ``inputs``
+    the per-layer inputs (only layers on the reference path take them: the plan says)."""
     if not p.compiled:
-        return reference.stack(x, blocks, batch, ropes, rows)
+        return reference.stack(x, blocks, batch, ropes, rows, inputs)
     from . import blocks as compiled_blocks
     from . import team
 

@@ -123,18 +123,30 @@ def _position_bytes(kv_type: str, n_ctx: int, head_dim: int, head_dim_v: int) ->
     return itemsize * (-(-n_ctx // TILE) * TILE * head_dim + n_ctx * head_dim_v)
 
 
-def check_arena_fits(n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
-                     head_dim_v: int, kv_type: str = "f16", extra_slot_bytes: int = 0) -> None:
+@dataclass(frozen=True)
+class KVShape:
+    """One attention layer's keys and values per position: KV heads and head sizes."""
+
+    n_head_kv: int
+    head_dim: int
+    head_dim_v: int
+
+
+def check_arena_fits(n_slots: int, n_ctx: int, layers: list[KVShape | None],
+                     kv_type: str = "f16", extra_slot_bytes: int = 0) -> None:
     """Refuse, before anything is allocated, a cache whose full size exceeds the machine's
     memory (mapping it fails, or a full context is killed later): ArenaTooLargeError saying
-    how many positions per slot, and how many slots, would fit."""
-    per_slot = (n_layer * n_head_kv * _position_bytes(kv_type, n_ctx, head_dim, head_dim_v)
-                + extra_slot_bytes)
+    how many positions per slot, and how many slots, would fit. ``layers``: each layer's
+    shape (None: a layer that stores none)."""
+    def layer_bytes(n: int) -> int:
+        return sum(s.n_head_kv * _position_bytes(kv_type, n, s.head_dim, s.head_dim_v)
+                   for s in layers if s is not None)
+
+    per_slot = layer_bytes(n_ctx) + extra_slot_bytes
     need, have = per_slot * n_slots, _machine_bytes()
     if need <= have:
         return
-    per_position = n_layer * n_head_kv * _position_bytes(kv_type, TILE, head_dim,
-                                                          head_dim_v) / TILE
+    per_position = layer_bytes(TILE) / TILE
     ctx_fits = int(have // max(per_position * n_slots, 1)) // TILE * TILE
     slots_fit = have // max(per_slot, 1)
     raise ArenaTooLargeError(
@@ -146,35 +158,41 @@ def check_arena_fits(n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, hea
 
 class KVArena:
     """Cache memory for ``n_slots`` sequences of up to ``n_ctx`` positions each, its
-    numbers of type ``kv_type`` (``KV_TYPES``)."""
+    numbers of type ``kv_type`` (``KV_TYPES``). Every layer alike (``k``, ``v``: one array,
+    layer first), or, with ``layers``, each its own shape (``k``, ``v``: one array per
+    layer; None for a layer that reads another's: Gemma 4's shared KV layers)."""
 
     def __init__(self, n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
                  head_dim_v: int, kv_type: str = "f16",
-                 recurrent: RecurrentShape | None = None) -> None:
+                 recurrent: RecurrentShape | None = None,
+                 layers: tuple[KVShape | None, ...] | None = None) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be at least 1, got {n_ctx}")
         if n_slots < 1:
             raise ValueError(f"n_slots must be at least 1, got {n_slots}")
-        check_kv_type(kv_type, head_dim, head_dim_v)
-        check_arena_fits(n_layer, n_slots, n_ctx, n_head_kv, head_dim, head_dim_v, kv_type,
+        uniform = layers is None
+        if uniform:
+            layers = (KVShape(n_head_kv, head_dim, head_dim_v),) * n_layer
+        for s in {s for s in layers if s is not None}:
+            check_kv_type(kv_type, s.head_dim, s.head_dim_v)
+        check_arena_fits(n_slots, n_ctx, list(layers), kv_type,
                          (2 + MAX_CHECKPOINTS) * recurrent.slot_bytes if recurrent else 0)
         self.n_ctx = n_ctx
         self.n_slots = n_slots
         self.kv_type = kv_type
         self.head_dim_v = head_dim_v
+        self.head_dims_v = tuple(None if s is None else s.head_dim_v for s in layers)
         # llama.cpp's default cache type is F16: keys and values are stored as F16, and
         # attention rounds its other operands as ggml does.
         # Measured against llama.cpp's logits: Gemma 3's worst de-shifted step 2.17 -> 1.86,
         # the Q4_0 tiny Llama's 1.31 -> 0.63, SmolLM2's perplexity -0.42% -> +0.004%.
         self.f16 = kv_type == "f16"
-        lead = (n_layer, n_slots, n_head_kv)
-        if kv_type == "q8_0":  # one row of ggml blocks per position (kv_q8)
-            self.k = _lazy_zeros(lead + (n_ctx, head_dim // QK8 * BLOCK8), np.int8)
-            self.v = _lazy_zeros(lead + (n_ctx, head_dim_v // QK8 * BLOCK8), np.int8)
+        if uniform:
+            self.k, self.v = self._keys_values((n_layer, n_slots), layers[0])
         else:
-            dtype = np.uint16 if self.f16 else np.float32  # float16 bits
-            self.k = _lazy_zeros(lead + (-(-n_ctx // TILE), head_dim, TILE), dtype)
-            self.v = _lazy_zeros(lead + (n_ctx, head_dim_v), dtype)
+            kv = [None if s is None else self._keys_values((n_slots,), s) for s in layers]
+            self.k = [None if p is None else p[0] for p in kv]
+            self.v = [None if p is None else p[1] for p in kv]
         self.recurrent = recurrent
         r = recurrent or RecurrentShape(0, 0, 0, 0, 0)
         # per recurrent layer and slot: the convolution's last inputs, the delta-rule state
@@ -187,6 +205,16 @@ class KVArena:
         self.states = [_SlotState(None if recurrent is None else np.zeros(n_ctx, np.int64))
                        for _ in range(n_slots)]
 
+    def _keys_values(self, lead: tuple[int, ...], s: KVShape) -> tuple[np.ndarray, np.ndarray]:
+        """Zeroed keys and values of ``lead`` (layers and) slots of shape ``s``."""
+        lead = (*lead, s.n_head_kv)
+        if self.kv_type == "q8_0":  # one row of ggml blocks per position (kv_q8)
+            return (_lazy_zeros(lead + (self.n_ctx, s.head_dim // QK8 * BLOCK8), np.int8),
+                    _lazy_zeros(lead + (self.n_ctx, s.head_dim_v // QK8 * BLOCK8), np.int8))
+        dtype = np.uint16 if self.f16 else np.float32  # float16 bits
+        return (_lazy_zeros(lead + (-(-self.n_ctx // TILE), s.head_dim, TILE), dtype),
+                _lazy_zeros(lead + (self.n_ctx, s.head_dim_v), dtype))
+
     @property
     def slots(self) -> list[KVCache]:
         """A view of each slot. The views hold the arena, the arena holds no view (a slot's
@@ -196,7 +224,9 @@ class KVArena:
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes + self.conv.nbytes + self.ssm.nbytes
+        kv = (a.nbytes for a in ((self.k, self.v) if isinstance(self.k, np.ndarray)
+                                 else (*self.k, *self.v)) if a is not None)
+        return sum(kv) + self.conv.nbytes + self.ssm.nbytes
 
     def state(self, slot: int, spare: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Views of slot ``slot``'s recurrent state, every recurrent layer: (conv

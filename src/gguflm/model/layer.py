@@ -17,8 +17,10 @@ import numpy as np
 
 from ..quant.matrix import QMatrix
 
-# the gated activations a GLU FFN may use: llama.cpp's LLM_FFN_SILU and LLM_FFN_GELU
-GLU_ACTS = ("silu", "gelu")
+# the gated activations a GLU FFN may use: llama.cpp's LLM_FFN_SILU and LLM_FFN_GELU, the
+# latter computed in float32 ("gelu") or through ggml-cpu's float16 table ("gelu_f16",
+# ``ops.gelu_f16``: what llama.cpp's CPU backend computes)
+GLU_ACTS = ("silu", "gelu", "gelu_f16")
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,11 +42,14 @@ class Attention:
     tables the architecture's forward makes) paired NEOX-style or NORM-style, causal
     attention over ``window`` positions (0: all), scores times ``scale`` and soft-capped at
     ``softcap`` (0: none), each head's softmax with its ``sinks`` logit when given, then the
-    output product."""
+    output product. ``v`` may be ``k`` itself (Gemma 4's full layers without ``attn_v``:
+    V is K's product before K's norm). A layer with ``kv_layer`` set (llama.cpp's shared KV
+    layers, Gemma 3n/4) stores no keys or values: its queries read those layer
+    ``kv_layer`` stored, and ``k``/``v`` are unused (None when the file has none)."""
 
     q: Linear
-    k: Linear
-    v: Linear
+    k: Linear | None
+    v: Linear | None
     o: Linear
     n_head: int
     n_head_kv: int
@@ -61,6 +66,14 @@ class Attention:
     # Q's rows interleave, per head, head_dim query rows and head_dim output-gate rows
     # (Qwen3.5, Qwen3-Next): the attention's result times sigmoid(gate), before ``o``
     q_gate: bool = False
+    # (head_dim_v,): the values RMS-normed per head with this weight (ones for ggml's
+    # weightless rms_norm: Gemma 4), before they are stored
+    v_norm: np.ndarray | None = None
+    kv_layer: int | None = None  # the layer whose keys and values this one reads
+
+    def __post_init__(self) -> None:
+        if self.kv_layer is None and (self.k is None or self.v is None):
+            raise ValueError("an attention layer with its own keys and values needs K and V")
 
 
 @dataclass(frozen=True, eq=False)
@@ -150,6 +163,11 @@ class Experts:
     # sigmoid(shared_gate . x) added after the routed experts'
     shared: GLU | None = None
     shared_gate: np.ndarray | None = None  # (n_embd,) f32
+    # Gemma 4: the router reads rms_norm(x) * router_in_scale * router_in_norm of the FFN's
+    # input x (before any pre-norm), not the experts' normed input
+    router_in_norm: np.ndarray | None = None  # (n_embd,) f32
+    router_in_scale: float = 1.0
+    down_scale: np.ndarray | None = None  # (n_expert,) f32: each expert's output times it
 
     def __post_init__(self) -> None:
         if self.act not in EXPERT_ACTS or self.gating not in GATINGS:
@@ -160,18 +178,49 @@ class Experts:
 
 
 @dataclass(frozen=True, eq=False)
+class DenseAndExperts:
+    """Two FFN branches over one residual, summed (Gemma 4's MoE layers, llama.cpp's
+    gemma4.cpp): the ``dense`` GLU of the block's ``ffn_norm``-ed input, RMS-normed with
+    ``dense_post_norm``; plus the ``experts`` of the input normed with ``experts_norm``,
+    RMS-normed with ``experts_post_norm``."""
+
+    dense: GLU
+    dense_post_norm: np.ndarray
+    experts: Experts
+    experts_norm: np.ndarray
+    experts_post_norm: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class PerLayerInput:
+    """A per-layer embedding input (Gemma 3n/4), after the FFN's residual add:
+    ``x += norm(proj(gelu(gate(x)) * inp))`` (ggml's GELU: ``ops.gelu_f16``), ``inp`` (T, d)
+    this layer's slice ``index``
+    of the model's per-layer inputs (``reference.stack``'s ``inputs``: (T, n_layer, d))."""
+
+    gate: Linear
+    proj: Linear
+    norm: np.ndarray
+    index: int
+
+
+@dataclass(frozen=True, eq=False)
 class Block:
     """One pre-norm decoder layer: ``x += post(attn(norm(x)))``, ``x += post(ffn(norm(x)))``,
     the post norms (Gemma's) optional; all norms RMS norms with ``eps``. The mixer
-    ``attn`` is attention or a recurrent ``DeltaNet``."""
+    ``attn`` is attention or a recurrent ``DeltaNet``. Then, when given, the per-layer
+    input is added (``per_layer``) and x is multiplied by ``out_scale`` (Gemma 4's
+    ``layer_output_scale``; 1: none)."""
 
     attn_norm: np.ndarray
     attn: Attention | DeltaNet
     ffn_norm: np.ndarray
-    ffn: GLU | Experts
+    ffn: GLU | Experts | DenseAndExperts
     eps: float
     attn_post_norm: np.ndarray | None = None
     ffn_post_norm: np.ndarray | None = None
+    per_layer: PerLayerInput | None = None
+    out_scale: float = 1.0
 
 
 # -- building specs from a layer's tensors ---------------------------------------------------

@@ -133,6 +133,41 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))
 
 
+def gelu(h: np.ndarray) -> np.ndarray:
+    """ggml's GELU (tanh form) of h (T, n), as ``geglu`` evaluates its gate: compiled, rows
+    in parallel (each element's numbers its own)."""
+    from gguflm.quant.glu import gelu as gelu_rows  # numba: not imported on import
+
+    out = np.empty(h.shape, np.float32)
+    gelu_rows(np.ascontiguousarray(h, np.float32), out)
+    return out
+
+
+_GELU_F16: list[np.ndarray] = []  # ggml's table, made on first use
+
+
+def gelu_f16(x: np.ndarray) -> np.ndarray:
+    """GELU as ggml-cpu computes it (GGML_GELU_FP16): 0 for x <= -10, x for x >= 10, else x
+    rounded to float16 and looked up in the table of gelu_tanh, computed in float32 and
+    rounded to float16, of every float16. Elementwise, float32."""
+    if not _GELU_F16:
+        h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+        v = h.astype(np.float32)
+        with np.errstate(all="ignore"):
+            inner = np.float32(0.7978845608028654) * v * (np.float32(1.0)
+                                                          + np.float32(0.044715) * v * v)
+            g = np.float32(0.5) * v * (np.float32(1.0) + np.tanh(inner))
+        _GELU_F16.append(g.astype(np.float16).astype(np.float32))
+    x = np.asarray(x, np.float32)
+    y = _GELU_F16[0][x.astype(np.float16).view(np.uint16)]
+    return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, y)).astype(np.float32)
+
+
+def geglu_f16(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gelu_f16(gate) * up, as ggml_vec_geglu_f32 (GGML_GELU_FP16). (T, n_ff) x2 -> (T, n_ff)."""
+    return gelu_f16(gate) * np.asarray(up, np.float32)
+
+
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate) * up: the Llama FFN's gated activation. (T, n_ff) x2 -> (T, n_ff).
 

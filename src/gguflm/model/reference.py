@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
-from .layer import GLU, Attention, Block, DeltaNet, Experts, Linear
+from .layer import GLU, Attention, Block, DeltaNet, DenseAndExperts, Experts, Linear
 
 
 def product(x: np.ndarray, lin: Linear) -> np.ndarray:
@@ -23,28 +23,39 @@ def product(x: np.ndarray, lin: Linear) -> np.ndarray:
 def attention(h: np.ndarray, a: Attention, batch: object, il: int, rot: np.ndarray,
               eps: float) -> np.ndarray:
     """Normed input h (T, n_embd) -> (T, n_embd), storing this batch's keys and values in
-    layer ``il`` of each row's cache (``Batch.attention``); ``eps`` the Q/K norms'."""
+    layer ``il`` of each row's cache (``Batch.attention``), or, for a layer that shares
+    another's (``kv_layer``), reading that layer's; ``eps`` the Q/K/V norms'."""
     n = len(h)
     q = product(h, a.q).reshape(n, a.n_head, -1)
     if a.q_gate:  # per head: head_dim query rows, then head_dim gate rows
         q, gate = q[:, :, :a.head_dim], q[:, :, a.head_dim:]
-    k = product(h, a.k).reshape(n, a.n_head_kv, a.head_dim)
-    v = product(h, a.v).reshape(n, a.n_head_kv, a.head_dim_v)
     if a.q_norm is not None:
         q = ops.rmsnorm(q, a.q_norm, eps)
-    if a.k_norm is not None:
-        k = ops.rmsnorm(k, a.k_norm, eps)
     rope = ops.rope_neox if a.neox else ops.rope_norm
-    out = batch.attention(il, rope(q, rot), rope(k, rot), v, a.scale, a.softcap, a.window,
-                          a.sinks)
+    k = v = None
+    if a.kv_layer is None:
+        k = product(h, a.k).reshape(n, a.n_head_kv, a.head_dim)
+        v = k if a.v is a.k else product(h, a.v)  # V = K before its norm (Gemma 4)
+        v = v.reshape(n, a.n_head_kv, a.head_dim_v)
+        if a.k_norm is not None:
+            k = ops.rmsnorm(k, a.k_norm, eps)
+        if a.v_norm is not None:
+            v = ops.rmsnorm(v, a.v_norm, eps)
+        k = rope(k, rot)
+    out = batch.attention(il if a.kv_layer is None else a.kv_layer, rope(q, rot), k, v,
+                          a.scale, a.softcap, a.window, a.sinks)
     if a.q_gate:
         out = out * ops.sigmoid(np.ascontiguousarray(gate).reshape(n, -1))
     return product(out, a.o)
 
 
+# the GLUs' gated activations by name (layer.GLU_ACTS)
+GATED = {"silu": ops.swiglu, "gelu": ops.geglu, "gelu_f16": ops.geglu_f16}
+
+
 def ffn(h: np.ndarray, f: GLU) -> np.ndarray:
     """Normed input h (T, n_embd) -> (T, n_embd): down(act(gate(h)) * up(h))."""
-    gated = ops.swiglu if f.act == "silu" else ops.geglu
+    gated = GATED[f.act]
     return product(gated(product(h, f.gate), product(h, f.up)), f.down)
 
 
@@ -90,19 +101,33 @@ def _plus(y: np.ndarray, b: np.ndarray | None, ex: int) -> np.ndarray:
     return y if b is None else y + b[ex]
 
 
-def experts(h: np.ndarray, e: Experts) -> np.ndarray:
+def router_input(h: np.ndarray, e: Experts, x: np.ndarray, eps: float) -> np.ndarray:
+    """What the router reads: the experts' normed input h, or (``router_in_norm``) the
+    FFN's input x RMS-normed, scaled, times that weight, in ggml's order."""
+    if e.router_in_norm is None:
+        return h
+    normed = ops.rmsnorm(x, np.ones(x.shape[1], np.float32), eps)  # ggml's weightless one
+    return normed * np.float32(e.router_in_scale) * e.router_in_norm
+
+
+def experts(h: np.ndarray, e: Experts, x: np.ndarray | None = None, eps: float = 0.0
+            ) -> np.ndarray:
     """Normed input h (T, n_embd) -> (T, n_embd): each row through its chosen experts,
     weighted and summed in selection order. Rows that chose an expert run through it
-    together (its weights read once per batch); each row's numbers are its own."""
-    chosen, w = expert_choice(product(h, e.router), e)
-    gated = {"silu": ops.swiglu, "gelu": ops.geglu, "swiglu_oai": swiglu_oai}[e.act]
+    together (its weights read once per batch); each row's numbers are its own. ``x``
+    and ``eps``: the FFN's input and norm eps, for a router that reads x itself."""
+    chosen, w = expert_choice(product(router_input(h, e, x, eps), e.router), e)
+    gated = {**GATED, "swiglu_oai": swiglu_oai}[e.act]
     ys = np.empty((*chosen.shape, e.down[0].shape[0]), np.float32)  # (T, n_used, n_embd)
     for ex in np.unique(chosen):
         rows, slots = np.nonzero(chosen == ex)
         x = h[rows]
         g = _plus(e.gate[ex].matmul(x), e.gate_b, ex)
         u = _plus(e.up[ex].matmul(x), e.up_b, ex)
-        ys[rows, slots] = _plus(e.down[ex].matmul(gated(g, u)), e.down_b, ex)
+        y = e.down[ex].matmul(gated(g, u))
+        if e.down_scale is not None:
+            y = y * e.down_scale[ex]
+        ys[rows, slots] = _plus(y, e.down_b, ex)
     out = ys[:, 0] * w[:, :1]
     for j in range(1, e.n_used):
         out = out + ys[:, j] * w[:, j:j + 1]
@@ -113,10 +138,11 @@ def experts(h: np.ndarray, e: Experts) -> np.ndarray:
 
 
 def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray | None,
-          rows: np.ndarray | None = None) -> np.ndarray:
+          rows: np.ndarray | None = None, inp: np.ndarray | None = None) -> np.ndarray:
     """One layer: x (T, n_embd) -> (T', n_embd); only ``rows`` go on past the attention
     (or recurrent mixer) when given (llama.cpp's inp_out_ids in the last layer: T' =
-    len(rows)); ``rot`` the attention's RoPE table (None for a recurrent layer)."""
+    len(rows)); ``rot`` the attention's RoPE table (None for a recurrent layer); ``inp``
+    (T, d) the layer's per-layer input when it takes one."""
     h = ops.rmsnorm(x, b.attn_norm, b.eps)
     if isinstance(b.attn, DeltaNet):
         from . import deltanet  # numba: compiled or loaded on first use
@@ -128,25 +154,39 @@ def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray | Non
         a = ops.rmsnorm(a, b.attn_post_norm, b.eps)
     if rows is not None:
         a, x = a[rows], x[rows]
+        inp = None if inp is None else inp[rows]
     x = x + a
-    return x + ffn_part(x, b)
+    x = x + ffn_part(x, b)
+    if b.per_layer is not None:
+        p = b.per_layer
+        g = ops.gelu_f16(product(x, p.gate)) * inp
+        x = x + ops.rmsnorm(product(g, p.proj), p.norm, b.eps)
+    return x if b.out_scale == 1.0 else x * np.float32(b.out_scale)
 
 
 def ffn_part(x: np.ndarray, b: Block) -> np.ndarray:
-    """What the FFN adds to x (T, n_embd): its norm, the FFN (dense or experts) and its
-    post norm."""
+    """What the FFN adds to x (T, n_embd): its norm, the FFN (dense, experts, or both)
+    and its post norm."""
     h = ops.rmsnorm(x, b.ffn_norm, b.eps)
-    f = experts(h, b.ffn) if isinstance(b.ffn, Experts) else ffn(h, b.ffn)
-    return f if b.ffn_post_norm is None else ops.rmsnorm(f, b.ffn_post_norm, b.eps)
+    f = b.ffn
+    if isinstance(f, DenseAndExperts):
+        e = experts(ops.rmsnorm(x, f.experts_norm, b.eps), f.experts, x, b.eps)
+        y = (ops.rmsnorm(ffn(h, f.dense), f.dense_post_norm, b.eps)
+             + ops.rmsnorm(e, f.experts_post_norm, b.eps))
+    else:
+        y = experts(h, f, x, b.eps) if isinstance(f, Experts) else ffn(h, f)
+    return y if b.ffn_post_norm is None else ops.rmsnorm(y, b.ffn_post_norm, b.eps)
 
 
 def stack(x: np.ndarray, blocks: list[Block], batch: object, ropes: tuple[np.ndarray, ...],
-          rows: np.ndarray | None = None) -> np.ndarray:
-    """Every layer: x (T, n_embd) -> (T', n_embd); only ``rows`` leave the last layer."""
+          rows: np.ndarray | None = None, inputs: np.ndarray | None = None) -> np.ndarray:
+    """Every layer: x (T, n_embd) -> (T', n_embd); only ``rows`` leave the last layer;
+    ``inputs`` (T, n_layer, d): the per-layer inputs of layers that take one."""
     last = len(blocks) - 1
     for il, b in enumerate(blocks):
         rot = None if isinstance(b.attn, DeltaNet) else ropes[b.attn.rope]
-        x = block(x, b, batch, il, rot, rows if il == last else None)
+        inp = None if b.per_layer is None else inputs[:, b.per_layer.index]
+        x = block(x, b, batch, il, rot, rows if il == last else None, inp)
         pause = getattr(batch, "pause", None)  # other batches may run between two layers
         if il < last and pause is not None and pause.flag[0]:
             pause.run()

@@ -144,7 +144,7 @@ class Bert(Model):
         return None  # learned positions, no RoPE
 
     def _ffn(self, x: np.ndarray, layer: Any) -> np.ndarray:
-        h = _gelu(ops.linear(x, layer.ffn_up, layer.ffn_up_bias))
+        h = ops.gelu(ops.linear(x, layer.ffn_up, layer.ffn_up_bias))
         return ops.linear(h, layer.ffn_down, layer.ffn_down_bias)
 
     def _block(self, x: np.ndarray, layer: Any, spans: np.ndarray, rot: np.ndarray | None
@@ -213,11 +213,3 @@ class NomicBert(Bert):
         gate, up = ops.linear(x, layer.ffn_gate), ops.linear(x, layer.ffn_up)
         return ops.linear(ops.swiglu(gate, up), layer.ffn_down)
 
-
-def _gelu(h: np.ndarray) -> np.ndarray:
-    """ggml's GELU (tanh form) of h (T, n_ff), compiled, rows in parallel."""
-    from ...quant.glu import gelu  # numba: loading a model does not import it
-
-    out = np.empty_like(h)
-    gelu(np.ascontiguousarray(h, np.float32), out)
-    return out

@@ -123,8 +123,14 @@ class Gemma2(Model):
     def _forward(self, batch: Batch) -> np.ndarray:
         c = self.config
         x = self.token_embd.rows(batch.ids) * np.sqrt(np.float32(c.n_embd))  # float32, as sqrtf
-        x = self.run_layers(x, batch, self.rope_tables(batch.pos))
+        x = self.run_layers(x, batch, self.rope_tables(batch.pos),
+                            self.per_layer_inputs(batch.ids, x))
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
+
+    def per_layer_inputs(self, ids: np.ndarray, x: np.ndarray) -> np.ndarray | None:
+        """Per-layer inputs of tokens ``ids`` with embeddings x (a subclass's hook: Gemma
+        4's per-layer embeddings); None: none."""
+        return None
 
     def head(self, x: np.ndarray, pause: Any = None) -> np.ndarray:
         logits = self.output.matmul(x, pause=pause)  # (rows, n_vocab)
