@@ -75,6 +75,22 @@ def test_f16_kernel_matches_twin(k: int) -> None:
     assert _rel(out, twin) < 1e-6
 
 
+@pytest.mark.parametrize("rows", [3, 300])  # one thread, and rows shared out
+def test_f16_rounding_is_numpys(rows: int) -> None:
+    """An F16 weight's activations are rounded as numpy's astype(float16) rounds them (ties
+    to even, subnormals, infinite past 65504, NaN kept), by the compiled F16C loops."""
+    from gguflm.quant.float_tiles import rounded_f16, rounded_f16_par
+
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((rows, 256)) * 10.0 ** rng.integers(-9, 6, (rows, 256)))
+    x = x.astype(np.float32)
+    x[0, :8] = [65504.0, 65520.0, -1e9, np.nan, 6e-8, 2.9e-8, 1.0 + 2.0 ** -11, -0.0]
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+    for fn in (rounded_f16, rounded_f16_par):
+        assert np.array_equal(fn(x).view(np.uint32), want.view(np.uint32))
+
+
 @pytest.mark.parametrize("k", [384, 37])
 def test_f16_tiles_give_each_row_its_own_numbers(k: int) -> None:
     """The 4x4 tiles of a batch (any row count, weight rows past a multiple of 4, a scalar

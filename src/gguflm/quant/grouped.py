@@ -15,8 +15,7 @@ from numba import njit, prange
 from ..gguf.types import GGMLType
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from .act_quant import activation_sets as int_activation_sets
-from .float_tiles import f16_matmul_rows
-from .floatbits import to_f16
+from .float_tiles import f16_matmul_rows, rounded_f16
 from .kerneltypes import COMPILED_TYPES  # noqa: F401 - the types these products take
 from .products import run_item as int_run_item
 from .products import work_items
@@ -29,16 +28,6 @@ def weight_bytes(raw: np.ndarray) -> np.ndarray:
     """A weight's raw encoding as the grouped products take it: (rows, row bytes) u8 (a
     view: F16's (rows, K) halves as 2 K bytes a row)."""
     return raw if raw.dtype == np.uint8 else raw.view(np.uint8)
-
-
-@njit(cache=True, nogil=True)
-def _rounded_f16(x):  # noqa: ANN001, ANN202
-    """x (n, K) f32 rounded to float16 values (numpy's astype), as float32."""
-    out = np.empty_like(x)
-    for t in range(x.shape[0]):
-        for e in range(x.shape[1]):
-            out[t, e] = to_f16(x[t, e])
-    return out
 
 
 @njit(cache=True, nogil=True)
@@ -60,7 +49,7 @@ def activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
             ints[m] = first if first >= 0 else Q8_0_KIND
     # no integer weight: the sets of no rows (the integer products never run)
     a32, ak = int_activation_sets(ints, count, x if first >= 0 else x[:0])
-    xh = _rounded_f16(x) if f16 else x[:0]
+    xh = rounded_f16(x) if f16 else x[:0]
     return a32, ak, xh
 
 

@@ -280,7 +280,12 @@ def _f16_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
 
 
 def _round_f16(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float16).astype(np.float32)
+    from gguflm.quant.float_tiles import rounded_f16, rounded_f16_par  # numba: on first use
+
+    return (rounded_f16_par if x.size >= ROUND_PARALLEL_MIN else rounded_f16)(x)
+
+
+ROUND_PARALLEL_MIN = 1 << 16  # values from which _round_f16 shares out the rows
 
 
 def _round_bf16(x: np.ndarray) -> np.ndarray:
