@@ -255,7 +255,8 @@ def run(args: argparse.Namespace) -> int:
     if grown:
         say(args, f"note: context grown from the default to {n_ctx} tokens to fit the prompt "
                   f"({len(prompt)}) and -n {n_predict}")
-    warmup_seconds = warm_up(model) if args.warmup else 0.0  # not in the prompt's timing
+    # not in the prompt's timing; a first run's compiled layers compile in the background
+    warmup_seconds = warm_up(model, background=True) if args.warmup else 0.0
     progress = Progress("prompt", len(prompt), "tokens",
                         enabled=len(prompt) > PROGRESS_TOKENS and not args.json
                         and not args.log_disable)

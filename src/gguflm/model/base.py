@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -221,7 +221,7 @@ class Model:
         return self.forward(ids, self.new_cache(max(1, len(ids))), all_logits=True)
 
     def warm_up(self, prompts: bool = False, report: Callable[[int, int, str, float], None]
-                | None = None) -> None:
+                | None = None, background: bool = False) -> None:
         """Run the compiled paths once, so that later calls only load their machine code
         (or, on a first run, compile it now rather than in the middle of a request):
         decoding (two tokens, then one: the team), and a prompt longer than the team takes
@@ -231,23 +231,41 @@ class Model:
 
         What has to be compiled is done in steps, ``report(step, steps, what, seconds)``
         called as each starts (seconds: about how long it takes); the prompt path compiles
-        in a second process meanwhile when the machine has a second core."""
+        in a second process meanwhile when the machine has a second core. ``background``:
+        the team and the blocks compile in a background process instead (``background.py``)
+        and this one runs on the reference path until they are ready."""
         from ..quant import kernels
-        from . import team  # numba: compiled or loaded on first use
 
         say = report or (lambda *_: None)
         kinds = self.kernel_types()
         blocks = prompts or not compiled()
         steps = _compile_steps(kinds, blocks)
+        defer = (background and bool(steps.keys() & {"decoding", "prompts"})
+                 and self._can_defer())
+        if defer:
+            steps = {k: v for k, v in steps.items() if k == "types"}
+            steps["reference"] = ("the reference path's kernels (the compiled layers: in "
+                                  "the background, for later)", _STEP_SECONDS["reference"])
         step = iter(range(1, len(steps) + 1))
-        if "types" in steps:
-            say(next(step), len(steps), steps["types"][0], steps["types"][1])
+        if "types" in steps:  # before the background process starts: it loads them
+            say(next(step), len(steps), *steps["types"])
             kernels.prepare(kinds)
             kernels.warm_up(sorted(kinds))
+        if defer and not self._defer(kinds):  # no process: compile them here after all
+            steps["reference"] = ("decoding layers", _STEP_SECONDS["decoding"])
+        self._warm_layers(steps, step, say, blocks and not self.plan.waiting())
+
+    def _warm_layers(self, steps: dict[str, tuple[str, float]], step: Iterator[int],
+                     say: Callable[..., None], blocks: bool) -> None:
+        """``warm_up``'s forward passes: decoding (the team, or the reference path while
+        it compiles elsewhere), then with ``blocks`` a prompt for the blocks."""
+        from . import team  # numba: compiled or loaded on first use
+
         together = "prompts" in steps and "decoding" in steps
         helper = _compile_elsewhere(self) if together else None
-        if "decoding" in steps:
-            say(next(step), len(steps), *steps["decoding"])
+        for name in ("decoding", "reference"):
+            if name in steps:
+                say(next(step), len(steps), *steps[name])
         ids = [0, min(1, self.config.n_vocab - 1)]
         self.forward(ids, self.new_cache(4))
         self.forward(ids[:1], self.new_cache(4))
@@ -258,6 +276,23 @@ class Model:
         if blocks:
             n = team.MAX_ROWS + 1
             self.forward([0] * n, self.new_cache(n))
+
+    def _can_defer(self) -> bool:
+        """Whether a background process can compile the layers (``warm_up``'s
+        ``background``): compiled layers, a model file, a second core."""
+        return (self.plan.compiled and bool(getattr(self.gguf, "path", None))
+                and (os.cpu_count() or 1) >= 2)
+
+    def _defer(self, kinds: set[int]) -> bool:
+        """Start compiling the compiled layers in a background process and run on the
+        reference path meanwhile; False when no process could be started."""
+        path = self.gguf.path
+        from .background import Compiling
+
+        pending = Compiling.start(str(path), lambda: compiled(kinds))
+        if pending is not None:
+            self.plan.defer(pending)
+        return pending is not None
 
     def kernel_types(self) -> set[int]:
         """The ggml type ids of this model's tensors that have integer kernels."""
@@ -311,8 +346,10 @@ def compiled(kinds: Iterable[int] = ()) -> bool:
 
 # About how long each step of a first run's compilation takes on a quiet 2-core machine
 # (seconds): the weight types' row kernels (each) and the products, the decoding path
-# (the team), the prompt path (the blocks; in a second process while the team compiles)
-_STEP_SECONDS = {"type": 2.0, "products": 10.0, "decoding": 90.0, "prompts": 75.0}
+# (the team), the prompt path (the blocks; in a second process while the team compiles),
+# or instead of those two the reference path's kernels (``warm_up``'s ``background``)
+_STEP_SECONDS = {"type": 2.0, "products": 10.0, "decoding": 90.0, "prompts": 75.0,
+                 "reference": 20.0}
 
 
 def _compile_steps(kinds: set[int], prompts: bool) -> dict[str, tuple[str, float]]:

@@ -10,7 +10,9 @@ team's tables, ``team.Stack``) or says why it cannot; ``run`` then takes, for ev
   for longer batches;
 - the reference forward (``reference.stack``) when the plan says the layers cannot be
   compiled, for the reason it gives (``Plan.describe``, shown by ``gguflm inspect`` and
-  ``run --verbose``): never silently.
+  ``run --verbose``): never silently; or, on a first run, while a background process
+  compiles them (``Plan.defer``, ``background.py``): from the first batch after they are
+  in the cache, the compiled layers.
 
 All three compute the same numbers bit for bit (the same kernels, the same order per
 element), so a sequence's logits do not depend on which one ran.
@@ -42,6 +44,27 @@ class Plan:
         self.team_reason = team_reason
         self._tables: tuple[tuple[Any, ...], Any] | None = None
         self._lock = threading.Lock()
+        self._pending: Any = None  # a background.Compiling while the layers compile
+        self.gave_up = False  # that compilation ended without them: reference for good
+
+    def defer(self, pending: Any) -> None:
+        """Run on the reference path until ``pending`` (a ``background.Compiling``) has the
+        compiled layers in the cache."""
+        self._pending = pending
+
+    def waiting(self) -> bool:
+        """Whether this batch runs on the reference path because the compiled layers are
+        still being compiled elsewhere (switching to them once they are ready)."""
+        if self._pending is None:
+            return False
+        if self.gave_up:
+            return True
+        ready = self._pending.ready()
+        if ready:
+            self._pending = None
+            return False
+        self.gave_up = ready is False
+        return True
 
     @property
     def compiled(self) -> bool:
@@ -65,6 +88,12 @@ class Plan:
         """One line: the path the layers take and why."""
         if not self.compiled:
             return f"reference (numpy, op by op): {self.reason}"
+        if self._pending is not None:
+            where = "" if self._pending.pid is None else f" (pid {self._pending.pid})"
+            why = ("the background compilation ended without them" if self.gave_up else
+                   f"until the compiled layers, being compiled in the background{where}, "
+                   "are ready")
+            return f"reference (numpy, op by op) {why}"
         if self.team_reason:
             return f"compiled (blocks for every batch; no team: {self.team_reason})"
         return "compiled (team for decoding and short prompts, blocks for longer batches)"
@@ -156,7 +185,7 @@ def run(p: Plan, blocks: list[Block], x: np.ndarray, batch: Any,
     """Every layer over x (T, n_embd) -> (T', n_embd), as ``p`` says; ``ropes`` the RoPE
     tables the layers' ``attn.rope`` index; only ``rows`` leave the last layer; ``inputs``
     the per-layer inputs (only layers on the reference path take them: the plan says)."""
-    if not p.compiled:
+    if not p.compiled or p.waiting():
         return reference.stack(x, blocks, batch, ropes, rows, inputs)
     from . import blocks as compiled_blocks
     from . import team
