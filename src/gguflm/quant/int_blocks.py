@@ -58,13 +58,14 @@ def vnni_offset(k: KernelType) -> int:
     """What makes type ``k``'s values unsigned for ``vpdpbusd`` (its bias; 128 for whole
     signed bytes), where the CPU has VNNI and the type has no integer scales; else 0 (the
     sign step stays). ``sum((w + o) a) - o sum(a)`` is the same integer as ``sum(w a)``.
-    Table types keep the sign step: the shifted paths are only proven on biased planes and
-    whole bytes."""
-    if not VNNI or k.scales or k.table:
+    A signed table's entries are int8 (``kerneltypes._check``) like whole signed bytes, so
+    the same 128 (the top bit flipped) makes them unsigned; it is also what Q8_0 takes,
+    so gpt-oss's MXFP4 experts and Q8_0 layers share one set of lane corrections."""
+    if not VNNI or k.scales:
         return 0
     if k.bias:
         return k.bias
-    return 128 if any(p.width == 8 for p in k.planes) else 0
+    return 128 if signed(k) else 0
 
 
 def _emit_plane(g: VectorIR, k: KernelType, p: Plane, row, off, span: int) -> ir.Value:  # noqa: ANN001
@@ -203,7 +204,7 @@ def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False) -> Block
             w = v if w is None else bld.or_(w, v)
         if k.table:
             w = _lookup(g, w, k.table)
-        if shifted and not k.bias:  # whole signed bytes: + 128 is the top bit flipped
+        if shifted and not k.bias:  # int8 values (bytes, a table): + 128 flips the top bit
             w = bld.xor(w, g.splat8(-128, 32))
         elif k.bias and not shifted:
             w = bld.sub(w, g.splat8(k.bias, 32))
