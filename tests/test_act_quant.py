@@ -22,9 +22,9 @@ from gguflm.quant import kernels, kerneltypes
 from gguflm.quant.formats import FORMATS, f16_to_f32
 from gguflm.quant.matrix import QMatrix
 
-KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4"]
 FALLBACK_TYPES = ["Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S",
-                  "IQ2_S", "IQ4_XS", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "Q1_0"]
+                  "IQ2_S", "IQ4_XS", "IQ1_M", "TQ1_0", "TQ2_0", "NVFP4", "Q1_0"]
 SUM_ORDER_TOL = 1e-6
 
 

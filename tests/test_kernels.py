@@ -19,7 +19,7 @@ from gguflm.gguf.types import GGMLType
 from gguflm.quant import dequantize, kernels, kerneltypes
 from gguflm.quant.matrix import QMatrix
 
-KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4"]
 # 8-bit activations cost ~0.7% of the largest output for 32-blocks, ~1.5% for 256-blocks
 # (one scale per 256 values); a wrong unpacking is off by tens of percent.
 ACT_TOL = {"Q4_K": 0.03, "Q5_K": 0.03, "Q6_K": 0.03}

@@ -16,6 +16,7 @@ import pytest
 
 import gguflm
 from gguflm.gguf.errors import MetadataError
+from gguflm.gguf.types import GGMLType
 from gguflm.model import executor
 from gguflm.model.batch import ALL, Part
 from gguflm.model.layer import Experts
@@ -128,15 +129,20 @@ def test_attention_sinks_match_a_float64_softmax() -> None:
 
 def test_mxfp4_experts_run_and_the_plan_says_how(reference: Path, tmp_path: Path) -> None:
     """gpt-oss's usual file: experts in MXFP4 (our quantizer, as llama-quantize's
-    MXFP4_MOE). They run (dequantizing products) and the plan names them."""
+    MXFP4_MOE). They run through MXFP4's integer kernel (no dequantizing product named in
+    the plan) and agree with the F16 model."""
     from gguflm.cli import main
+    from gguflm.quant import matrix
 
     model, folder = _model(reference, "gpt-oss")
     out = tmp_path / "mxfp4.gguf"
     assert main(["quantize", str(folder / "tiny-gpt-oss-f16.gguf"), str(out),
                  "MXFP4_MOE"]) == 0
     q = gguflm.load_model(out)
-    assert "blk.0.ffn_gate_exps.weight[0] is MXFP4" in q.plan.describe()
+    plan = q.plan.describe()
+    assert q.plan.compiled and "MXFP4" not in plan and "no compiled product" not in plan, plan
+    experts = q.blocks[0].ffn.gate
+    assert experts[0].type == GGMLType.MXFP4 and experts[0]._fast is matrix._quantized_kernel
     ids = np.array([5, 300, 77, 1200, 9])
     got, want = q.logits(ids), model.logits(ids)
     assert np.isfinite(got).all()

@@ -49,19 +49,23 @@ class Block(NamedTuple):
 
 
 def signed(k: KernelType) -> bool:
-    """Whether the type's values can be negative (a bias, or whole signed bytes)."""
-    return bool(k.bias) or any(p.width == 8 for p in k.planes)
+    """Whether the type's values can be negative (a bias, whole signed bytes, or a value
+    table with negative entries)."""
+    return bool(k.bias) or any(p.width == 8 for p in k.planes) or min(k.table, default=0) < 0
 
 
 def vnni_offset(k: KernelType) -> int:
     """What makes type ``k``'s values unsigned for ``vpdpbusd`` (its bias; 128 for whole
     signed bytes), where the CPU has VNNI and the type has no integer scales; else 0 (the
-    sign step stays). ``sum((w + o) a) - o sum(a)`` is the same integer as ``sum(w a)``."""
+    sign step stays). ``sum((w + o) a) - o sum(a)`` is the same integer as ``sum(w a)``.
+    A signed table's entries are int8 (``kerneltypes._check``) like whole signed bytes, so
+    the same 128 (the top bit flipped) makes them unsigned; it is also what Q8_0 takes,
+    so gpt-oss's MXFP4 experts and Q8_0 layers share one set of lane corrections."""
     if not VNNI or k.scales:
         return 0
     if k.bias:
         return k.bias
-    return 128 if any(p.width == 8 for p in k.planes) else 0
+    return 128 if signed(k) else 0
 
 
 def _emit_plane(g: VectorIR, k: KernelType, p: Plane, row, off, span: int) -> ir.Value:  # noqa: ANN001
@@ -93,6 +97,20 @@ def _emit_plane(g: VectorIR, k: KernelType, p: Plane, row, off, span: int) -> ir
         raise NotImplementedError(f"{k.type.ggml_name}: no IR for plane {p}")
     if p.shift:
         v = bld.shl(v, g.splat8(p.shift, 32))
+    return v
+
+
+def _lookup(g: VectorIR, idx: ir.Value, table: tuple[int, ...]) -> ir.Value:
+    """<32 x i8>: ``table[idx]`` for 4-bit indexes ``idx``. On x86 one ``vpshufb`` (the
+    16 entries in both 128-bit halves; indexes below 16 never set the zeroing bit), as
+    ggml's vec_dot does; elsewhere a chain of compares and selects, one per entry."""
+    bld = g.b
+    if SIMD != "generic":
+        tbl = ir.Constant(vec(I8, 32), list(table) * 2)
+        return g.call("llvm.x86.avx2.pshuf.b", vec(I8, 32), [tbl, idx])
+    v = g.splat8(table[0], 32)
+    for i, t in enumerate(table[1:], 1):
+        v = bld.select(bld.icmp_unsigned("==", idx, g.splat8(i, 32)), g.splat8(t, 32), v)
     return v
 
 
@@ -143,8 +161,18 @@ def _k_scales(g: VectorIR, row, at):  # noqa: ANN001, ANN202
 
 
 def block_scale(g: VectorIR, k: KernelType, row, off) -> ir.Value:  # noqa: ANN001
-    """The float scale ``d`` of the weight block at byte ``off`` of ``row``."""
-    return g.f16(row, g.b.add(off, g.c64(k.format["d"].offset)))
+    """The float scale ``d`` of the weight block at byte ``off`` of ``row``: an fp16, or
+    (``e8m0_half``) ggml_e8m0_to_fp32_half's bits from the byte ``e``: ``0x00200000 << e``
+    below 2 (the subnormals 2**-128, 2**-127), else ``(e - 1) << 23``."""
+    at = g.b.add(off, g.c64(k.format[k.d_field].offset))
+    if k.d_enc == "f16":
+        return g.f16(row, at)
+    bld = g.b
+    e = bld.zext(bld.load(g.at(row, at)), I32)
+    sub = bld.shl(ir.Constant(I32, 0x00200000), e)
+    norm = bld.shl(bld.sub(e, ir.Constant(I32, 1)), ir.Constant(I32, 23))
+    bits = bld.select(bld.icmp_unsigned("<", e, ir.Constant(I32, 2)), sub, norm)
+    return bld.bitcast(bits, F32)
 
 
 def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False) -> Block:  # noqa: ANN001
@@ -174,7 +202,9 @@ def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False) -> Block
         for p in k.planes:
             v = _emit_plane(g, k, p, row, off, span)
             w = v if w is None else bld.or_(w, v)
-        if shifted and not k.bias:  # whole signed bytes: + 128 is the top bit flipped
+        if k.table:
+            w = _lookup(g, w, k.table)
+        if shifted and not k.bias:  # int8 values (bytes, a table): + 128 flips the top bit
             w = bld.xor(w, g.splat8(-128, 32))
         elif k.bias and not shifted:
             w = bld.sub(w, g.splat8(k.bias, 32))

@@ -2,9 +2,10 @@
 
 A ``KernelType`` says how a block of its type becomes the integers ggml's ``vec_dot``
 multiplies with 8-bit activations: which bit planes of which fields (``formats.FORMATS``
-gives their byte offsets) make each value, the constant subtracted, the integer group
-scales, the per-block float scale and the offset term (Q4_1/Q5_1's ``m``, Q4_K/Q5_K's
-``dmin``), and which activation type ggml pairs with it. From that one declaration:
+gives their byte offsets) make each value, the constant subtracted (or the value
+table they index: MXFP4's), the integer group scales, the per-block float scale (and how it
+is encoded), the offset term (Q4_1/Q5_1's ``m``, Q4_K/Q5_K's ``dmin``), and which
+activation type ggml pairs with it. From that one declaration:
 
 - ``matrix.QMatrix`` dispatches a weight to the integer kernels (``KERNEL_TYPES``);
 - ``int_blocks``/``int_tiles`` (hot, numba/LLVM) build each type's block loop;
@@ -27,6 +28,7 @@ from ..gguf.types import GGMLType
 from .bits import bit_planes, spread_bits
 from .formats import FORMATS, BlockFormat, f16_to_f32
 from .kquants import k4_scales_mins
+from .simple import e8m0_half
 
 T = GGMLType
 ACTIVATION_TYPES = (T.Q8_0, T.Q8_1, T.Q8_K)
@@ -46,8 +48,10 @@ class Plane:
 
 @dataclass(frozen=True)
 class KernelType:
-    """Value j of a block is ``(OR of its planes) - bias``, times the integer scale of its
-    group (``scales``), times the block's float ``d``; plus the ``offset`` term."""
+    """Value j of a block is ``(OR of its planes) - bias`` (or, with a ``table``,
+    ``table[OR of its planes]``), times the integer scale of its group (``scales``), times
+    the block's float scale (field ``d_field``, encoded as ``d_enc`` says); plus the
+    ``offset`` term."""
 
     type: GGMLType
     act: GGMLType  # the activation type ggml's vec_dot pairs with it
@@ -56,6 +60,9 @@ class KernelType:
     scales: str = ""  # "": none; "k4": 8 six-bit scales and mins in 12 bytes; "i8": per 16
     offset: str = ""  # "": none; "m": + m * (Q8_1 block sum); "dmin": - dmin * mins
     batch8: bool = True  # 1 weight row x 8 activations tiles (False: 2x4, if LLVM spills)
+    table: tuple[int, ...] = ()  # (): none; 16 int8 values the 4-bit plane value indexes
+    d_field: str = "d"  # the block's float scale
+    d_enc: str = "f16"  # "f16"; "e8m0_half": ggml_e8m0_to_fp32_half of one byte (MXFP4)
 
     @property
     def format(self) -> BlockFormat:
@@ -98,6 +105,10 @@ KERNEL_TYPES: dict[GGMLType, KernelType] = {k.type: k for k in [
     # per 128 values: low 4 bits from 64 bytes of ql, top 2 bits from 32 bytes of qh
     KernelType(T.Q6_K, T.Q8_K, (Plane("ql", 64, 4), Plane("qh", 32, 2, shift=4)), bias=32,
                scales="i8"),
+    # kvalues_mxfp4 (ggml-common.h): E2M1 values doubled, as d is half the E8M0 scale
+    KernelType(T.MXFP4, T.Q8_0, (_nibbles("qs"),),
+               table=(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12),
+               d_field="e", d_enc="e8m0_half"),
 ]}
 
 
@@ -120,7 +131,12 @@ def _check(k: KernelType) -> None:
     assert FORMATS[k.act].block_size == k.block_size or k.act == T.Q8_K, name
     assert (k.act == T.Q8_K) == (k.block_size == 256), name
     assert (k.offset == "m") == (k.act == T.Q8_1), name
-    assert fmt["d"].kind == "f16", name
+    d = fmt[k.d_field]
+    assert (d.kind, d.nbytes) == {"f16": ("f16", 2), "e8m0_half": ("u8", 1)}[k.d_enc], name
+    if k.table:
+        # one byte lane per value, looked up 16 at a time (pshufb): 4-bit indexes, int8 values
+        assert len(k.table) == 16 and all(-128 <= v < 128 for v in k.table), name
+        assert not k.bias and sum(((1 << p.width) - 1) << p.shift for p in k.planes) < 16, name
     for p in k.planes:
         f = fmt[p.field]
         assert f.nbytes * 8 // p.width == k.block_size, (name, p)
@@ -186,8 +202,9 @@ def twin_unpack(t: GGMLType | int, w: np.ndarray) -> TwinBlocks:
     for p in k.planes:
         v = plane_values(blk, fmt, p)
         q |= (v.view(np.int8) if fmt[p.field].kind == "i8" else v).astype(np.int32) << p.shift
-    q -= k.bias
-    d = f16_to_f32(fmt.field(blk, "d")).reshape(r, nb)
+    q = np.asarray(k.table, np.int32)[q] if k.table else q - k.bias
+    raw = fmt.field(blk, k.d_field)
+    d = (e8m0_half(raw) if k.d_enc == "e8m0_half" else f16_to_f32(raw)).reshape(r, nb)
     m = f16_to_f32(fmt.field(blk, k.offset)).reshape(r, nb) if k.offset else None
     mins = None
     if k.scales == "k4":
