@@ -12,7 +12,7 @@ from typing import NamedTuple
 from llvmlite import ir
 
 from .kerneltypes import KERNEL_TYPES, KernelType, Plane
-from .vector_ir import F32, I8, I16, I32, SIMD, VNNI, VectorIR, vec
+from .vector_ir import F32, I8, I16, I32, SIMD, VNNI, WIDE, VectorIR, vec
 
 
 class SpanScales(NamedTuple):
@@ -62,6 +62,18 @@ def vnni_offset(k: KernelType) -> int:
     if k.bias:
         return k.bias
     return 128 if any(p.width == 8 for p in k.planes) else 0
+
+
+def wide(k: KernelType) -> bool:
+    """Whether type ``k``'s lanes tiles take the 512-bit block loop (``WIDE``; the types
+    with integer scales: the others' spans have a float step each)."""
+    return WIDE and bool(k.scales)
+
+
+def wide_plus_128(k: KernelType) -> bool:
+    """Whether that loop multiplies the activations plus 128 (``ActivationSet.qu``) by the
+    signed weights: AVX-512 has no ``vpsignb`` for the sign step."""
+    return wide(k) and signed(k)
 
 
 def _emit_plane(g: VectorIR, k: KernelType, p: Plane, row, off, span: int) -> ir.Value:  # noqa: ANN001
@@ -163,8 +175,11 @@ def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False) -> Block
     if k.scales == "k4":
         sm8 = _k_scales(g, row, field_at("scales"))
         sc16 = bld.zext(sm8, vec(I16, 16))
-        smf = bld.uitofp(bld.zext(sm8, vec(I32, 16)), vec(F32, 16))
-        mins = g.lanes(smf, list(range(8, 16)))  # the 8 integer mins, as <8 x float>
+        # the 8 integer mins, as <8 x float>: converted 8 lanes wide, as a 16-lane
+        # conversion would be one 512-bit instruction per block, and any 512-bit
+        # instruction in flight takes port 1's 256-bit multipliers away from the tiles
+        mins = bld.uitofp(bld.zext(g.lanes(sm8, list(range(8, 16))), vec(I32, 8)),
+                          vec(F32, 8))
     elif k.scales == "i8":
         sc16 = bld.sext(g.vload(row, field_at("scales"), 16), vec(I16, 16))
     group = k.block_size // (16 if k.scales == "i8" else 8)  # values per integer scale
