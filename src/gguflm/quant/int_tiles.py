@@ -184,13 +184,12 @@ def _emit_wide_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> 
     out once per weight block (no ``vpsignb`` in AVX-512: no sign step)."""
     bld = g.b
     _prefetch(g, k, t, b)
-    blk = unpack(g, k, t.rows[0], bld.mul(b, g.c64(k.type_size)))
+    blk = unpack(g, k, t.rows[0], bld.mul(b, g.c64(k.type_size)), pairs=True)
     pairs = []  # (<64 x i8> weights, <32 x i16> their pair sums' scales)
-    for lo, hi in zip(blk.spans[::2], blk.spans[1::2], strict=True):
-        w = bld.shuffle_vector(lo.values, hi.values, ir.Constant(vec(I32, 64), list(range(64))))
-        order = [lo.scales.first] * 8 + [lo.scales.second] * 8 \
-            + [hi.scales.first] * 8 + [hi.scales.second] * 8
-        pairs.append((w, g.lanes(lo.scales.scales, order)))
+    for sp in blk.spans:
+        order = [sp.first.first] * 8 + [sp.first.second] * 8 \
+            + [sp.second.first] * 8 + [sp.second.second] * 8
+        pairs.append((sp.values, g.lanes(sp.first.scales, order)))
     start = None
     if shift == "wide_a":  # pair sums 128 (w + w') fit in 16 bits (|w| <= 64 here)
         c = None

@@ -65,6 +65,10 @@ VNNI = (SIMD != "generic" and os.environ.get("GGUFLM_SIMD", "") not in ("avx2", 
 # with ``GGUFLM_SIMD=avx2`` or ``generic``
 WIDE = SIMD == "avx512"
 VNNI512 = WIDE and bool(_FEATURES.get("avx512vnni"))
+if VNNI512:  # ``VectorIR.dpwssd512``'s inline asm needs the parser numba leaves out
+    import llvmlite.binding as _llvm
+
+    _llvm.initialize_native_asmparser()
 
 # float16 bit pattern -> float32, for block scales read straight from the weight bytes
 F16_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
@@ -274,9 +278,12 @@ class VectorIR:
         v32 = vec(I32, 16)
         if acc is None:
             acc = ir.Constant(v32, [0] * 16)
-        if VNNI512:
-            return self.call("llvm.x86.avx512.vpdpwssd.512", v32,
-                             [acc, self.b.bitcast(w16, v32), self.b.bitcast(m16, v32)])
+        if VNNI512:  # inline asm: LLVM splits the intrinsic back into pmaddwd and an add
+            # (shorter chains, twice the uops), and the tiles have ILP enough without that
+            fnty = ir.FunctionType(v32, [v32, v32, v32])
+            return self.b.asm(fnty, "vpdpwssd $2, $1, $0", "=v,v,v,0",
+                              [self.b.bitcast(w16, v32), self.b.bitcast(m16, v32), acc],
+                              False, "dpwssd")
         p = self.call("llvm.x86.avx512.pmaddw.d.512", v32, [w16, m16])
         return self.b.add(acc, p)
 
