@@ -217,7 +217,8 @@ def activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
     holds the lane corrections when the products' types share one ``vnni_offset`` and some
     rows run outside the lanes tiles (fewer than BATCH_MIN_ROWS, or not a multiple of 4),
     else no rows; ``qu`` the activations plus 128 when some type has a ``vnni_offset`` and
-    the rows are enough for the lanes tiles, else no rows. Without them the products take
+    the rows are enough for the lanes tiles, else no rows (the Q8_K set's: where a type's
+    512-bit tiles take them, ``int_blocks.wide_plus_128``). Without them the products take
     the sign step: the same numbers."""
     k32 = kk = -1
     for m in range(count):
