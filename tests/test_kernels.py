@@ -249,9 +249,11 @@ def test_portable_simd_variants(zoo, simd: str, tmp_path) -> None:  # noqa: ANN0
 
 
 def test_vnni_same_numbers_as_avx2(zoo, tmp_path) -> None:  # noqa: ANN001
-    """On a CPU with VNNI, ``vpdpbusd`` replaces ``pmaddubsw`` + ``pmaddwd``: every product
-    (one row streaming, the 1x4 and 1x8 tiles and their tails) is bit-identical to the
-    AVX2 build's, so logits do not depend on which CPU feature ran them."""
+    """On a CPU with VNNI, ``vpdpbusd`` replaces ``pmaddubsw`` + ``pmaddwd`` (and with
+    AVX-512 the tiles of the types with integer scales run 512 bits wide, two spans per
+    instruction): every product (one row streaming, the 1x4 and 1x8 tiles and their tails)
+    is bit-identical to the AVX2 build's, so logits do not depend on which CPU feature ran
+    them."""
     if not kernels.VNNI:
         pytest.skip("this CPU has no VNNI (the AVX2 path is the one tested)")
     counts = (1, 3, 4, 8, 13)

@@ -14,7 +14,7 @@ from numba import njit
 from ..gguf.types import GGMLType
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from .floatbits import round_f16
-from .int_blocks import vnni_offset
+from .int_blocks import vnni_offset, wide_plus_128
 from .int_tiles import BATCH_MIN_ROWS
 from .kerneltypes import KERNEL_TYPES, pack_activation_blocks
 
@@ -138,6 +138,8 @@ def activation_blocks(x: np.ndarray, act: GGMLType) -> np.ndarray:
 
 # -- the arrays that let VNNI skip the sign step (int_tiles._emit_block's ``shift``) --------
 
+# the types whose 512-bit lanes tiles multiply the Q8_K activations plus 128
+_PLUS_128_KINDS = tuple(int(t) for t, k in KERNEL_TYPES.items() if wide_plus_128(k)) or (-1,)
 _OFFSETS = [(int(t), vnni_offset(k)) for t, k in KERNEL_TYPES.items() if vnni_offset(k)]
 _OFFSET_KINDS = tuple(t for t, _ in _OFFSETS) or (-1,)  # constant tuples for numba
 _OFFSET_VALUES = tuple(o for _, o in _OFFSETS) or (0,)
@@ -161,6 +163,15 @@ def _any_offset(kinds, count):  # noqa: ANN001, ANN201
     """Whether some of the products' types has a ``vnni_offset``."""
     for m in range(count):
         if kinds[m] in _OFFSET_KINDS:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def _any_plus_128(kinds, count):  # noqa: ANN001, ANN201
+    """Whether some of the products' types multiplies the Q8_K activations plus 128."""
+    for m in range(count):
+        if kinds[m] in _PLUS_128_KINDS:
             return True
     return False
 
@@ -206,7 +217,8 @@ def activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
     holds the lane corrections when the products' types share one ``vnni_offset`` and some
     rows run outside the lanes tiles (fewer than BATCH_MIN_ROWS, or not a multiple of 4),
     else no rows; ``qu`` the activations plus 128 when some type has a ``vnni_offset`` and
-    the rows are enough for the lanes tiles, else no rows. Without them the products take
+    the rows are enough for the lanes tiles, else no rows (the Q8_K set's: where a type's
+    512-bit tiles take them, ``int_blocks.wide_plus_128``). Without them the products take
     the sign step: the same numbers."""
     k32 = kk = -1
     for m in range(count):
@@ -228,7 +240,8 @@ def activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
         a32 = _no_activations(x.shape[1])
     if kk >= 0:
         qa, da, aux = quantize_activations(x, kk)
-        ak = ActivationSet(qa, da, aux, no_cor, qa[:0])
+        wide = x.shape[0] >= BATCH_MIN_ROWS and _any_plus_128(kinds, count)
+        ak = ActivationSet(qa, da, aux, no_cor, _plus_128(qa) if wide else qa[:0])
     else:
         ak = _no_activations(x.shape[1])
     return a32, ak

@@ -12,7 +12,7 @@ from typing import NamedTuple
 from llvmlite import ir
 
 from .kerneltypes import KERNEL_TYPES, KernelType, Plane
-from .vector_ir import F32, I8, I16, I32, SIMD, VNNI, VectorIR, vec
+from .vector_ir import F32, I8, I16, I32, I64, SIMD, VNNI, WIDE, VectorIR, vec
 
 
 class SpanScales(NamedTuple):
@@ -66,6 +66,18 @@ def vnni_offset(k: KernelType) -> int:
     if k.bias:
         return k.bias
     return 128 if signed(k) else 0
+
+
+def wide(k: KernelType) -> bool:
+    """Whether type ``k``'s lanes tiles take the 512-bit block loop (``WIDE``; the types
+    with integer scales: the others' spans have a float step each)."""
+    return WIDE and bool(k.scales)
+
+
+def wide_plus_128(k: KernelType) -> bool:
+    """Whether that loop multiplies the activations plus 128 (``ActivationSet.qu``) by the
+    signed weights: AVX-512 has no ``vpsignb`` for the sign step."""
+    return wide(k) and signed(k)
 
 
 def _emit_plane(g: VectorIR, k: KernelType, p: Plane, row, off, span: int) -> ir.Value:  # noqa: ANN001
@@ -175,10 +187,52 @@ def block_scale(g: VectorIR, k: KernelType, row, off) -> ir.Value:  # noqa: ANN0
     return bld.bitcast(bits, F32)
 
 
-def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False) -> Block:  # noqa: ANN001
+class SpanPair(NamedTuple):
+    """Two adjacent spans of a block in one 512-bit vector (``unpack``'s ``pairs``)."""
+
+    values: ir.Value  # <64 x i8>: the first span's 32 values, then the second's
+    first: SpanScales
+    second: SpanScales
+
+
+def _plane_pair(g: VectorIR, k: KernelType, p: Plane, row, off, pair: int) -> ir.Value | None:  # noqa: ANN001
+    """<64 x i8>: plane ``p`` of spans ``2 pair`` and ``2 pair + 1`` in one 512-bit vector,
+    where both are runs of 32 bytes that lie side by side (one load) or are the same bytes
+    (Q4_K's nibbles, the top bits: a load into both halves); else None. Each half's bits
+    move into place by one 64-bit lane shift, which keeps a value's bits within its byte,
+    and the mask drops what crossed from the next byte."""
+    bld = g.b
+    halves = []
+    for span in (2 * pair, 2 * pair + 1):
+        per_set = p.group * 8 // p.width
+        s, within = divmod(32 * span, per_set)
+        plane, byte0 = divmod(within, p.group)
+        if p.width == 8 or p.group < 32 or byte0 + 32 > p.group:
+            return None
+        halves.append((k.format[p.field].offset + s * p.group + byte0, plane * p.width))
+    (a0, r0), (a1, r1) = halves
+    if a1 == a0 + 32:
+        v = g.vload(row, bld.add(off, g.c64(a0)), 64)
+    elif a1 == a0:
+        v = g.vload(row, bld.add(off, g.c64(a0)), 32)
+        v = bld.shuffle_vector(v, v, ir.Constant(vec(I32, 64), list(range(32)) * 2))
+    else:
+        return None
+    q = bld.bitcast(v, vec(I64, 8))
+    n = (p.shift - r0, p.shift - r1)  # left shift of each half (negative: right)
+    if min(n) < 0:
+        q = bld.lshr(q, ir.Constant(vec(I64, 8), [max(-n[0], 0)] * 4 + [max(-n[1], 0)] * 4))
+    if max(n) > 0:
+        q = bld.shl(q, ir.Constant(vec(I64, 8), [max(n[0], 0)] * 4 + [max(n[1], 0)] * 4))
+    return bld.and_(bld.bitcast(q, vec(I8, 64)), g.splat8(((1 << p.width) - 1) << p.shift, 64))
+
+
+def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False,  # noqa: ANN001
+           pairs: bool = False) -> Block:
     """The weight block at byte ``off`` of ``row``. ``shifted``: the values plus
     ``vnni_offset(k)`` instead, all unsigned (``values`` = ``magnitudes``: the bias not
-    taken off, or whole signed bytes plus 128)."""
+    taken off, or whole signed bytes plus 128). ``pairs`` (types with integer scales, for
+    the 512-bit tiles): ``spans`` holds ``SpanPair``s, the values with the bias taken off."""
     bld = g.b
     fmt = k.format
     is_signed = signed(k) and not shifted
@@ -191,13 +245,14 @@ def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False) -> Block
     if k.scales == "k4":
         sm8 = _k_scales(g, row, field_at("scales"))
         sc16 = bld.zext(sm8, vec(I16, 16))
-        smf = bld.uitofp(bld.zext(sm8, vec(I32, 16)), vec(F32, 16))
-        mins = g.lanes(smf, list(range(8, 16)))  # the 8 integer mins, as <8 x float>
+        # the 8 integer mins, as <8 x float> (converting only the lanes used)
+        mins = bld.uitofp(bld.zext(g.lanes(sm8, list(range(8, 16))), vec(I32, 8)),
+                          vec(F32, 8))
     elif k.scales == "i8":
         sc16 = bld.sext(g.vload(row, field_at("scales"), 16), vec(I16, 16))
     group = k.block_size // (16 if k.scales == "i8" else 8)  # values per integer scale
-    spans = []
-    for span in range(k.block_size // 32):
+    spans = _pairs(g, k, row, off, sc16, group) if pairs else []
+    for span in range(0 if pairs else k.block_size // 32):
         w = None
         for p in k.planes:
             v = _emit_plane(g, k, p, row, off, span)
@@ -217,3 +272,25 @@ def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False) -> Block
     elif k.offset == "dmin":
         term = OffsetTerm("dmin", g.f16(row, field_at("dmin")), mins)
     return Block(spans, d, term)
+
+
+def _pairs(g: VectorIR, k: KernelType, row, off, sc16, group: int) -> list[SpanPair]:  # noqa: ANN001
+    """``unpack``'s ``SpanPair``s: each plane 512 bits wide where ``_plane_pair`` has a
+    shape for it, else its two 256-bit spans joined."""
+    bld = g.b
+    out = []
+    for pair in range(k.block_size // 64):
+        w = None
+        for p in k.planes:
+            v = _plane_pair(g, k, p, row, off, pair)
+            if v is None:
+                v = bld.shuffle_vector(_emit_plane(g, k, p, row, off, 2 * pair),
+                                       _emit_plane(g, k, p, row, off, 2 * pair + 1),
+                                       ir.Constant(vec(I32, 64), list(range(64))))
+            w = v if w is None else bld.or_(w, v)
+        if k.bias:
+            w = bld.sub(w, g.splat8(k.bias, 64))
+        e0, e1 = 64 * pair, 64 * pair + 32
+        out.append(SpanPair(w, SpanScales(sc16, e0 // group, (e0 + 16) // group),
+                            SpanScales(sc16, e1 // group, (e1 + 16) // group)))
+    return out

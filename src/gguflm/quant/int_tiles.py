@@ -32,9 +32,9 @@ from numba.extending import intrinsic
 
 from ..gguf.types import GGMLType
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
-from .int_blocks import block_scale, signed, unpack, vnni_offset
+from .int_blocks import block_scale, signed, unpack, vnni_offset, wide
 from .kerneltypes import KERNEL_TYPES, KernelType
-from .vector_ir import F32, I8, I32, I64, VectorIR, array_args, array_view, row_pointer, vec
+from .vector_ir import F32, I8, I32, I64, WIDE, VectorIR, array_args, array_view, row_pointer, vec
 
 # Bytes ahead of the block in hand at which the tiles prefetch their weight row (and the
 # next ones: a tile's rows lie one after another); the hardware's prefetchers alone left
@@ -129,12 +129,12 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
     * lane sum`` (``ActRow.cor``); "a" the activations plus 128, unsigned (``ActRow.qu``),
     times the signed weights, each lane started from ``-128 *`` the weights' lane sum, worked
     out once per weight block for all the activation rows (the tiles)."""
+    if shift.startswith("wide"):
+        _emit_wide_block(g, k, t, b, dd, shift)
+        return
     qk, ts = k.block_size, k.type_size
     bld = g.b
-    if len(t.rows) == 1 and len(t.acts) >= 4:  # a tile: see PREFETCH
-        pf = g.at(t.rows[0], bld.add(bld.mul(b, g.c64(ts)), g.c64(PREFETCH)))
-        g.call("llvm.prefetch.p0", ir.VoidType(), [pf, ir.Constant(I32, 0),
-                                                   ir.Constant(I32, 3), ir.Constant(I32, 1)])
+    _prefetch(g, k, t, b)
     blocks = [unpack(g, k, row, bld.mul(b, g.c64(ts)), shift == "w") for row in t.rows]
     if t.lanes is None:
         dabs = [g.load_f32(a.da, b) for a in t.acts]
@@ -164,6 +164,53 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
         _lanes_offset(g, t, blocks[0].offset, b, da8)
 
 
+def _prefetch(g: VectorIR, k: KernelType, t: Tile, b) -> None:  # noqa: ANN001
+    """A tile's prefetch of its weight row ``PREFETCH`` bytes ahead of block ``b``."""
+    bld = g.b
+    if len(t.rows) == 1 and len(t.acts) >= 4:
+        pf = g.at(t.rows[0], bld.add(bld.mul(b, g.c64(k.type_size)), g.c64(PREFETCH)))
+        g.call("llvm.prefetch.p0", ir.VoidType(), [pf, ir.Constant(I32, 0),
+                                                   ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+
+def _emit_wide_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:  # noqa: ANN001
+    """Block ``b`` of a lanes tile of a type with integer scales on AVX-512 (``wide``): two
+    spans per 512-bit ``pmaddubsw`` and ``vpdpwssd`` (scaled pair sums added in the same
+    instruction), lane l + 8 (the pair's second span) folded onto lane l once per row and
+    block. Integer sums do not depend on their order: ``isum`` is ``_integer_dot``'s, and
+    the float steps are ``_emit_block``'s. ``shift`` "wide": the unsigned weights times the
+    activations; "wide_a": the activations plus 128 (``ActRow.qu``, unsigned) times the
+    signed weights, each lane started from ``-128 *`` the weights' scaled lane sum, worked
+    out once per weight block (no ``vpsignb`` in AVX-512: no sign step)."""
+    bld = g.b
+    _prefetch(g, k, t, b)
+    blk = unpack(g, k, t.rows[0], bld.mul(b, g.c64(k.type_size)), pairs=True)
+    pairs = []  # (<64 x i8> weights, <32 x i16> their pair sums' scales)
+    for sp in blk.spans:
+        order = [sp.first.first] * 8 + [sp.first.second] * 8 \
+            + [sp.second.first] * 8 + [sp.second.second] * 8
+        pairs.append((sp.values, g.lanes(sp.first.scales, order)))
+    start = None
+    if shift == "wide_a":  # pair sums 128 (w + w') fit in 16 bits (|w| <= 64 here)
+        c = None
+        for w, sc in pairs:
+            c = g.dpwssd512(c, g.maddubs512(g.splat8(-128, 64), w), sc)
+        start = bld.sub(ir.Constant(vec(I32, 16), [0] * 16), c)
+    abase = bld.mul(b, g.c64(k.block_size))
+    for i, act in enumerate(t.acts):
+        acc = start
+        for p, (w, sc) in enumerate(pairs):
+            at = bld.add(abase, g.c64(64 * p))
+            if shift == "wide_a":
+                s16 = g.maddubs512(g.vload(act.qu, at, 64), w)
+            else:
+                s16 = g.maddubs512(w, g.vload(act.qa, at, 64))
+            acc = g.dpwssd512(acc, s16, sc)
+        _accumulate(g, t, 0, i, act, b, blk, g.fold16(acc), None, dd)
+    if k.offset:
+        _lanes_offset(g, t, blk.offset, b, g.load_v8(t.lanes.da8, b))
+
+
 def _lanes_offset(g: VectorIR, t: Tile, term, b, da8) -> None:  # noqa: ANN001
     """Block ``b``'s offset term for the lanes tiles' rows at once, lane i doing row i's
     scalar steps of ``_accumulate`` (the same numbers): Q8_1's ``+ m * s_act``, or
@@ -176,7 +223,16 @@ def _lanes_offset(g: VectorIR, t: Tile, term, b, da8) -> None:  # noqa: ANN001
         bld.store(bld.fadd(accv, prod), t.lanes.acc)
         return
     msum = None
-    for j in range(8):
+    if WIDE:  # two mins a 512-bit fma (exact, as the products and sums are integers)
+        v16 = vec(F32, 16)
+        for j in range(0, 8, 2):
+            mj = g.lanes(term.mins, [j] * 8 + [j + 1] * 8)
+            at = g.at(t.lanes.aux8, bld.mul(bld.add(bld.mul(b, g.c64(8)), g.c64(j)), g.c64(8)))
+            a16 = bld.load(bld.bitcast(at, v16.as_pointer()), align=4)
+            msum = bld.fmul(mj, a16) if msum is None else g.call(
+                "llvm.fma.v16f32", v16, [mj, a16, msum])
+        msum = bld.fadd(g.lanes(msum, list(range(8))), g.lanes(msum, list(range(8, 16))))
+    for j in range(0 if WIDE else 8):
         mj = g.splatf8(bld.extract_element(term.mins, ir.Constant(I32, j)))
         p = bld.fmul(mj, g.load_v8(t.lanes.aux8, bld.add(bld.mul(b, g.c64(8)), g.c64(j))))
         msum = p if msum is None else bld.fadd(msum, p)
@@ -256,7 +312,17 @@ def _emit_types(g: VectorIR, kind, ktypes: list[KernelType], t: Tile, nbytes,  #
         # plus 128 and each weight block's lane corrections, the rest the weights plus
         # their offset and the activations' lane corrections (a third load per row and
         # block costs the 1x8 tile more than the sign step saves)
-        if vnni_offset(k):
+        if t.lanes and wide(k) and signed(k):  # "wide_a" where the rows have ``qu``
+            have = bld.icmp_signed("!=", cgutils.unpack_tuple(bld, shifted_srcs[1].shape)[0],
+                                   g.c64(0))
+            with bld.if_else(have) as (shifted, plain):
+                with shifted:
+                    _emit_type_loop(g, k, t, nb, "wide_a")
+                with plain:
+                    _emit_type_loop(g, k, t, nb)
+        elif t.lanes and wide(k):
+            _emit_type_loop(g, k, t, nb, "wide")
+        elif vnni_offset(k):
             src, shift = (shifted_srcs[1], "a") if t.lanes else (shifted_srcs[0], "w")
             have = bld.icmp_signed("!=", cgutils.unpack_tuple(bld, src.shape)[0], g.c64(0))
             with bld.if_else(have) as (shifted, plain):

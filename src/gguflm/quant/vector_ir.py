@@ -59,6 +59,17 @@ VNNI = (SIMD != "generic" and os.environ.get("GGUFLM_SIMD", "") not in ("avx2", 
         and bool((_FEATURES.get("avx512vnni") and _FEATURES.get("avx512vl"))
                  or _FEATURES.get("avxvnni")))
 
+# 512-bit tiles (``int_tiles``' wide block loop): two 32-value spans per instruction. The
+# integer multiplies issue two a cycle at either width, so a 512-bit one does twice the
+# work; ``vpdpwssd`` (AVX512-VNNI) adds the scaled pair sums in the same instruction. Off
+# with ``GGUFLM_SIMD=avx2`` or ``generic``
+WIDE = SIMD == "avx512"
+VNNI512 = WIDE and bool(_FEATURES.get("avx512vnni"))
+if VNNI512:  # ``VectorIR.dpwssd512``'s inline asm needs the parser numba leaves out
+    import llvmlite.binding as _llvm
+
+    _llvm.initialize_native_asmparser()
+
 # float16 bit pattern -> float32, for block scales read straight from the weight bytes
 F16_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 
@@ -254,6 +265,31 @@ class VectorIR:
         v32 = vec(I32, 8)
         return self.call("llvm.x86.avx512.vpdpbusd.256", v32,
                          [acc, self.b.bitcast(u8, v32), self.b.bitcast(s8, v32)])
+
+    # 512-bit integer steps (``WIDE``): 64 bytes, 32 words or 16 dwords
+    def maddubs512(self, u8: ir.Value, s8: ir.Value) -> ir.Value:
+        """``pmaddubsw`` on <64 x i8>: word j = u8[2j] s8[2j] + u8[2j+1] s8[2j+1] (u8
+        unsigned, s8 signed; the callers' sums cannot saturate)."""
+        return self.call("llvm.x86.avx512.pmaddubs.w.512", vec(I16, 32), [u8, s8])
+
+    def dpwssd512(self, acc: ir.Value | None, w16: ir.Value, m16: ir.Value) -> ir.Value:
+        """<16 x i32> ``acc`` plus ``pmaddwd(w16, m16)`` (<32 x i16> each): one ``vpdpwssd``
+        with AVX512-VNNI, else ``pmaddwd`` then an add (the same integers)."""
+        v32 = vec(I32, 16)
+        if acc is None:
+            acc = ir.Constant(v32, [0] * 16)
+        if VNNI512:  # inline asm: LLVM splits the intrinsic back into pmaddwd and an add
+            # (shorter chains, twice the uops), and the tiles have ILP enough without that
+            fnty = ir.FunctionType(v32, [v32, v32, v32])
+            return self.b.asm(fnty, "vpdpwssd $2, $1, $0", "=v,v,v,0",
+                              [self.b.bitcast(w16, v32), self.b.bitcast(m16, v32), acc],
+                              False, "dpwssd")
+        p = self.call("llvm.x86.avx512.pmaddw.d.512", v32, [w16, m16])
+        return self.b.add(acc, p)
+
+    def fold16(self, v: ir.Value) -> ir.Value:
+        """<16 x i32> -> <8 x i32>: lane l plus lane l + 8 (two spans' lanes summed)."""
+        return self.b.add(self.lanes(v, list(range(8))), self.lanes(v, list(range(8, 16))))
 
     def fma8(self, acc: ir.Value, lanes: ir.Value, scale: ir.Value) -> ir.Value:
         """``acc + float(lanes) * scale`` fused, 8 lanes (ggml's ``_mm256_fmadd_ps``)."""
