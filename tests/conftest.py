@@ -46,22 +46,23 @@ def tiny_llama(reference: Path) -> str:
     return str(reference / "tiny-llama-f16" / "tiny-llama-f16.gguf")
 
 
-@pytest.fixture(scope="session")
-def qwen35_path(reference: Path) -> Path:
-    """The reference data's tiny random-weight Qwen3.5 (gated delta nets beside attention)."""
-    path = reference / "arch" / "qwen35" / "tiny-qwen35-f16.gguf"
+def _tiny_arch(reference: Path, arch: str) -> Path:
+    path = reference / "arch" / arch / f"tiny-{arch}-f16.gguf"
     if not path.is_file():
         pytest.skip(f"{path} not found")
     return path
+
+
+@pytest.fixture(scope="session")
+def qwen35_path(reference: Path) -> Path:
+    """The reference data's tiny random-weight Qwen3.5 (gated delta nets beside attention)."""
+    return _tiny_arch(reference, "qwen35")
 
 
 @pytest.fixture(scope="session")
 def gemma4_path(reference: Path) -> Path:
     """The reference data's tiny random-weight Gemma 4 (shared KV layers, per-layer inputs)."""
-    path = reference / "arch" / "gemma4" / "tiny-gemma4-f16.gguf"
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
-    return path
+    return _tiny_arch(reference, "gemma4")
 
 
 @pytest.fixture(scope="session")

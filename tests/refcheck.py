@@ -120,3 +120,37 @@ def load_tiny(reference: Path, arch: str) -> tuple[Any, Path]:
     if not path.is_file():
         pytest.skip(f"{path} not found")
     return gguflm.load_model(path), folder
+
+
+def assert_batch_invariant(model: Any, ids: np.ndarray, n_ctx: int) -> None:
+    """``ids``' logits are bit-identical alone, token by token, in chunks of 5, 1 and the
+    rest, and beside two other sequences in a 3-slot arena (one of them resumed)."""
+    from gguflm.model.batch import ALL, LAST, Part
+
+    alone = model.logits(ids)
+    cache = model.new_cache(n_ctx)
+    steps = np.stack([model.forward([int(t)], cache) for t in ids])
+    np.testing.assert_array_equal(steps, alone)
+    cache = model.new_cache(n_ctx)
+    chunks = [model.forward(ids[a:b], cache, all_logits=True)
+              for a, b in ((0, 5), (5, 6), (6, len(ids)))]
+    np.testing.assert_array_equal(np.concatenate(chunks), alone)
+    arena = model.new_arena(n_ctx, 3)
+    other = np.array([900, 3, 44, 1000, 2, 610, 18])
+    model.forward_batch([Part(arena.slots[2], other[:3], LAST)])
+    both = model.forward_batch([Part(arena.slots[0], other, ALL),
+                                Part(arena.slots[1], ids, ALL),
+                                Part(arena.slots[2], other[3:], LAST)])
+    np.testing.assert_array_equal(both[len(other):len(other) + len(ids)], alone)
+
+
+def greedy_tokens(model: Any, case: dict[str, Any]) -> list[int]:
+    """Free-running greedy decoding of ``case``'s prompt (in one batch, then one token at a
+    time, as llama.cpp was run), as many tokens as llama.cpp generated."""
+    cache = model.new_cache(128)
+    logits = model.forward(case["prompt_tokens"], cache)
+    got: list[int] = []
+    for _ in range(len(case["generated_tokens"])):
+        got.append(int(np.argmax(logits)))
+        logits = model.forward([got[-1]], cache)
+    return got

@@ -15,9 +15,14 @@ import numpy as np
 import pytest
 
 from gguflm.gguf.errors import MetadataError
-from gguflm.model.batch import ALL, LAST, Part
 from gguflm.model.layer import GLU, DenseAndExperts
-from refcheck import assert_conforms, load_cases, load_tiny
+from refcheck import (
+    assert_batch_invariant,
+    assert_conforms,
+    greedy_tokens,
+    load_cases,
+    load_tiny,
+)
 from tinymodel import declared_tensors, tiny_metadata
 
 ARCHS = ["gemma4", "gemma4-moe"]
@@ -48,15 +53,8 @@ def test_greedy_continuations_are_llama_cpps(reference: Path, arch: str, cases: 
     near-tie (top-1/top-2 margin below 0.01)."""
     model, folder = load_tiny(reference, arch)
     for case in load_cases(folder):
-        if case["id"] not in cases:
-            continue
-        cache = model.new_cache(128)
-        logits = model.forward(case["prompt_tokens"], cache)
-        got = []
-        for _ in range(len(case["generated_tokens"])):
-            got.append(int(np.argmax(logits)))
-            logits = model.forward([got[-1]], cache)
-        assert got == case["generated_tokens"], case["id"]
+        if case["id"] in cases:
+            assert greedy_tokens(model, case) == case["generated_tokens"], case["id"]
 
 
 def test_gelu_is_ggmls_table() -> None:
@@ -74,21 +72,7 @@ def test_gelu_is_ggmls_table() -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_batch_invariance(reference: Path, arch: str) -> None:
     model, _ = load_tiny(reference, arch)
-    alone = model.logits(IDS)
-    cache = model.new_cache(48)
-    steps = np.stack([model.forward([int(t)], cache) for t in IDS])
-    np.testing.assert_array_equal(steps, alone)
-    cache = model.new_cache(48)
-    chunks = [model.forward(IDS[a:b], cache, all_logits=True)
-              for a, b in ((0, 5), (5, 6), (6, 16))]
-    np.testing.assert_array_equal(np.concatenate(chunks), alone)
-    arena = model.new_arena(48, 3)
-    other = np.array([900, 3, 44, 1000, 2, 610, 18])
-    model.forward_batch([Part(arena.slots[2], other[:3], LAST)])
-    both = model.forward_batch([Part(arena.slots[0], other, ALL),
-                                Part(arena.slots[1], IDS, ALL),
-                                Part(arena.slots[2], other[3:], LAST)])
-    np.testing.assert_array_equal(both[len(other):len(other) + len(IDS)], alone)
+    assert_batch_invariant(model, IDS, 48)
 
 
 def test_longer_than_the_window(reference: Path) -> None:

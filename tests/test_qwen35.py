@@ -21,10 +21,15 @@ from gguflm.engine.sampling import SamplerParams
 from gguflm.engine.scheduler import Engine
 from gguflm.engine.sequence import Request
 from gguflm.model import deltanet
-from gguflm.model.batch import ALL, LAST, Part
 from gguflm.model.layer import DeltaNet, Experts
 from gguflm.tokenizer import Tokenizer
-from refcheck import assert_conforms, load_cases, load_tiny
+from refcheck import (
+    assert_batch_invariant,
+    assert_conforms,
+    greedy_tokens,
+    load_cases,
+    load_tiny,
+)
 from tinymodel import random_tensors, tiny_metadata, write_model
 
 IDS = np.array([5, 300, 77, 1200, 9, 64, 2000, 31, 450, 12, 88, 1500, 7, 260, 41, 3])
@@ -56,13 +61,7 @@ def test_greedy_continuations_are_llama_cpps(tiny) -> None:
     llama.cpp was run) gives llama.cpp's 64 tokens."""
     model, folder = tiny
     for case in load_cases(folder)[:2]:
-        cache = model.new_cache(128)
-        logits = model.forward(case["prompt_tokens"], cache)
-        got = []
-        for _ in range(len(case["generated_tokens"])):
-            got.append(int(np.argmax(logits)))
-            logits = model.forward([got[-1]], cache)
-        assert got == case["generated_tokens"], case["id"]
+        assert greedy_tokens(model, case) == case["generated_tokens"], case["id"]
 
 
 def test_the_plan_says_the_layers_run_on_the_reference(tiny, capsys) -> None:
@@ -84,21 +83,7 @@ def test_the_plan_says_the_layers_run_on_the_reference(tiny, capsys) -> None:
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
 def test_batch_invariance(reference: Path, arch: str) -> None:
     model, _ = load_tiny(reference, arch)
-    alone = model.logits(IDS)
-    cache = model.new_cache(32)
-    steps = np.stack([model.forward([int(t)], cache) for t in IDS])
-    np.testing.assert_array_equal(steps, alone)
-    cache = model.new_cache(32)
-    chunks = [model.forward(IDS[a:b], cache, all_logits=True)
-              for a, b in ((0, 5), (5, 6), (6, 16))]
-    np.testing.assert_array_equal(np.concatenate(chunks), alone)
-    arena = model.new_arena(32, 3)
-    other = np.array([900, 3, 44, 1000, 2, 610, 18])
-    model.forward_batch([Part(arena.slots[2], other[:3], LAST)])
-    both = model.forward_batch([Part(arena.slots[0], other, ALL),
-                                Part(arena.slots[1], IDS, ALL),
-                                Part(arena.slots[2], other[3:], LAST)])
-    np.testing.assert_array_equal(both[len(other):len(other) + len(IDS)], alone)
+    assert_batch_invariant(model, IDS, 32)
 
 
 def test_a_truncated_state_returns_to_a_snapshot_and_replays(tiny) -> None:
