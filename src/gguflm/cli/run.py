@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -256,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
         say(args, f"note: context grown from the default to {n_ctx} tokens to fit the prompt "
                   f"({len(prompt)}) and -n {n_predict}")
     # not in the prompt's timing; a first run's compiled layers compile in the background
-    warmup_seconds = warm_up(model, background=True) if args.warmup else 0.0
+    warmup_seconds = warm_up(model, background=_interactive()) if args.warmup else 0.0
     progress = Progress("prompt", len(prompt), "tokens",
                         enabled=len(prompt) > PROGRESS_TOKENS and not args.json
                         and not args.log_disable)
@@ -315,6 +316,17 @@ def _n_keep(args: argparse.Namespace, prompt: list[int], tokenizer: object) -> i
     if args.keep < 0 or args.keep > len(prompt):
         return len(prompt)
     return args.keep + int(tokenizer.bos_id is not None and prompt[0] == tokenizer.bos_id)
+
+
+def _interactive() -> bool:
+    """Whether a first run may leave the compiled layers to a background process (docs/
+    cli.md#first-run): for a person at a terminal, whom the first text should reach soon;
+    a script (stderr not a terminal) compiles them here, so that nothing of this command
+    goes on working after it. GGUFLM_BACKGROUND_COMPILE=1 or 0 decides instead."""
+    choice = os.environ.get("GGUFLM_BACKGROUND_COMPILE", "")
+    if choice in ("0", "1"):
+        return choice == "1"
+    return sys.stderr.isatty()
 
 
 def _generate(args: argparse.Namespace, engine: object, request: object, tokenizer: object,
