@@ -40,8 +40,10 @@ dev: $(VENV)/.stamp-test
 
 # --- the two commands in the README ----------------------------------------------------
 
-run: $(VENV)/.stamp-run  # MODEL may be a path or a known name (pulled on first use)
-	$(BIN)/gguflm run $(MODEL) -p "$(PROMPT)" -n $(N)
+# MODEL may be a path or a known name (pulled on first use); a first run generates while
+# the compiled layers compile in the background, whatever stderr is (docs/cli.md#first-run)
+run: $(VENV)/.stamp-run
+	GGUFLM_BACKGROUND_COMPILE=1 $(BIN)/gguflm run $(MODEL) -p "$(PROMPT)" -n $(N)
 
 test: $(VENV)/.stamp-test
 	$(BIN)/gguflm pull $(TEST_MODELS)
