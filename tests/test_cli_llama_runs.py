@@ -167,11 +167,13 @@ def test_run_without_a_prompt_is_a_conversation(tiny_llama: str) -> None:
 
 
 def test_ctrl_c_ends_the_line_and_prints_the_timings(tiny_llama: str) -> None:
-    # --context-shift: the run never ends on its own (a full context would end it, and on a
-    # fast moment it did, before the Ctrl-C arrived)
+    # --context-shift: the run never ends on its own. Ctrl-C as at a terminal: a test run
+    # started in the background of a shell has SIGINT ignored, which its children inherit
+    # (Python then installs no KeyboardInterrupt at all), so the child's is reset first.
     proc = subprocess.Popen([sys.executable, "-m", "gguflm.cli", "run", tiny_llama, "-p", PROMPT,
                              "-n", "-1", "--ignore-eos", "--context-shift"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None
     os.set_blocking(proc.stdout.fileno(), False)
     out = b""
