@@ -3,12 +3,12 @@ attention, where every position of a sequence sees every position of its own seq
 none of the others', and there is no cache.
 
 One numba pass per (sequence, head), in parallel, with one fixed order of arithmetic per
-query (so a text's vectors never depend on the texts batched beside it): scores are sums
-over the head dimension in index order (``attention_ir.tile_scores``, 64 keys a tile, a
-block of queries at a time); the softmax's exp is ggml's (``expf_ggml``), its sum in
-position order; the weighted sum over values goes in position order
-(``attention_ir.weighted_sum``). ``encoder_attention_twin`` is the
-same computation in numpy, for the tests.
+query (so a text's vectors never depend on the texts batched beside it): a score is one
+fused multiply-add chain over the head dimension in index order, an output element one
+over the positions in order (``encoder_ir``'s register tiles, the same chain whatever
+tile a query falls in); the softmax's exp is ggml's (``expf_ggml``), its maximum and sum
+in 8 interleaved lanes. ``encoder_attention_twin`` is the same computation in numpy, for
+the tests.
 """
 
 from __future__ import annotations
@@ -18,44 +18,89 @@ from numba import njit, prange
 
 from ..quant import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from ..quant.floatbits import expf_ggml, expf_ggml_twin
-from .attention_ir import tile_scores, weighted_sum
+from .encoder_ir import make_fma_tile
 
-QUERY_BLOCK = 32  # queries whose scores are made together (each key tile read once for them)
+QUERY_BLOCK = 48  # queries whose scores are made together (each key tile read once for them)
+_ROWS = 6  # queries per register tile
+_TILES = {(rows, nv): make_fma_tile(rows, nv) for rows in (_ROWS, 1) for nv in (4, 2, 1)}
+_T6x4, _T6x2, _T6x1 = _TILES[_ROWS, 4], _TILES[_ROWS, 2], _TILES[_ROWS, 1]
+_T1x4, _T1x2, _T1x1 = _TILES[1, 4], _TILES[1, 2], _TILES[1, 1]
+
+
+@njit(cache=True, nogil=True)
+def _matmul(a, b, out, m):  # noqa: ANN001, ANN202
+    """out (M, N) = a[:, :m] @ b[:m] (float32, N a multiple of 16), each element one fused
+    multiply-add chain over e < m in order: register tiles of _ROWS rows, then row by row."""
+    rows, n = out.shape
+    i = 0
+    while i + _ROWS <= rows:
+        j = 0
+        while j + 64 <= n:
+            _T6x4(a, b, out, i, j, m)
+            j += 64
+        if j + 32 <= n:
+            _T6x2(a, b, out, i, j, m)
+            j += 32
+        if j < n:
+            _T6x1(a, b, out, i, j, m)
+        i += _ROWS
+    for r in range(i, rows):
+        j = 0
+        while j + 64 <= n:
+            _T1x4(a, b, out, r, j, m)
+            j += 64
+        if j + 32 <= n:
+            _T1x2(a, b, out, r, j, m)
+            j += 32
+        if j < n:
+            _T1x1(a, b, out, r, j, m)
 
 
 @njit(cache=True, nogil=True)
 def _softmax_rows(s, n, scale):  # noqa: ANN001, ANN202
-    """Rows of s (B, >= n) f32: the first n columns -> softmax(scale * s), in place."""
+    """Rows of s (B, >= n) f32: the first n columns -> softmax(scale * s), in place. The
+    maximum and the sum run in 8 interleaved lanes (position j in lane j % 8, the lanes
+    added pairwise, the positions past a multiple of 8 last), so they are not one long
+    dependency chain."""
+    n8 = n - n % 8
     for r in range(s.shape[0]):
-        m = np.float32(-np.inf)
+        row = s[r]
         for j in range(n):
-            s[r, j] *= scale
-            m = max(m, s[r, j])
+            row[j] *= scale
+        m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.float32(-np.inf)
+        for j in range(0, n8, 8):
+            m0, m1, m2, m3 = max(m0, row[j]), max(m1, row[j + 1]), max(m2, row[j + 2]), \
+                max(m3, row[j + 3])
+            m4, m5, m6, m7 = max(m4, row[j + 4]), max(m5, row[j + 5]), max(m6, row[j + 6]), \
+                max(m7, row[j + 7])
+        m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+        for j in range(n8, n):
+            m = max(m, row[j])
         for j in range(n):  # its own loop: the exp vectorizes
-            s[r, j] = expf_ggml(s[r, j] - m)
-        total = np.float32(0.0)
-        for j in range(n):
-            total += s[r, j]
+            row[j] = expf_ggml(row[j] - m)
+        t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = np.float32(0.0)
+        for j in range(0, n8, 8):
+            t0, t1, t2, t3 = t0 + row[j], t1 + row[j + 1], t2 + row[j + 2], t3 + row[j + 3]
+            t4, t5, t6, t7 = t4 + row[j + 4], t5 + row[j + 5], t6 + row[j + 6], t7 + row[j + 7]
+        total = ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7))
+        for j in range(n8, n):
+            total += row[j]
         inv = np.float32(1.0) / total
         for j in range(n):
-            s[r, j] *= inv
+            row[j] *= inv
 
 
 @njit(cache=True, nogil=True)
 def _head(q, kt, v, scale, out):  # noqa: ANN001, ANN202
-    """q (T, d), kt (d, 64 * tiles) (keys past T zero), v (T, dv) f32 of one head -> out
-    (T, dv)."""
+    """q (T, d), kt (d, 64 * tiles) (keys past T zero), v (T, dv) f32 of one head, dv a
+    multiple of 16 -> out (T, dv)."""
     n = q.shape[0]
-    tiles = kt.shape[1] // 64
-    s = np.empty((QUERY_BLOCK, 64 * tiles), np.float32)
-    part = np.empty((QUERY_BLOCK, 64), np.float32)
+    s = np.empty((QUERY_BLOCK, kt.shape[1]), np.float32)
     for i0 in range(0, n, QUERY_BLOCK):
         b = min(QUERY_BLOCK, n - i0)
-        for t in range(tiles):
-            tile_scores(q[i0:i0 + b], kt[:, 64 * t:64 * t + 64], part[:b])
-            s[:b, 64 * t:64 * t + 64] = part[:b]
+        _matmul(q[i0:i0 + b], kt, s[:b], q.shape[1])
         _softmax_rows(s[:b], n, scale)
-        weighted_sum(s[:b, :n], v, out[i0:i0 + b])
+        _matmul(s[:b], v, out[i0:i0 + b], n)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -65,16 +110,19 @@ def encoder_attention(q, k, v, spans, scale, out):  # noqa: ANN001, ANN201
     n_seq = spans.shape[0] - 1
     n_head, n_kv = q.shape[1], k.shape[1]
     rep = n_head // n_kv
+    dv = v.shape[2]
+    dvp = (dv + 15) // 16 * 16  # values padded with zero columns to whole vectors
     for job in prange(n_seq * n_head):
         s, h = job // n_head, job % n_head
         a, b = spans[s], spans[s + 1]
         kt = np.zeros((k.shape[2], (b - a + 63) // 64 * 64), np.float32)
         kt[:, :b - a] = k[a:b, h // rep, :].T
         qh = np.ascontiguousarray(q[a:b, h, :])
-        vh = np.ascontiguousarray(v[a:b, h // rep, :])
-        res = np.empty((b - a, v.shape[2]), np.float32)
+        vh = np.zeros((b - a, dvp), np.float32)
+        vh[:, :dv] = v[a:b, h // rep, :]
+        res = np.empty((b - a, dvp), np.float32)
         _head(qh, kt, vh, np.float32(scale), res)
-        out[a:b, h, :] = res
+        out[a:b, h, :] = res[:, :dv]
 
 
 def encoder_attention_twin(q: np.ndarray, k: np.ndarray, v: np.ndarray, spans: np.ndarray,

@@ -11,7 +11,7 @@ from numba.extending import intrinsic
 
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from .floatbits import to_f16
-from .vector_ir import F32, I16, VectorIR, array_args, row_pointer, vec
+from .vector_ir import F32, I16, I32, VectorIR, array_args, row_pointer, vec
 
 STREAM_CHUNK = 2048  # weight rows per parallel work item (long sequential streams)
 
@@ -61,6 +61,13 @@ def _make_f16_rowdot(nr: int, na: int = 1):  # noqa: ANN202 - returns a numba in
                     for i in range(na):
                         bld.store(bld.fadd(bld.load(tailp[j][i]), bld.fmul(we, xe[i])),
                                   tailp[j][i])
+            if nr * na == 16:  # a 4x4 tile: the 16 sums reduced together
+                sums = _hsum16(bld, [bld.load(accp[j][i]) for i in range(na) for j in range(nr)])
+                for n, (i, j) in enumerate((i, j) for i in range(na) for j in range(nr)):
+                    g.store_2d(outs, iidx[i], ridx[j],
+                               bld.fadd(bld.extract_element(sums, ir.Constant(I32, n)),
+                                        bld.load(tailp[j][i])))
+                return context.get_constant(types.int64, 0)
             for j in range(nr):
                 for i in range(na):
                     g.store_2d(outs, iidx[i], ridx[j],
@@ -70,6 +77,19 @@ def _make_f16_rowdot(nr: int, na: int = 1):  # noqa: ANN202 - returns a numba in
         return sig, codegen
 
     return f16dot
+
+
+def _hsum16(bld: ir.IRBuilder, vs: list[ir.Value]) -> ir.Value:
+    """16 <16 x float> -> one <16 x float> whose lane n is the sum of vs[n], by exactly
+    ``VectorIR.hsum``'s tree (lanes i and i+8, then i+4, i+2, i+1), reduced two vectors at
+    a time: 30 shuffles and 15 adds where 16 separate sums take 64 and 64."""
+    for width in (8, 4, 2, 1):
+        lo = [seg * 2 * width + t for seg in range(16 // width) for t in range(width)]
+        hi = [i + width for i in lo]
+        vs = [bld.fadd(bld.shuffle_vector(a, b, ir.Constant(vec(I32, 16), lo)),
+                       bld.shuffle_vector(a, b, ir.Constant(vec(I32, 16), hi)))
+              for a, b in zip(vs[::2], vs[1::2], strict=True)]
+    return vs[0]
 
 
 _f16_4 = _make_f16_rowdot(4)

@@ -37,6 +37,9 @@ FORWARD_PATH = ("bert encoder: numpy forward (model/archs/bert.py) with compiled
                 "(model/encoder.py), not the compiled decoder layers")
 
 
+GROUP_TOKENS = 2048  # tokens per forward of a batch (whole sequences; a longer one alone)
+
+
 @dataclass(frozen=True)
 class BertConfig(ModelConfig):
     n_token_types: int = 2  # tokenizer.ggml.token_type_count
@@ -117,13 +120,26 @@ class Bert(Model):
     # -- forward ---------------------------------------------------------------------------------
     def embed_batch(self, seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """The last block's token vectors (len(ids), n_embd) of each id sequence; the
-        sequences' tokens share every product, never their attention."""
+        sequences' tokens share every product, never their attention. Run in groups of
+        about GROUP_TOKENS tokens: the same numbers (rows are independent), but a group's
+        activations stay in cache and below the allocator's fresh-pages threshold."""
         c = self.config
         arrays = [self._check_ids(ids) for ids in seqs]
         for ids in arrays:
             if len(ids) > c.n_ctx_train:
                 raise ValueError(f"{len(ids)} tokens: more than this encoder's "
                                  f"{c.n_ctx_train} positions")
+        out: list[np.ndarray] = []
+        group: list[np.ndarray] = []
+        for ids in arrays:
+            if group and sum(map(len, group)) + len(ids) > GROUP_TOKENS:
+                out += self._embed_group(group)
+                group = []
+            group.append(ids)
+        return out + (self._embed_group(group) if group else [])
+
+    def _embed_group(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        c = self.config
         spans = np.cumsum([0] + [len(a) for a in arrays]).astype(np.int64)
         ids = np.concatenate(arrays)
         pos = np.concatenate([np.arange(len(a)) for a in arrays])
