@@ -13,7 +13,7 @@ the new states are staged and committed with the positions (``Batch.advance``).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..quant import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from . import ops
@@ -23,18 +23,18 @@ from .layer import DeltaNet
 # reassociation lets the dot products vectorize (8 or 16 partial sums, as ggml's
 # vec_dot_f32 keeps); the order is fixed by the code and the head size alone, never by the
 # batch. contract: the state update is one fused multiply-add, as ggml's vec_mad_f32.
-@njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
+@njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract", "nsz"})
 def delta_rule(q, k, v, g, beta, state, new_state, out):  # noqa: ANN001, ANN201
     """One sequence's tokens through the delta rule, as ggml_compute_forward_gated_delta_net
     (K = 1, scalar gate): q, k (T, H_k, S), v (T, H_v, S), g and beta (T, H_v) f32; state
     (H_v, S, S) f32, M[j, i] = S[i][j], read and the state after the last token written to
     ``new_state`` (which may be ``state`` itself); out (T, H_v, S) f32. Value head h
     reads key head h % H_k. Per token: M *= exp(g); d_j = (v_j - M[j] . k) * beta;
-    M[j] += d_j k; out_j = (M[j] . q) / sqrt(S)."""
+    M[j] += d_j k; out_j = (M[j] . q) / sqrt(S). Heads in parallel (each its own state)."""
     n_k = q.shape[1]
     s_dim = v.shape[2]
     scale = np.float32(1.0) / np.float32(np.sqrt(np.float32(s_dim)))
-    for h in range(v.shape[1]):
+    for h in prange(v.shape[1]):
         m = new_state[h]
         kh = h % n_k
         # copied, then updated in place: one code path for every token (loops whose
@@ -60,16 +60,30 @@ def delta_rule(q, k, v, g, beta, state, new_state, out):  # noqa: ANN001, ANN201
                 out[t, h, j] = acc * scale
 
 
+@njit(cache=True, nogil=True, parallel=True)
+def _conv_rows(window, w, out):  # noqa: ANN001, ANN202
+    """window (T + d_conv - 1, C), taps w (C, d_conv) f32 -> out (T, C): out[t, c] = the sum
+    over taps i in order of window[t + i, c] * w[c, i], each product rounded (no fused
+    multiply-add), as ggml_ssm_conv; positions in parallel."""
+    taps = w.shape[1]
+    wt = np.ascontiguousarray(w.T)
+    for t in prange(out.shape[0]):
+        for c in range(out.shape[1]):
+            out[t, c] = window[t, c] * wt[0, c]
+        for i in range(1, taps):
+            for c in range(out.shape[1]):
+                out[t, c] = out[t, c] + window[t + i, c] * wt[i, c]
+
+
 def causal_conv(x: np.ndarray, prev: np.ndarray, w: np.ndarray) -> tuple[np.ndarray,
                                                                           np.ndarray]:
     """ggml's ssm_conv then SiLU: inputs x (T, C) after the kept ``prev`` (d_conv - 1, C),
     taps w (C, d_conv) -> (silu(conv) (T, C), the new kept inputs (d_conv - 1, C)). Each
     output sums its d_conv products in tap order, in float32."""
     n, taps = len(x), w.shape[1]
-    window = np.concatenate([prev, x])                       # (d_conv - 1 + T, C)
-    acc = window[0:n] * w[:, 0]
-    for i in range(1, taps):
-        acc = acc + window[i:i + n] * w[:, i]
+    window = np.ascontiguousarray(np.concatenate([prev, x]), np.float32)  # (d_conv - 1 + T, C)
+    acc = np.empty((n, window.shape[1]), np.float32)
+    _conv_rows(window, np.ascontiguousarray(w, np.float32), acc)
     return ops.silu(acc), window[len(window) - (taps - 1):]
 
 

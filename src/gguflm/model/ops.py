@@ -109,9 +109,14 @@ ROPE_STYLES = {"norm": rope_norm, "neox": rope_neox}
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    """x * sigmoid(x), elementwise."""
-    with np.errstate(over="ignore"):  # exp(-x) overflows to inf for x << 0: result -0, fine
-        return x / (np.float32(1.0) + np.exp(-x))
+    """x * sigmoid(x), elementwise f32, as ggml_vec_silu_f32 computes each row (its exp on
+    whole groups of 8, libm's on the tail; rows of the last axis in parallel)."""
+    from gguflm.quant.kernels import silu_par  # numba: imported when a model runs
+
+    rows = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    out = np.empty(rows.shape, np.float32)
+    silu_par(rows, out)
+    return out.reshape(x.shape)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -182,14 +187,19 @@ def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return _gated("geglu", gate, up)
 
 
+GATED_PARALLEL_MIN = 1 << 16  # values from which a gated activation runs its rows in parallel
+
+
 def _gated(kernel: str, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     from gguflm.quant import kernels  # numba: imported when a model runs, not at import
 
     gate = np.ascontiguousarray(gate, dtype=np.float32)
     up = np.ascontiguousarray(up, dtype=np.float32)
     out = np.empty(gate.shape, np.float32)  # gate and up: the same (T, n_ff)
-    getattr(kernels, kernel)(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]),
-                             out.reshape(-1, out.shape[-1]))
+    # a prompt's rows shared out (each row's numbers are its own), a token's in this thread
+    name = kernel + "_par" if gate.size >= GATED_PARALLEL_MIN else kernel
+    getattr(kernels, name)(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]),
+                           out.reshape(-1, out.shape[-1]))
     return out
 
 

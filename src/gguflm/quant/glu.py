@@ -95,6 +95,48 @@ def swiglu(gate, up, out):  # noqa: ANN001, ANN201
         _swiglu_flat(gate[t], up[t], out[t])
 
 
+@njit(cache=True, nogil=True, parallel=True)
+def swiglu_par(gate, up, out):  # noqa: ANN001, ANN201
+    """``swiglu`` with the rows shared out (a prompt's (T, F) outside the compiled layers;
+    each row's numbers are its own). ``out`` distinct from ``gate`` and ``up``."""
+    for t in prange(gate.shape[0]):
+        _swiglu_flat(gate[t], up[t], out[t])
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def geglu_par(gate, up, out):  # noqa: ANN001, ANN201
+    """``geglu`` with the rows shared out, as ``swiglu_par``."""
+    for t in prange(gate.shape[0]):
+        _geglu_flat(gate[t], up[t], out[t])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _silu_flat(x, out):  # noqa: ANN001, ANN201
+    # x, out (N,) f32 contiguous: ggml_vec_silu_f32's lanes (ggml_v_silu) for whole groups
+    # of 8, libm's expf for the tail, as _swiglu_flat
+    n = x.shape[0]
+    body = n - n % 8
+    for j in range(body):
+        v = x[j]
+        out[j] = v / (np.float32(1.0) + expf_ggml(-v))
+    for j in range(body, n):
+        v = x[j]
+        out[j] = v / (np.float32(1.0) + np.exp(-v))
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def silu_par(x, out):  # noqa: ANN001, ANN201
+    """x (T, F) f32 -> out (T, F) = x * sigmoid(x) per row as ggml_vec_silu_f32, rows in
+    parallel (C-contiguous, ``out`` distinct from ``x``)."""
+    for t in prange(x.shape[0]):
+        _silu_flat(x[t], out[t])
+
+
+def twin_silu(x: np.ndarray) -> np.ndarray:
+    """Numpy twin of ``silu_par``: ``twin_swiglu`` with up = 1."""
+    return twin_swiglu(x, np.ones_like(x, dtype=np.float32))
+
+
 def twin_swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """Numpy twin of ``swiglu``: silu(gate) * up with ggml's exp (``expf_ggml_twin``) on
     each row's whole groups of 8 and, on the tail, exp in float64 rounded to float32 (as

@@ -32,7 +32,7 @@ from .act_quant import (
     quantize_q8_k,
 )
 from .float_tiles import f16_matmul_par, f16_matmul_rows, twin_f16_matmul
-from .glu import geglu, swiglu, twin_geglu, twin_swiglu
+from .glu import geglu, geglu_par, silu_par, swiglu, swiglu_par, twin_geglu, twin_silu, twin_swiglu
 from .int_blocks import vnni_offset
 from .int_tiles import BATCH_MIN_ROWS, ROW_CHUNK, prepare, qmatmul_rows
 from .products import (
@@ -76,6 +76,7 @@ __all__ = [
     "f16_matmul_par",
     "f16_matmul_rows",
     "geglu",
+    "geglu_par",
     "is_compiled",
     "pad_products",
     "prepare",
@@ -90,9 +91,12 @@ __all__ = [
     "quantize_q8_k",
     "read_only",
     "run_item",
+    "silu_par",
     "swiglu",
+    "swiglu_par",
     "twin_f16_matmul",
     "twin_geglu",
+    "twin_silu",
     "twin_swiglu",
     "vnni_offset",
     "warm_up",
