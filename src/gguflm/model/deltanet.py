@@ -100,10 +100,10 @@ def forward(h: np.ndarray, d: DeltaNet, batch: object, eps: float) -> np.ndarray
     slot's state, staging the new states; ``eps`` the model's RMS eps (L2 norms, gated
     norm)."""
     n, nk, nv, s = len(h), d.n_k_head, d.n_v_head, d.head_dim
-    mixed = ops.linear(h, d.qkv.w, d.qkv.b)                   # (T, conv_dim)
-    z = ops.linear(h, d.z.w, d.z.b).reshape(n, nv, s)
-    beta = ops.sigmoid(ops.linear(h, d.beta.w, d.beta.b))        # (T, n_v)
-    g = ops.softplus(ops.linear(h, d.alpha.w, d.alpha.b) + d.dt) * d.a
+    mixed, z, beta, alpha = ops.linears(h, (d.qkv, d.z, d.beta, d.alpha))
+    z = z.reshape(n, nv, s)                                   # mixed (T, conv_dim)
+    beta = ops.sigmoid(beta)                                  # (T, n_v)
+    g = ops.softplus(alpha + d.dt) * d.a
     out = np.empty((n, nv, s), np.float32)
     for part, rows in batch.sequences():
         conv_state, ssm, new_conv, new_ssm = batch.recurrent_state(d.index, part)

@@ -25,6 +25,19 @@ def linear(x: np.ndarray, w: Any, b: np.ndarray | None = None, pause: Any = None
     return y
 
 
+def linears(x: np.ndarray, lins: Any) -> list[np.ndarray]:
+    """``[linear(x, l.w, l.b) for l in lins]`` (``layer.Linear``s of the same input), the
+    same numbers, the products sharing kernel calls where their types allow
+    (``quant.matrix.matmul_many``: x quantized once a call, one parallel region)."""
+    from gguflm.quant.matrix import matmul_many
+
+    ys = matmul_many([lin.w for lin in lins], x)
+    for y, lin in zip(ys, lins, strict=True):
+        if lin.b is not None:
+            y += lin.b
+    return ys
+
+
 # -- normalisation -------------------------------------------------------------------------
 
 

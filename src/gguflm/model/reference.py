@@ -26,7 +26,10 @@ def attention(h: np.ndarray, a: Attention, batch: object, il: int, rot: np.ndarr
     layer ``il`` of each row's cache (``Batch.attention``), or, for a layer that shares
     another's (``kv_layer``), reading that layer's; ``eps`` the Q/K/V norms'."""
     n = len(h)
-    q = product(h, a.q).reshape(n, a.n_head, -1)
+    own_kv = a.kv_layer is None
+    fused = ops.linears(h, (a.q, a.k) if own_kv and a.v is a.k else
+                        (a.q, a.k, a.v) if own_kv else (a.q,))
+    q = fused[0].reshape(n, a.n_head, -1)
     if a.q_gate:  # per head: head_dim query rows, then head_dim gate rows
         q, gate = q[:, :, :a.head_dim], q[:, :, a.head_dim:]
     if a.q_norm is not None:
@@ -34,9 +37,8 @@ def attention(h: np.ndarray, a: Attention, batch: object, il: int, rot: np.ndarr
     rope = ops.rope_neox if a.neox else ops.rope_norm
     k = v = None
     if a.kv_layer is None:
-        k = product(h, a.k).reshape(n, a.n_head_kv, a.head_dim)
-        v = k if a.v is a.k else product(h, a.v)  # V = K before its norm (Gemma 4)
-        v = v.reshape(n, a.n_head_kv, a.head_dim_v)
+        k = fused[1].reshape(n, a.n_head_kv, a.head_dim)
+        v = fused[-1].reshape(n, a.n_head_kv, a.head_dim_v)  # K itself (Gemma 4's V = K)
         if a.k_norm is not None:
             k = ops.rmsnorm(k, a.k_norm, eps)
         if a.v_norm is not None:
@@ -56,7 +58,7 @@ GATED = {"silu": ops.swiglu, "gelu": ops.geglu, "gelu_f16": ops.geglu_f16}
 def ffn(h: np.ndarray, f: GLU) -> np.ndarray:
     """Normed input h (T, n_embd) -> (T, n_embd): down(act(gate(h)) * up(h))."""
     gated = GATED[f.act]
-    return product(gated(product(h, f.gate), product(h, f.up)), f.down)
+    return product(gated(*ops.linears(h, (f.gate, f.up))), f.down)
 
 
 def expert_choice(logits: np.ndarray, e: Experts) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import namedtuple
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..gguf.types import GGMLType
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
@@ -211,15 +211,44 @@ def _no_activations(k):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True)
-def activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
-    """``x`` quantized once per activation type the ``count`` weight types need: the
-    Q8_0/Q8_1 ``ActivationSet`` and the Q8_K one (no rows where none needs it). ``cor``
-    holds the lane corrections when the products' types share one ``vnni_offset`` and some
-    rows run outside the lanes tiles (fewer than BATCH_MIN_ROWS, or not a multiple of 4),
-    else no rows; ``qu`` the activations plus 128 when some type has a ``vnni_offset`` and
-    the rows are enough for the lanes tiles, else no rows (the Q8_K set's: where a type's
-    512-bit tiles take them, ``int_blocks.wide_plus_128``). Without them the products take
-    the sign step: the same numbers."""
+def _quantize_rows(x, kind, plus_128):  # noqa: ANN001, ANN202
+    """``quantize_activations(x, kind)`` and, if ``plus_128``, its ``_plus_128`` (else no
+    rows): (qa, da, aux, qu)."""
+    qa, da, aux = quantize_activations(x, kind)
+    return qa, da, aux, _plus_128(qa) if plus_128 else qa[:0]
+
+
+_PAR_CHUNKS = 8  # row ranges a parallel quantization is cut into
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _quantize_rows_par(x, kind, plus_128):  # noqa: ANN001, ANN202
+    """``_quantize_rows`` with ranges of rows in parallel (each row's numbers its own)."""
+    n, k = x.shape
+    qk = 256 if kind in Q8_K_KINDS else 32
+    if kind not in Q8_K_KINDS and kind not in Q8_0_KINDS:
+        raise ValueError("no integer kernel for this ggml type id")
+    qa = np.empty((n, k), np.int8)
+    da = np.empty((n, k // qk), np.float32)
+    aux = np.empty((n, k // 32), np.float32)
+    qu = np.empty((n if plus_128 else 0, k), np.int8)
+    step = (n + _PAR_CHUNKS - 1) // _PAR_CHUNKS
+    for c in prange(_PAR_CHUNKS):
+        a, b = min(n, c * step), min(n, (c + 1) * step)
+        if kind in Q8_K_KINDS:
+            quantize_q8_k(x[a:b], qa[a:b], da[a:b], aux[a:b])
+        else:
+            quantize_q8_0(x[a:b], qa[a:b], da[a:b], aux[a:b])
+        if plus_128:
+            for i in range(a, b):
+                for j in range(k):
+                    qu[i, j] = qa[i, j] ^ np.int8(-128)
+    return qa, da, aux, qu
+
+
+@njit(cache=True, nogil=True)
+def _activation_sets(kinds, count, x, par):  # noqa: ANN001, ANN202
+    # ``activation_sets``, its rows quantized in parallel if ``par``
     k32 = kk = -1
     for m in range(count):
         if kinds[m] in Q8_K_KINDS:
@@ -229,19 +258,40 @@ def activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
         else:
             raise ValueError("no integer kernel for this ggml type id")
     no_cor = np.empty((0, 8), np.int32)
+    n = x.shape[0]
     if k32 >= 0:
-        qa, da, aux = quantize_activations(x, k32)
-        n = x.shape[0]
         off = _shared_offset(kinds, count) if n < BATCH_MIN_ROWS or n % 4 else 0
         tiles = n >= BATCH_MIN_ROWS and _any_offset(kinds, count)
-        a32 = ActivationSet(qa, da, aux, _lane_corrections(qa, off) if off else no_cor,
-                            _plus_128(qa) if tiles else qa[:0])
+        qa, da, aux, qu = _quantize_rows_par(x, k32, tiles) if par else \
+            _quantize_rows(x, k32, tiles)
+        a32 = ActivationSet(qa, da, aux, _lane_corrections(qa, off) if off else no_cor, qu)
     else:
         a32 = _no_activations(x.shape[1])
     if kk >= 0:
-        qa, da, aux = quantize_activations(x, kk)
-        wide = x.shape[0] >= BATCH_MIN_ROWS and _any_plus_128(kinds, count)
-        ak = ActivationSet(qa, da, aux, no_cor, _plus_128(qa) if wide else qa[:0])
+        wide = n >= BATCH_MIN_ROWS and _any_plus_128(kinds, count)
+        qa, da, aux, qu = _quantize_rows_par(x, kk, wide) if par else \
+            _quantize_rows(x, kk, wide)
+        ak = ActivationSet(qa, da, aux, no_cor, qu)
     else:
         ak = _no_activations(x.shape[1])
     return a32, ak
+
+
+@njit(cache=True, nogil=True)
+def activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
+    """``x`` quantized once per activation type the ``count`` weight types need: the
+    Q8_0/Q8_1 ``ActivationSet`` and the Q8_K one (no rows where none needs it). ``cor``
+    holds the lane corrections when the products' types share one ``vnni_offset`` and some
+    rows run outside the lanes tiles (fewer than BATCH_MIN_ROWS, or not a multiple of 4),
+    else no rows; ``qu`` the activations plus 128 when some type has a ``vnni_offset`` and
+    the rows are enough for the lanes tiles, else no rows (the Q8_K set's: where a type's
+    512-bit tiles take them, ``int_blocks.wide_plus_128``). Without them the products take
+    the sign step: the same numbers."""
+    return _activation_sets(kinds, count, x, False)
+
+
+@njit(cache=True, nogil=True)
+def activation_sets_par(kinds, count, x):  # noqa: ANN001, ANN201
+    """``activation_sets`` with the rows quantized in parallel: the same arrays, for a
+    batch's products outside the layer team (whose threads are already busy)."""
+    return _activation_sets(kinds, count, x, True)

@@ -181,8 +181,14 @@ SPIN_PARALLEL_MIN_MACS = 1 << 18
 def matmul_many(mats: Sequence[QMatrix], x: np.ndarray) -> list[np.ndarray]:
     """``[m.matmul(x) for m in mats]``, the same numbers, in one kernel call when every
     matrix has an integer kernel (Q, K and V; gate and up): ``x`` is quantized once and all
-    their rows share one parallel region instead of one region per product."""
+    their rows share one parallel region instead of one region per product (a call per
+    MAX_FUSED matrices beyond that)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
+    from gguflm.quant.kernels import MAX_FUSED
+
+    if len(mats) > MAX_FUSED:  # calls of MAX_FUSED products
+        return [y for i in range(0, len(mats), MAX_FUSED)
+                for y in matmul_many(mats[i:i + MAX_FUSED], x)]
     n = x.shape[0] if x.ndim == 2 else 0
     plan = _plan(mats) if n else None
     if plan is None or x.shape[1] != mats[0].shape[1]:

@@ -17,7 +17,7 @@ from numba import njit, prange
 
 from ..gguf.types import GGMLType
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
-from .act_quant import Q8_0_KINDS, Q8_K_KINDS, activation_sets
+from .act_quant import Q8_0_KINDS, Q8_K_KINDS, activation_sets, activation_sets_par
 from .int_tiles import ROW_CHUNK, prepare, qmatmul_rows, tiled
 from .jitcache import cached
 from .kerneltypes import KERNEL_TYPES, kernel_type
@@ -28,6 +28,7 @@ STREAM_CHUNK = 2048  # weight rows per parallel work item when decoding (long st
 # work items per thread for a batch: each hand-out costs microseconds, so not one per tile,
 # but a few, so that a thread kept off its core by another process leaves some to the rest
 CHUNKS_PER_THREAD = 4
+PAR_QUANTIZE_ROWS = 16  # activation rows from which qmatmul_par quantizes them in parallel
 
 
 @njit(cache=True, nogil=True)
@@ -98,8 +99,10 @@ def _run_items_par(kinds, ws, a32, ak, tbl, outs, items):  # noqa: ANN001, ANN20
 
 @njit(cache=True, nogil=True)
 def qmatmul_par(kinds, ws, x, tbl, outs, count, threads):  # noqa: ANN001, ANN201
-    """``qmatmul_serial``'s products with their row ranges run in parallel."""
-    a32, ak = activation_sets(kinds, count, x)
+    """``qmatmul_serial``'s products with their row ranges run in parallel (and a batch's
+    rows quantized in parallel)."""
+    a32, ak = (activation_sets_par if x.shape[0] >= PAR_QUANTIZE_ROWS else
+               activation_sets)(kinds, count, x)
     _run_items_par(kinds, ws, a32, ak, tbl, outs, work_items(ws, count, x.shape[0], threads))
 
 
