@@ -35,6 +35,15 @@ def lock_path() -> str:
     return os.path.join(tempfile.gettempdir(), f"gguflm-compiling-{tag}.lock")
 
 
+def python_child(module: str, function: str, arg: str, **popen: object) -> subprocess.Popen:
+    """A quiet child Python running ``module.function(arg)`` (its standard streams closed),
+    with ``popen`` passed to ``subprocess.Popen``. OSError when it cannot start."""
+    code = f"import sys; from {module} import {function}; {function}(sys.argv[1])"
+    return subprocess.Popen([sys.executable, "-c", code, arg], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            **popen)  # type: ignore[arg-type]
+
+
 class Compiling:
     """A background compilation of a model's compiled layers, started here or by another
     process; ``ready()`` tells the caller whether they can be loaded now."""
@@ -58,13 +67,9 @@ class Compiling:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return cls(None, cached)  # another process is compiling them already
-            code = ("import sys; from gguflm.model.background import compile_layers; "
-                    "compile_layers(sys.argv[1])")
             # the child inherits the locked file and holds the lock until it exits
-            proc = subprocess.Popen(
-                [sys.executable, "-c", code, model_path], pass_fds=(fd,),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True)
+            proc = python_child("gguflm.model.background", "compile_layers", model_path,
+                                pass_fds=(fd,), start_new_session=True)
             return cls(proc.pid, cached)
         except OSError:
             return None

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -380,12 +379,10 @@ def _compile_elsewhere(model: Model) -> subprocess.Popen | None:
     machine with one core (or when it cannot start)."""
     if (os.cpu_count() or 1) < 2 or not getattr(model.gguf, "path", None):
         return None
-    code = ("import sys; from gguflm.model.base import warm_prompt_path; "
-            "warm_prompt_path(sys.argv[1])")
+    from .background import python_child
+
     try:
-        return subprocess.Popen([sys.executable, "-c", code, model.gguf.path],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        return python_child("gguflm.model.base", "warm_prompt_path", str(model.gguf.path))
     except OSError:
         return None
 

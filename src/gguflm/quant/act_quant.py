@@ -159,19 +159,10 @@ def _shared_offset(kinds, count):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True)
-def _any_offset(kinds, count):  # noqa: ANN001, ANN201
-    """Whether some of the products' types has a ``vnni_offset``."""
+def _any_of(kinds, count, table):  # noqa: ANN001, ANN201
+    """Whether some of the products' types is in ``table`` (a constant tuple of ids)."""
     for m in range(count):
-        if kinds[m] in _OFFSET_KINDS:
-            return True
-    return False
-
-
-@njit(cache=True, nogil=True)
-def _any_plus_128(kinds, count):  # noqa: ANN001, ANN201
-    """Whether some of the products' types multiplies the Q8_K activations plus 128."""
-    for m in range(count):
-        if kinds[m] in _PLUS_128_KINDS:
+        if kinds[m] in table:
             return True
     return False
 
@@ -261,14 +252,14 @@ def _activation_sets(kinds, count, x, par):  # noqa: ANN001, ANN202
     n = x.shape[0]
     if k32 >= 0:
         off = _shared_offset(kinds, count) if n < BATCH_MIN_ROWS or n % 4 else 0
-        tiles = n >= BATCH_MIN_ROWS and _any_offset(kinds, count)
+        tiles = n >= BATCH_MIN_ROWS and _any_of(kinds, count, _OFFSET_KINDS)
         qa, da, aux, qu = _quantize_rows_par(x, k32, tiles) if par else \
             _quantize_rows(x, k32, tiles)
         a32 = ActivationSet(qa, da, aux, _lane_corrections(qa, off) if off else no_cor, qu)
     else:
         a32 = _no_activations(x.shape[1])
     if kk >= 0:
-        wide = n >= BATCH_MIN_ROWS and _any_plus_128(kinds, count)
+        wide = n >= BATCH_MIN_ROWS and _any_of(kinds, count, _PLUS_128_KINDS)
         qa, da, aux, qu = _quantize_rows_par(x, kk, wide) if par else \
             _quantize_rows(x, kk, wide)
         ak = ActivationSet(qa, da, aux, no_cor, qu)
