@@ -39,11 +39,10 @@ SHAPES = {
 TESTS = ("pp512", "tg32")
 
 
-def _metadata(w, s: dict, src) -> None:  # noqa: ANN001
-    from gguflm.gguf.types import ValueType
-
-    a = "qwen35"
-    n_pad = s["vocab"] - len(src.metadata["tokenizer.ggml.tokens"])
+def padded_tokenizer(w, vocab: int, src) -> None:  # noqa: ANN001
+    """Writer ``w`` gets the tokenizer keys of GGUF file ``src``, its vocabulary padded
+    with control tokens to ``vocab`` entries."""
+    n_pad = vocab - len(src.metadata["tokenizer.ggml.tokens"])
     for key, value in src.metadata.items():
         if key.startswith("tokenizer."):
             if key == "tokenizer.ggml.tokens":
@@ -51,6 +50,13 @@ def _metadata(w, s: dict, src) -> None:  # noqa: ANN001
             elif key == "tokenizer.ggml.token_type":
                 value = np.concatenate([value, np.full(n_pad, 3, value.dtype)])
             w.add(key, value, src.types[key])
+
+
+def _metadata(w, s: dict, src) -> None:  # noqa: ANN001
+    from gguflm.gguf.types import ValueType
+
+    a = "qwen35"
+    padded_tokenizer(w, s["vocab"], src)
     d_inner = s["n_v"] * s["d_state"]
     for key, value in {
             "general.architecture": a, "general.name": "bench-qwen35",
@@ -93,9 +99,10 @@ def _tensors(s: dict) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _random(name: str, shape: tuple[int, ...], seed: int):  # noqa: ANN202
-    """A callable giving the tensor's bytes: norms near 1, ssm_a negative, matrices of
-    std 1/sqrt(fan-in) (F16; the small 1-D and conv tensors F32)."""
+def random_tensor(name: str, shape: tuple[int, ...], seed: int, f32: bool):  # noqa: ANN201
+    """A callable giving the tensor's bytes: norms near 1, ssm_a negative, biases and conv
+    taps near 0 (these and any ``f32`` tensor in F32), matrices of std 1/sqrt(fan-in) in
+    F16 (the embedding's std 1)."""
     def make() -> bytes:
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
         if name.endswith("ssm_a"):
@@ -103,8 +110,9 @@ def _random(name: str, shape: tuple[int, ...], seed: int):  # noqa: ANN202
         if len(shape) == 1 or "conv1d" in name:
             base = 0.0 if name.endswith(".bias") or "conv1d" in name else 1.0
             return (base + 0.1 * rng.standard_normal(shape)).astype(np.float32).tobytes()
-        std = 1.0 if name == "token_embd.weight" else 1 / np.sqrt(shape[1])
-        return (std * rng.standard_normal(shape, np.float32)).astype(np.float16).tobytes()
+        std = 1.0 if name == "token_embd.weight" else 1 / np.sqrt(shape[-1])
+        x = (std * rng.standard_normal(shape, np.float32)).astype(np.float32)
+        return x.tobytes() if f32 else x.astype(np.float16).tobytes()
     return make
 
 
@@ -124,7 +132,7 @@ def make(shape: str, qtype: str, args: argparse.Namespace) -> Path:
             _metadata(w, s, GGUFFile(TINY))
             for name, shp in _tensors(s).items():
                 small = len(shp) == 1 or "conv1d" in name or name.endswith("ssm_a")
-                w.add_tensor(name, _random(name, shp, args.seed),
+                w.add_tensor(name, random_tensor(name, shp, args.seed, small),
                              type=GGMLType.F32 if small else GGMLType.F16,
                              shape=tuple(reversed(shp)))
             w.write()
