@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..quant.matrix import matmul_many
 from . import ops
 from .layer import GLU, Attention, Block, DeltaNet, DenseAndExperts, Experts, Linear
 
@@ -123,9 +124,9 @@ def experts(h: np.ndarray, e: Experts, x: np.ndarray | None = None, eps: float =
     ys = np.empty((*chosen.shape, e.down[0].shape[0]), np.float32)  # (T, n_used, n_embd)
     for ex in np.unique(chosen):
         rows, slots = np.nonzero(chosen == ex)
-        x = h[rows]
-        g = _plus(e.gate[ex].matmul(x), e.gate_b, ex)
-        u = _plus(e.up[ex].matmul(x), e.up_b, ex)
+        # gate and up in one kernel call (x quantized once; one plan per expert, kept)
+        g, u = matmul_many((e.gate[ex], e.up[ex]), h[rows])
+        g, u = _plus(g, e.gate_b, ex), _plus(u, e.up_b, ex)
         y = e.down[ex].matmul(gated(g, u))
         if e.down_scale is not None:
             y = y * e.down_scale[ex]
