@@ -83,9 +83,9 @@ def expert_choice(logits: np.ndarray, e: Experts) -> tuple[np.ndarray, np.ndarra
 
 def _softmax(x: np.ndarray) -> np.ndarray:
     """Each row's softmax as ggml's soft_max computes it: its exp, a float64 sum."""
-    from ..quant.floatbits import expf_ggml_twin  # numba's module: not at import
+    from ..quant.floatbits import expf_ggml_rows  # numba's module: not at import
 
-    ex = expf_ggml_twin(x - x.max(axis=1, keepdims=True))
+    ex = expf_ggml_rows(np.ascontiguousarray(x - x.max(axis=1, keepdims=True), np.float32))
     return ex * (1.0 / ex.sum(axis=1, dtype=np.float64, keepdims=True)).astype(np.float32)
 
 

@@ -101,8 +101,10 @@ def _run_items_par(kinds, ws, a32, ak, tbl, outs, items):  # noqa: ANN001, ANN20
 def qmatmul_par(kinds, ws, x, tbl, outs, count, threads):  # noqa: ANN001, ANN201
     """``qmatmul_serial``'s products with their row ranges run in parallel (and a batch's
     rows quantized in parallel)."""
-    a32, ak = (activation_sets_par if x.shape[0] >= PAR_QUANTIZE_ROWS else
-               activation_sets)(kinds, count, x)
+    if x.shape[0] >= PAR_QUANTIZE_ROWS:
+        a32, ak = activation_sets_par(kinds, count, x)
+    else:
+        a32, ak = activation_sets(kinds, count, x)
     _run_items_par(kinds, ws, a32, ak, tbl, outs, work_items(ws, count, x.shape[0], threads))
 
 
