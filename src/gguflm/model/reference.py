@@ -104,6 +104,16 @@ def _plus(y: np.ndarray, b: np.ndarray | None, ex: int) -> np.ndarray:
     return y if b is None else y + b[ex]
 
 
+def _expert(e: Experts, ex: int, x: np.ndarray, gated: object) -> np.ndarray:
+    """Rows x (n, n_embd) through expert ``ex`` -> (n, n_embd), before its routing weight.
+    Gate and up share one kernel call (x quantized once; one cached plan per expert)."""
+    g, u = matmul_many((e.gate[ex], e.up[ex]), x)
+    y = e.down[ex].matmul(gated(_plus(g, e.gate_b, ex), _plus(u, e.up_b, ex)))
+    if e.down_scale is not None:
+        y = y * e.down_scale[ex]
+    return _plus(y, e.down_b, ex)
+
+
 def router_input(h: np.ndarray, e: Experts, x: np.ndarray, eps: float) -> np.ndarray:
     """What the router reads: the experts' normed input h, or (``router_in_norm``) the
     FFN's input x RMS-normed, scaled, times that weight, in ggml's order."""
@@ -122,15 +132,13 @@ def experts(h: np.ndarray, e: Experts, x: np.ndarray | None = None, eps: float =
     chosen, w = expert_choice(product(router_input(h, e, x, eps), e.router), e)
     gated = {**GATED, "swiglu_oai": swiglu_oai}[e.act]
     ys = np.empty((*chosen.shape, e.down[0].shape[0]), np.float32)  # (T, n_used, n_embd)
-    for ex in np.unique(chosen):
-        rows, slots = np.nonzero(chosen == ex)
-        # gate and up in one kernel call (x quantized once; one plan per expert, kept)
-        g, u = matmul_many((e.gate[ex], e.up[ex]), h[rows])
-        g, u = _plus(g, e.gate_b, ex), _plus(u, e.up_b, ex)
-        y = e.down[ex].matmul(gated(g, u))
-        if e.down_scale is not None:
-            y = y * e.down_scale[ex]
-        ys[rows, slots] = _plus(y, e.down_b, ex)
+    if len(h) == 1:  # a decoded token: its experts in slot order, nothing to group
+        for j, ex in enumerate(chosen[0]):
+            ys[0, j] = _expert(e, int(ex), h, gated)[0]
+    else:
+        for ex in np.unique(chosen):
+            rows, slots = np.nonzero(chosen == ex)
+            ys[rows, slots] = _expert(e, int(ex), h[rows], gated)
     out = ys[:, 0] * w[:, :1]
     for j in range(1, e.n_used):
         out = out + ys[:, j] * w[:, j:j + 1]
