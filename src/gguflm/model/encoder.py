@@ -27,33 +27,40 @@ _T6x4, _T6x2, _T6x1 = _TILES[_ROWS, 4], _TILES[_ROWS, 2], _TILES[_ROWS, 1]
 _T1x4, _T1x2, _T1x1 = _TILES[1, 4], _TILES[1, 2], _TILES[1, 1]
 
 
+@njit(nogil=True, inline="always")
+def _tile(a, b, out, i, j, m, six, width):  # noqa: ANN001, ANN202, PLR0913
+    """One register tile at (i, j): _ROWS rows if ``six`` else one, ``width`` (64, 32 or
+    16) columns."""
+    if six:
+        if width == 64:
+            _T6x4(a, b, out, i, j, m)
+        elif width == 32:
+            _T6x2(a, b, out, i, j, m)
+        else:
+            _T6x1(a, b, out, i, j, m)
+    elif width == 64:
+        _T1x4(a, b, out, i, j, m)
+    elif width == 32:
+        _T1x2(a, b, out, i, j, m)
+    else:
+        _T1x1(a, b, out, i, j, m)
+
+
 @njit(cache=True, nogil=True)
 def _matmul(a, b, out, m):  # noqa: ANN001, ANN202
     """out (M, N) = a[:, :m] @ b[:m] (float32, N a multiple of 16), each element one fused
-    multiply-add chain over e < m in order: register tiles of _ROWS rows, then row by row."""
+    multiply-add chain over e < m in order: register tiles of _ROWS rows, then row by row;
+    the widest column tile that fits."""
     rows, n = out.shape
     i = 0
-    while i + _ROWS <= rows:
+    while i < rows:
+        six = i + _ROWS <= rows
         j = 0
-        while j + 64 <= n:
-            _T6x4(a, b, out, i, j, m)
-            j += 64
-        if j + 32 <= n:
-            _T6x2(a, b, out, i, j, m)
-            j += 32
-        if j < n:
-            _T6x1(a, b, out, i, j, m)
-        i += _ROWS
-    for r in range(i, rows):
-        j = 0
-        while j + 64 <= n:
-            _T1x4(a, b, out, r, j, m)
-            j += 64
-        if j + 32 <= n:
-            _T1x2(a, b, out, r, j, m)
-            j += 32
-        if j < n:
-            _T1x1(a, b, out, r, j, m)
+        while j < n:
+            width = 64 if j + 64 <= n else 32 if j + 32 <= n else 16
+            _tile(a, b, out, i, j, m, six, width)
+            j += width
+        i += _ROWS if six else 1
 
 
 @njit(cache=True, nogil=True)

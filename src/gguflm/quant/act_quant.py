@@ -108,21 +108,40 @@ def quantize_q8_k(x: np.ndarray, qa: np.ndarray, da: np.ndarray, bsum: np.ndarra
 
 
 @njit(cache=True, nogil=True)
+def _activation_arrays(n, k, kind, plus_128):  # noqa: ANN001, ANN202
+    """Empty (qa (n, K) i8, da (n, K/QK) f32, aux (n, K/32) f32, qu (n or 0, K) i8) for
+    weights of ggml type ``kind`` (qu's rows only if ``plus_128``)."""
+    if kind in Q8_K_KINDS:
+        qk = 256
+    elif kind in Q8_0_KINDS:
+        qk = 32
+    else:
+        raise ValueError("no integer kernel for this ggml type id")
+    return (np.empty((n, k), np.int8), np.empty((n, k // qk), np.float32),
+            np.empty((n, k // 32), np.float32), np.empty((n if plus_128 else 0, k), np.int8))
+
+
+@njit(cache=True, nogil=True)
+def _quantize_into(x, kind, qa, da, aux, qu):  # noqa: ANN001, ANN202
+    """x's rows into ``_activation_arrays``' arrays (and qu's, if it has rows: the bytes
+    ``qa + 128``, the top bit flipped, what the lanes tiles multiply the signed weights
+    by)."""
+    if kind in Q8_K_KINDS:
+        quantize_q8_k(x, qa, da, aux)
+    else:
+        quantize_q8_0(x, qa, da, aux)
+    if qu.shape[0]:
+        for i in range(qa.shape[0]):
+            for j in range(qa.shape[1]):
+                qu[i, j] = qa[i, j] ^ np.int8(-128)
+
+
+@njit(cache=True, nogil=True)
 def quantize_activations(x, kind):  # noqa: ANN001, ANN201
     """The 8-bit form of ``x (n, K)`` that weights of ggml type ``kind`` multiply with:
     ``(qa (n, K) i8, da (n, K/QK) f32, aux (n, K/32) f32)`` with aux the Q8_1 sums or
     Q8_K 32-sums."""
-    n, k = x.shape
-    qa = np.empty((n, k), np.int8)
-    aux = np.empty((n, k // 32), np.float32)
-    if kind in Q8_K_KINDS:
-        da = np.empty((n, k // 256), np.float32)
-        quantize_q8_k(x, qa, da, aux)
-    elif kind in Q8_0_KINDS:
-        da = np.empty((n, k // 32), np.float32)
-        quantize_q8_0(x, qa, da, aux)
-    else:
-        raise ValueError("no integer kernel for this ggml type id")
+    qa, da, aux, qu = _quantize_rows(x, kind, False)
     return qa, da, aux
 
 
@@ -182,18 +201,6 @@ def _lane_corrections(qa, off):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True)
-def _plus_128(qa):  # noqa: ANN001, ANN201
-    """qa (n, K) i8 -> (n, K) i8 holding the unsigned bytes ``qa + 128`` (the top bit
-    flipped), what the lanes tiles multiply the signed weights by."""
-    n, k = qa.shape
-    qu = np.empty((n, k), np.int8)
-    for i in range(n):
-        for j in range(k):
-            qu[i, j] = qa[i, j] ^ np.int8(-128)
-    return qu
-
-
-@njit(cache=True, nogil=True)
 def _no_activations(k):  # noqa: ANN001, ANN201
     """An ``ActivationSet`` of no rows (an activation type no product needs)."""
     return ActivationSet(np.empty((0, k), np.int8), np.empty((0, 1), np.float32),
@@ -203,10 +210,11 @@ def _no_activations(k):  # noqa: ANN001, ANN201
 
 @njit(cache=True, nogil=True)
 def _quantize_rows(x, kind, plus_128):  # noqa: ANN001, ANN202
-    """``quantize_activations(x, kind)`` and, if ``plus_128``, its ``_plus_128`` (else no
-    rows): (qa, da, aux, qu)."""
-    qa, da, aux = quantize_activations(x, kind)
-    return qa, da, aux, _plus_128(qa) if plus_128 else qa[:0]
+    """x (n, K) quantized for weights of type ``kind``: (qa, da, aux, qu), qu the bytes
+    plus 128 if ``plus_128`` (else no rows)."""
+    arrays = _activation_arrays(x.shape[0], x.shape[1], kind, plus_128)
+    _quantize_into(x, kind, *arrays)
+    return arrays
 
 
 _PAR_CHUNKS = 8  # row ranges a parallel quantization is cut into
@@ -215,25 +223,12 @@ _PAR_CHUNKS = 8  # row ranges a parallel quantization is cut into
 @njit(cache=True, nogil=True, parallel=True)
 def _quantize_rows_par(x, kind, plus_128):  # noqa: ANN001, ANN202
     """``_quantize_rows`` with ranges of rows in parallel (each row's numbers its own)."""
-    n, k = x.shape
-    qk = 256 if kind in Q8_K_KINDS else 32
-    if kind not in Q8_K_KINDS and kind not in Q8_0_KINDS:
-        raise ValueError("no integer kernel for this ggml type id")
-    qa = np.empty((n, k), np.int8)
-    da = np.empty((n, k // qk), np.float32)
-    aux = np.empty((n, k // 32), np.float32)
-    qu = np.empty((n if plus_128 else 0, k), np.int8)
+    n = x.shape[0]
+    qa, da, aux, qu = _activation_arrays(n, x.shape[1], kind, plus_128)
     step = (n + _PAR_CHUNKS - 1) // _PAR_CHUNKS
     for c in prange(_PAR_CHUNKS):
         a, b = min(n, c * step), min(n, (c + 1) * step)
-        if kind in Q8_K_KINDS:
-            quantize_q8_k(x[a:b], qa[a:b], da[a:b], aux[a:b])
-        else:
-            quantize_q8_0(x[a:b], qa[a:b], da[a:b], aux[a:b])
-        if plus_128:
-            for i in range(a, b):
-                for j in range(k):
-                    qu[i, j] = qa[i, j] ^ np.int8(-128)
+        _quantize_into(x[a:b], kind, qa[a:b], da[a:b], aux[a:b], qu[a:b])
     return qa, da, aux, qu
 
 
