@@ -28,8 +28,8 @@ def attention(h: np.ndarray, a: Attention, batch: object, il: int, rot: np.ndarr
     another's (``kv_layer``), reading that layer's; ``eps`` the Q/K/V norms'."""
     n = len(h)
     own_kv = a.kv_layer is None
-    fused = ops.linears(h, (a.q, a.k) if own_kv and a.v is a.k else
-                        (a.q, a.k, a.v) if own_kv else (a.q,))
+    lins = (a.q,) if not own_kv else (a.q, a.k) if a.v is a.k else (a.q, a.k, a.v)
+    fused = ops.linears(h, lins)  # one kernel call where the types allow
     q = fused[0].reshape(n, a.n_head, -1)
     if a.q_gate:  # per head: head_dim query rows, then head_dim gate rows
         q, gate = q[:, :, :a.head_dim], q[:, :, a.head_dim:]
@@ -37,7 +37,7 @@ def attention(h: np.ndarray, a: Attention, batch: object, il: int, rot: np.ndarr
         q = ops.rmsnorm(q, a.q_norm, eps)
     rope = ops.rope_neox if a.neox else ops.rope_norm
     k = v = None
-    if a.kv_layer is None:
+    if own_kv:
         k = fused[1].reshape(n, a.n_head_kv, a.head_dim)
         v = fused[-1].reshape(n, a.n_head_kv, a.head_dim_v)  # K itself (Gemma 4's V = K)
         if a.k_norm is not None:
@@ -104,6 +104,20 @@ def _plus(y: np.ndarray, b: np.ndarray | None, ex: int) -> np.ndarray:
     return y if b is None else y + b[ex]
 
 
+def _by_expert(chosen: np.ndarray) -> list[tuple[int, list[int], list[int]]]:
+    """The choices (T, n_used) grouped by expert: (expert, its rows, its slot in each row)
+    for each expert chosen, in increasing order, the rows ascending. One pass over the
+    T * n_used choices in Python ints (a decoded token's 8 cost microseconds; numpy's
+    per-expert scans cost more at every batch size here)."""
+    groups: dict[int, tuple[list[int], list[int]]] = {}
+    for row, experts in enumerate(chosen.tolist()):
+        for slot, ex in enumerate(experts):
+            rows, slots = groups.setdefault(ex, ([], []))
+            rows.append(row)
+            slots.append(slot)
+    return [(ex, *groups[ex]) for ex in sorted(groups)]
+
+
 def _expert(e: Experts, ex: int, x: np.ndarray, gated: object) -> np.ndarray:
     """Rows x (n, n_embd) through expert ``ex`` -> (n, n_embd), before its routing weight.
     Gate and up share one kernel call (x quantized once; one cached plan per expert)."""
@@ -132,13 +146,8 @@ def experts(h: np.ndarray, e: Experts, x: np.ndarray | None = None, eps: float =
     chosen, w = expert_choice(product(router_input(h, e, x, eps), e.router), e)
     gated = {**GATED, "swiglu_oai": swiglu_oai}[e.act]
     ys = np.empty((*chosen.shape, e.down[0].shape[0]), np.float32)  # (T, n_used, n_embd)
-    if len(h) == 1:  # a decoded token: its experts in slot order, nothing to group
-        for j, ex in enumerate(chosen[0]):
-            ys[0, j] = _expert(e, int(ex), h, gated)[0]
-    else:
-        for ex in np.unique(chosen):
-            rows, slots = np.nonzero(chosen == ex)
-            ys[rows, slots] = _expert(e, int(ex), h[rows], gated)
+    for ex, rows, slots in _by_expert(chosen):
+        ys[rows, slots] = _expert(e, ex, h[rows], gated)
     out = ys[:, 0] * w[:, :1]
     for j in range(1, e.n_used):
         out = out + ys[:, j] * w[:, j:j + 1]
