@@ -1,4 +1,4 @@
-"""A mixture of experts at a real size against llama-bench: pp128 and tg32, engines
+"""A mixture of experts at a real size against llama-bench: pp128, pp512 and tg32, engines
 alternating.
 
     .venv/bin/python benchmarks/bench_moe.py --llama-bin DIR [--shape 5b] [--type Q4_K_M]
@@ -7,21 +7,19 @@ alternating.
 Writes a random-weight ``qwen3moe`` file of the shape (F16 streamed one tensor at a time,
 the router F32; the tokenizer of the tiny reference model padded with control tokens to
 Qwen3's vocabulary), requantizes it with ``llama-quantize``, then runs ``gguflm bench
---json`` and ``llama-bench -o json`` on it in turn (``bench_size``'s ``ours``/``theirs``),
-printing the medians and their ratios. Run it on a quiet machine.
+--json`` and ``llama-bench -o json`` on it in turn (``bench_size.bench``), printing the
+medians, their ratios and gguflm's peak RSS. Run it on a quiet machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_qwen35 import padded_tokenizer, random_tensor  # noqa: E402
-from bench_size import ours, theirs  # noqa: E402
+from bench_qwen35 import padded_tokenizer, run_main, write_random  # noqa: E402
+from bench_size import requantized  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO.parent / "shared" / "reference" / "arch" / "qwen3moe" / "tiny-qwen3moe-f16.gguf"
@@ -34,7 +32,6 @@ SHAPES = {
     "small": dict(n_embd=512, n_layer=4, n_head=8, n_kv=2, head_dim=64, n_expert=16,
                   n_used=4, n_ff_exp=256, vocab=8192),
 }
-TESTS = ("pp128", "pp512", "tg32")  # the bar: pp128 and tg32
 
 
 def _metadata(w, s: dict, src) -> None:  # noqa: ANN001
@@ -74,55 +71,20 @@ def _tensors(s: dict) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def _f32(name: str, shape: tuple[int, ...]) -> bool:
+    return len(shape) == 1 or "ffn_gate_inp" in name  # norms and the router, as converted
+
+
 def make(shape: str, qtype: str, args: argparse.Namespace) -> Path:
     from gguflm.gguf.reader import GGUFFile
-    from gguflm.gguf.types import GGMLType
-    from gguflm.gguf.writer import GGUFWriter
 
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    f16 = work / f"qwen3moe-{shape}-s{args.seed}-f16.gguf"
-    out = work / f"qwen3moe-{shape}-s{args.seed}-{qtype}.gguf"
-    if not out.exists():
-        if not f16.exists():
-            s = SHAPES[shape]
-            w = GGUFWriter(f16)
-            _metadata(w, s, GGUFFile(TINY))
-            for name, shp in _tensors(s).items():
-                f32 = len(shp) == 1 or "ffn_gate_inp" in name  # the router, as converted
-                w.add_tensor(name, random_tensor(name, shp, args.seed, f32),
-                             type=GGMLType.F32 if f32 else GGMLType.F16,
-                             shape=tuple(reversed(shp)))
-            w.write()
-        subprocess.run([str(Path(args.llama_bin) / "llama-quantize"), str(f16), str(out),
-                        qtype, str(args.threads)], check=True, capture_output=True)
-        f16.unlink()  # 11 GB at "5b"
-    return out
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--llama-bin", required=True, help="folder with llama-bench, llama-quantize")
-    ap.add_argument("--shape", default="5b", choices=sorted(SHAPES))
-    ap.add_argument("--type", default="Q4_K_M")
-    ap.add_argument("-r", "--rounds", type=int, default=3)
-    ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--work", default=str(Path.home() / ".cache" / "gguflm" / "big"))
-    args = ap.parse_args()
-    path = make(args.shape, args.type, args)
-    got: dict[str, list[float]] = {}
-    ref: dict[str, list[float]] = {}
-    for _ in range(max(1, args.rounds)):
-        for k, v in ours(path, args.threads)[0].items():
-            got.setdefault(k, []).append(v)
-        for k, v in theirs(path, args.threads, args.llama_bin).items():
-            ref.setdefault(k, []).append(v)
-    for k in TESTS:
-        a, b = statistics.median(got[k]), statistics.median(ref[k])
-        print(f"{path.name}  {k}: gguflm {a:.2f} / llama.cpp {b:.2f} tokens/s = {a / b:.2f}x")
-    return 0
+    s = SHAPES[shape]
+    stem = Path(args.work) / f"qwen3moe-{shape}-s{args.seed}"
+    return requantized(Path(f"{stem}-f16.gguf"), Path(f"{stem}-{qtype}.gguf"), qtype, args,
+                       lambda f16: write_random(f16, lambda w: _metadata(w, s, GGUFFile(TINY)),
+                                                _tensors(s), _f32, args.seed),
+                       drop_f16=True)  # 11 GB at "5b"
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(__doc__, SHAPES, "5b", make))

@@ -1,4 +1,4 @@
-"""Qwen3.5 at a real size against llama-bench: pp512 and tg32, engines alternating.
+"""Qwen3.5 at a real size against llama-bench: pp128, pp512 and tg32, engines alternating.
 
     .venv/bin/python benchmarks/bench_qwen35.py --llama-bin DIR [--shape 2b] [--type Q4_K_M]
         [-r 3] [-t 2] [--work DIR] [--seed N]
@@ -6,23 +6,22 @@
 Writes a random-weight ``qwen35`` file of the shape (F16, streamed one tensor at a time:
 the tokenizer of the tiny reference model padded with control tokens to the real
 vocabulary), requantizes it with llama.cpp's ``llama-quantize``, then runs ``gguflm bench
---json`` and ``llama-bench -o json`` on it in turn (bench_size.py's ``ours``/``theirs``),
-printing the medians and their ratios. Run it on a quiet machine.
+--json`` and ``llama-bench -o json`` on it in turn (``bench_size.bench``), printing the
+medians, their ratios and gguflm's peak RSS. Run it on a quiet machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import subprocess
 import sys
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_size import ours, theirs  # noqa: E402
+from bench_size import bench, requantized  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO.parent / "shared" / "reference" / "arch" / "qwen35" / "tiny-qwen35-f16.gguf"
@@ -36,7 +35,6 @@ SHAPES = {
     "small": dict(n_embd=512, n_layer=4, n_head=4, n_kv=2, head_dim=64, n_k=4, n_v=8,
                   d_state=64, n_ff=1024, vocab=8192, n_rot=16, sections=(3, 3, 2, 0)),
 }
-TESTS = ("pp512", "tg32")
 
 
 def padded_tokenizer(w, vocab: int, src) -> None:  # noqa: ANN001
@@ -116,54 +114,57 @@ def random_tensor(name: str, shape: tuple[int, ...], seed: int, f32: bool):  # n
     return make
 
 
-def make(shape: str, qtype: str, args: argparse.Namespace) -> Path:
-    from gguflm.gguf.reader import GGUFFile
+def write_random(path: Path, metadata: Callable[[object], None],
+                 tensors: dict[str, tuple[int, ...]], f32: Callable[[str, tuple], bool],
+                 seed: int) -> None:
+    """A random-weight GGUF file: ``metadata(writer)``'s keys, then each tensor (numpy
+    shape) from ``random_tensor``, F32 where ``f32(name, shape)``, else F16; streamed one
+    tensor at a time."""
     from gguflm.gguf.types import GGMLType
     from gguflm.gguf.writer import GGUFWriter
 
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    f16 = work / f"qwen35-{shape}-s{args.seed}-f16.gguf"
-    out = work / f"qwen35-{shape}-s{args.seed}-{qtype}.gguf"
-    if not out.exists():
-        if not f16.exists():
-            s = SHAPES[shape]
-            w = GGUFWriter(f16)
-            _metadata(w, s, GGUFFile(TINY))
-            for name, shp in _tensors(s).items():
-                small = len(shp) == 1 or "conv1d" in name or name.endswith("ssm_a")
-                w.add_tensor(name, random_tensor(name, shp, args.seed, small),
-                             type=GGMLType.F32 if small else GGMLType.F16,
-                             shape=tuple(reversed(shp)))
-            w.write()
-        subprocess.run([str(Path(args.llama_bin) / "llama-quantize"), str(f16), str(out),
-                        qtype, str(args.threads)], check=True, capture_output=True)
-    return out
+    w = GGUFWriter(path)
+    metadata(w)
+    for name, shp in tensors.items():
+        small = f32(name, shp)
+        w.add_tensor(name, random_tensor(name, shp, seed, small),
+                     type=GGMLType.F32 if small else GGMLType.F16, shape=tuple(reversed(shp)))
+    w.write()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _f32(name: str, shape: tuple[int, ...]) -> bool:
+    return len(shape) == 1 or "conv1d" in name or name.endswith("ssm_a")
+
+
+def make(shape: str, qtype: str, args: argparse.Namespace) -> Path:
+    from gguflm.gguf.reader import GGUFFile
+
+    s = SHAPES[shape]
+    stem = Path(args.work) / f"qwen35-{shape}-s{args.seed}"
+    return requantized(Path(f"{stem}-f16.gguf"), Path(f"{stem}-{qtype}.gguf"), qtype, args,
+                       lambda f16: write_random(f16, lambda w: _metadata(w, s, GGUFFile(TINY)),
+                                                _tensors(s), _f32, args.seed))
+
+
+def run_main(doc: str, shapes: dict, default: str,
+             make: Callable[[str, str, argparse.Namespace], Path]) -> int:
+    """A random-model bench's command line: make the file of ``--shape``, then
+    ``bench_size.bench`` (engines alternating, medians and ratios)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--llama-bin", required=True, help="folder with llama-bench, llama-quantize")
-    ap.add_argument("--shape", default="2b", choices=sorted(SHAPES))
+    ap.add_argument("--shape", default=default, choices=sorted(shapes))
     ap.add_argument("--type", default="Q4_K_M")
     ap.add_argument("-r", "--rounds", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--work", default=str(Path.home() / ".cache" / "gguflm" / "big"))
     args = ap.parse_args()
-    path = make(args.shape, args.type, args)
-    got: dict[str, list[float]] = {}
-    ref: dict[str, list[float]] = {}
-    for _ in range(max(1, args.rounds)):
-        for k, v in ours(path, args.threads)[0].items():
-            got.setdefault(k, []).append(v)
-        for k, v in theirs(path, args.threads, args.llama_bin).items():
-            ref.setdefault(k, []).append(v)
-    for k in TESTS:
-        a, b = statistics.median(got[k]), statistics.median(ref[k])
-        print(f"{path.name}  {k}: gguflm {a:.2f} / llama.cpp {b:.2f} tokens/s = {a / b:.2f}x")
+    if args.rounds < 1:
+        ap.error("-r must be at least 1")
+    print("model                        medians: gguflm / llama.cpp tokens/s (ratio)")
+    bench(make(args.shape, args.type, args), args)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(__doc__, SHAPES, "2b", make))

@@ -22,6 +22,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,23 +33,36 @@ MODELS = {"1b": ("1b", "llama"), "1b-qwen2": ("1b", "qwen2"), "1b-phi3": ("1b", 
 TESTS = (("pp", 128), ("pp", 512), ("tg", 32))
 
 
+def requantized(f16: Path, out: Path, qtype: str, args: argparse.Namespace,
+                write: Callable[[Path], None], drop_f16: bool = False) -> Path:
+    """``out``, made once: the F16 file ``write(f16)`` makes (unless it is there), then
+    ``llama-quantize`` to ``qtype`` on ``args.threads`` threads; ``drop_f16``: the F16 file
+    deleted after."""
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if not f16.exists():
+            write(f16)
+        subprocess.run([str(Path(args.llama_bin) / "llama-quantize"), str(f16), str(out),
+                        qtype, str(args.threads)], check=True, capture_output=True)
+        if drop_f16:
+            f16.unlink()
+    return out
+
+
 def make(name: str, qtype: str, args: argparse.Namespace) -> Path:
     """The requantized model file (made once, kept in ``--work``)."""
     shape, arch = MODELS[name]
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    f16 = work / f"big-{name}-s{args.seed}-f16.gguf"
-    out = work / f"big-{name}-s{args.seed}-{qtype}.gguf"
-    if not out.exists():
-        if not f16.exists():
-            from gguflm import hub
+    stem = Path(args.work) / f"big-{name}-s{args.seed}"
 
-            subprocess.run([args.tool_python, str(TOOL), str(hub.resolve_model("smollm2-135m")),
-                            str(f16), "--shape", shape, "--arch", arch, "--seed",
-                            str(args.seed)], check=True)
-        subprocess.run([str(Path(args.llama_bin) / "llama-quantize"), str(f16), str(out),
-                        qtype, "2"], check=True, capture_output=True)
-    return out
+    def write(f16: Path) -> None:
+        from gguflm import hub
+
+        subprocess.run([args.tool_python, str(TOOL), str(hub.resolve_model("smollm2-135m")),
+                        str(f16), "--shape", shape, "--arch", arch, "--seed", str(args.seed)],
+                       check=True)
+
+    return requantized(Path(f"{stem}-f16.gguf"), Path(f"{stem}-{qtype}.gguf"), qtype, args,
+                       write)
 
 
 def ours(path: Path, threads: int) -> tuple[dict[str, float], float, float]:
