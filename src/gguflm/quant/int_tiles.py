@@ -1,12 +1,14 @@
-"""Integer tiles: weight rows of a ggml type times 8-bit activation rows, as ggml's x86
-``vec_dot`` computes each of them.
+"""Integer tiles: weight rows of a ggml type times 8-bit activation rows, with the float
+steps of ggml's x86 ``vec_dot``.
 
 Each weight block is unpacked to small integers (``int_blocks``) and multiplied with the
-activation integers as ggml's x86 code does (``pmaddubsw`` then ``pmaddwd``): an exact
-integer dot product per block in 8 lanes (lane j sums values 4j..4j+3), converted and fused
-into an 8-lane float accumulator times ``d_weight * d_activation``; at the end ggml's
-horizontal sum. Every tile shape runs the same per-element sequence, so results are
-batch-invariant.
+activation integers: an exact integer dot product per block in 8 lanes, converted and
+fused into an 8-lane float accumulator times ``d_weight * d_activation``; at the end
+ggml's horizontal sum. The types without integer scales have ggml's lanes (lane j sums
+values 4j..4j+3 of each 32: ``pmaddubsw`` then ``pmaddwd``); the K-quants their own,
+with one scale step per 8 values (``_scaled_dot``), which the 512-bit tiles take two
+activation rows at a time. Every tile shape runs the same per-element sequence, so
+results are batch-invariant.
 
 Each weight type has its own compiled row kernel (``rows_kernel``): its block loop alone,
 compiled the first time a model needs the type (``prepare``) and cached on disk. The
@@ -34,7 +36,19 @@ from ..gguf.types import GGMLType
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from .int_blocks import block_scale, signed, unpack, vnni_offset, wide
 from .kerneltypes import KERNEL_TYPES, KernelType
-from .vector_ir import F32, I8, I32, I64, WIDE, VectorIR, array_args, array_view, row_pointer, vec
+from .vector_ir import (
+    F32,
+    I8,
+    I32,
+    I64,
+    SIMD,
+    WIDE,
+    VectorIR,
+    array_args,
+    array_view,
+    row_pointer,
+    vec,
+)
 
 # Bytes ahead of the block in hand at which the tiles prefetch their weight row (and the
 # next ones: a tile's rows lie one after another); the hardware's prefetchers alone left
@@ -81,6 +95,9 @@ class Tile(NamedTuple):
     acc: list  # acc[j][i]: <8 x float> accumulator of weight row j times activation row i
     acc_scalar: list  # acc_scalar[j][i]: float, the offset terms'
     lanes: Lanes | None
+    # the wide block loop's <16 x float> accumulators, one per two activation rows
+    # (``_emit_wide_block``), moved to ``acc`` after the loop
+    pair_acc: list | None = None
 
 
 def _emit_type_loop(g: VectorIR, k: KernelType, t: Tile, nb, shift: str = "") -> None:  # noqa: ANN001
@@ -103,6 +120,10 @@ def _emit_type_loop(g: VectorIR, k: KernelType, t: Tile, nb, shift: str = "") ->
     # ALU) rather than a shuffle out of a register. Two loops, so that LLVM cannot forward
     # the stores into shuffles again.
     assert len(t.rows) == 1, "the 8 stored scale products are one weight row's"
+    if shift.startswith("wide"):
+        zero16 = ir.Constant(vec(F32, 16), [0.0] * 16)
+        t = t._replace(pair_acc=[cgutils.alloca_once_value(bld, zero16)
+                                 for _ in range(len(t.acts) // 2)])
     with cgutils.for_range_slice(bld, g.c64(0), nb, g.c64(SCALE_RUN)) as (c0, _):
         run = bld.select(bld.icmp_signed("<", bld.sub(nb, c0), g.c64(SCALE_RUN)),
                          bld.sub(nb, c0), g.c64(SCALE_RUN))
@@ -115,6 +136,11 @@ def _emit_type_loop(g: VectorIR, k: KernelType, t: Tile, nb, shift: str = "") ->
         with cgutils.for_range(bld, run) as loop:
             slot = bld.gep(t.lanes.scratch, [bld.mul(loop.index, g.c64(8))])
             _emit_block(g, k, t, bld.add(c0, loop.index), slot, shift)
+    if t.pair_acc is not None:  # each row's 8 lanes, in _scaled_dot's order
+        for q, pa in enumerate(t.pair_acc):
+            v = bld.load(pa)
+            for r in range(2):
+                bld.store(g.lanes(v, _PAIR_LANES[r]), t.acc[0][2 * q + r])
     if k.offset:  # the offset terms' lanes back to the rows' sums
         accv = bld.load(t.lanes.acc)
         for i in range(len(t.acts)):
@@ -173,42 +199,57 @@ def _prefetch(g: VectorIR, k: KernelType, t: Tile, b) -> None:  # noqa: ANN001
                                                    ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
+# Where lane c = 2k + j of row r (``_scaled_dot``'s order) lies in a row pair's vector
+_PAIR_LANES = [[4 * (c // 2) + 2 * r + c % 2 for c in range(8)] for r in range(2)]
+
+
 def _emit_wide_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:  # noqa: ANN001
-    """Block ``b`` of a lanes tile of a type with integer scales on AVX-512 (``wide``): two
-    spans per 512-bit ``pmaddubsw`` and ``vpdpwssd`` (scaled pair sums added in the same
-    instruction), lane l + 8 (the pair's second span) folded onto lane l once per row and
-    block. Integer sums do not depend on their order: ``isum`` is ``_integer_dot``'s, and
-    the float steps are ``_emit_block``'s. ``shift`` "wide": the unsigned weights times the
-    activations; "wide_a": the activations plus 128 (``ActRow.qu``, unsigned) times the
-    signed weights, each lane started from ``-128 *`` the weights' scaled lane sum, worked
-    out once per weight block (no ``vpsignb`` in AVX-512: no sign step)."""
+    """Block ``b`` of a lanes tile of a type with integer scales on AVX-512 (``wide``), two
+    activation rows at a time: per 64 values each row's quad sums (``quad_sums``), the two
+    rows packed to words and multiplied by the scales in one ``pack_madd`` (the scale is
+    the same for both: one weight row), so that one vector holds both rows' 8 lanes of
+    ``_scaled_dot`` (lane 4k + 2r + j: row r's lane 2k + j) and one conversion and one
+    fused multiply-add take both rows' float steps. ``shift`` "wide": the unsigned weights
+    times the activations; "wide_a": the activations plus 128 (``ActRow.qu``, unsigned)
+    times the signed weights, each lane started from ``-128 *`` the weights' scaled lane
+    sum, worked out once per weight block (no ``vpsignb`` in AVX-512: no sign step)."""
     bld = g.b
     _prefetch(g, k, t, b)
     blk = unpack(g, k, t.rows[0], bld.mul(b, g.c64(k.type_size)), pairs=True)
-    pairs = []  # (<64 x i8> weights, <32 x i16> their pair sums' scales)
-    for sp in blk.spans:
-        order = [sp.first.first] * 8 + [sp.first.second] * 8 \
-            + [sp.second.first] * 8 + [sp.second.second] * 8
-        pairs.append((sp.values, g.lanes(sp.first.scales, order)))
+    scales = [_pair_scales(g, sp) for sp in blk.spans]
     start = None
-    if shift == "wide_a":  # pair sums 128 (w + w') fit in 16 bits (|w| <= 64 here)
-        c = None
-        for w, sc in pairs:
-            c = g.dpwssd512(c, g.maddubs512(g.splat8(-128, 64), w), sc)
-        start = bld.sub(ir.Constant(vec(I32, 16), [0] * 16), c)
+    if shift == "wide_a":  # -128 times the weights' scaled lane sums, the same steps
+        for sp, sc in zip(blk.spans, scales, strict=True):
+            c = g.quad_sums(g.splat8(-128, 64), sp.values)
+            start = g.pack_madd(c, c, sc, start)
+        start = bld.sub(ir.Constant(vec(I32, 16), [0] * 16), start)
     abase = bld.mul(b, g.c64(k.block_size))
-    for i, act in enumerate(t.acts):
+    dd8 = bld.load(bld.bitcast(dd, vec(F32, 8).as_pointer()), align=4)
+    for q, pacc in enumerate(t.pair_acc):
         acc = start
-        for p, (w, sc) in enumerate(pairs):
+        for p, (sp, sc) in enumerate(zip(blk.spans, scales, strict=True)):
             at = bld.add(abase, g.c64(64 * p))
-            if shift == "wide_a":
-                s16 = g.maddubs512(g.vload(act.qu, at, 64), w)
-            else:
-                s16 = g.maddubs512(w, g.vload(act.qa, at, 64))
-            acc = g.dpwssd512(acc, s16, sc)
-        _accumulate(g, t, 0, i, act, b, blk, g.fold16(acc), None, dd)
+            sums = []
+            for act in t.acts[2 * q:2 * q + 2]:
+                if shift == "wide_a":
+                    sums.append(g.quad_sums(g.vload(act.qu, at, 64), sp.values))
+                else:
+                    sums.append(g.quad_sums(sp.values, g.vload(act.qa, at, 64)))
+            acc = g.pack_madd(sums[0], sums[1], sc, acc)
+        # row r's d * d_act in its 8 lanes: the same product _accumulate takes
+        spread = g.lanes(dd8, [2 * q + (x // 2) % 2 for x in range(16)])
+        f = bld.sitofp(acc, vec(F32, 16))
+        bld.store(g.call("llvm.fma.v16f32", vec(F32, 16), [f, spread, bld.load(pacc)]), pacc)
     if k.offset:
         _lanes_offset(g, t, blk.offset, b, g.load_v8(t.lanes.da8, b))
+
+
+def _pair_scales(g: VectorIR, sp) -> ir.Value:  # noqa: ANN001
+    """<32 x i16>: ``pack_madd``'s scales for two activation rows' quad sums of the span
+    pair ``sp`` (a ``SpanPair``): in 128-bit lane k, eight times the scale of values
+    16k..16k+15 of the pair."""
+    idx = [sp.first.first, sp.first.second, sp.second.first, sp.second.second]
+    return g.lanes(sp.first.scales, [i for i in idx for _ in range(8)])
 
 
 def _lanes_offset(g: VectorIR, t: Tile, term, b, da8) -> None:  # noqa: ANN001
@@ -244,6 +285,8 @@ def _integer_dot(g: VectorIR, k: KernelType, blk, a8: list, cor: list | None,  #
                  shift: str) -> ir.Value:
     """<8 x i32>: one weight block's exact integer dot with one activation row's spans
     ``a8``, started from the lane corrections ``cor`` where ``shift`` asks for them."""
+    if k.scales:
+        return _scaled_dot(g, k, blk, a8)
     isum = None
     for s, sp in enumerate(blk.spans):
         if shift == "a":
@@ -256,6 +299,30 @@ def _integer_dot(g: VectorIR, k: KernelType, blk, a8: list, cor: list | None,  #
         isum = g.span_dot(sp.values, sp.magnitudes, a8[s], sp.scales,
                           signed(k) and not shift, start)
     return isum
+
+
+def _scaled_dot(g: VectorIR, k: KernelType, blk, a8: list) -> ir.Value:  # noqa: ANN001
+    """<8 x i32>: ``_integer_dot`` of a type with integer scales. Lane c = 2k + j sums,
+    over the block's 64-value pairs p, scale times values 64p + 16k + 8j .. +7: the scale
+    is applied once per 8 values instead of ggml's once per 4, which lets the 512-bit tiles
+    take two activation rows per scale step (``_emit_wide_block``, the same integers). The
+    float steps are ggml's; only which products share a lane differs from its vec_dot.
+    Here: each span's quad sums (``quad_sums``), spans 2p and 2p + 1 packed to words and
+    multiplied by their scales in one ``pack_madd`` (lanes in the order k = 0, 2, 1, 3,
+    put back at the end)."""
+    sums = []
+    for s, sp in enumerate(blk.spans):
+        if signed(k) and SIMD != "generic":  # the sign moved onto the activations
+            a = g.call("llvm.x86.avx2.psign.b", vec(I8, 32), [a8[s], sp.values])
+            sums.append(g.quad_sums(sp.magnitudes, a))
+        else:
+            sums.append(g.quad_sums(sp.values, a8[s], both_signed=signed(k)))
+    isum = None
+    for x in range(0, len(sums), 2):
+        sx, sy = blk.spans[x].scales, blk.spans[x + 1].scales
+        idx = [sx.first] * 4 + [sy.first] * 4 + [sx.second] * 4 + [sy.second] * 4
+        isum = g.pack_madd(sums[x], sums[x + 1], g.lanes(sx.scales, idx), isum)
+    return g.lanes(isum, [0, 1, 4, 5, 2, 3, 6, 7])
 
 
 def _accumulate(g: VectorIR, t: Tile, j: int, i: int, act: ActRow, b, blk, isum,  # noqa: ANN001, PLR0913

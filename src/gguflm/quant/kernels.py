@@ -7,9 +7,9 @@ How a product ``W (d_out, d_in) @ x (d_in,)`` runs, as in ggml's CPU backend:
    code does, so our logits track llama.cpp's.
 2. Each weight block is unpacked to small integers (``int_blocks``, built from the type's
    declaration in ``kerneltypes.KERNEL_TYPES``) and multiplied with the activation integers
-   as ggml's x86 code does, in tiles of weight rows times activation rows
-   (``int_tiles``); every tile shape runs the same per-element sequence, so results are
-   batch-invariant. Each weight type's tiles are compiled on their own, for the types a
+   with ggml's x86 float steps (the K-quants' integer lanes are our own: see
+   ``int_tiles``), in tiles of weight rows times activation rows; every tile shape runs
+   the same per-element sequence, so results are batch-invariant. Each weight type's tiles are compiled on their own, for the types a
    model has (``prepare``).
 3. Rows run in parallel work items (``products``).
 

@@ -216,6 +216,7 @@ class VectorIR:
 
     # the integer dot of one 32-value span: <8 x i32>, lane j = sum over values 4j..4j+3 of
     # weight * activation (* the values' integer group scale), exactly ggml's x86 lanes
+    # (the types without integer scales; the K-quants take ``quad_sums``/``pack_madd``)
     def call(self, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
         """A call of LLVM intrinsic ``name`` returning ``ret``."""
         fn = cgutils.get_or_insert_function(
@@ -286,6 +287,58 @@ class VectorIR:
                               False, "dpwssd")
         p = self.call("llvm.x86.avx512.pmaddw.d.512", v32, [w16, m16])
         return self.b.add(acc, p)
+
+    # the integer steps of the types with integer scales (``int_tiles._scaled_dot``)
+    def quad_sums(self, u8: ir.Value, s8: ir.Value, both_signed: bool = False) -> ir.Value:
+        """<n x i8> ``u8`` (unsigned bytes) and ``s8`` (signed), n = 32 or 64 -> <n/4 x
+        i32>: lane j the sum of the products of bytes 4j..4j+3. One ``vpdpbusd`` with VNNI;
+        else ``pmaddubsw`` then ``pmaddwd`` by 1 (the same integers: the callers' pair sums
+        stay within int16); portable IR where there is no x86 (``both_signed``: ``u8``
+        holds signed values there, the weights themselves)."""
+        b, n = self.b, u8.type.count
+        v32 = vec(I32, n // 4)
+        zero = ir.Constant(v32, [0] * (n // 4))
+        if SIMD != "generic" and (VNNI if n == 32 else VNNI512):
+            name = "llvm.x86.avx512.vpdpbusd." + ("256" if n == 32 else "512")
+            return self.call(name, v32, [zero, b.bitcast(u8, v32), b.bitcast(s8, v32)])
+        if SIMD != "generic":
+            w16 = vec(I16, n // 2)
+            if n == 32:
+                s16 = self.call("llvm.x86.avx2.pmadd.ub.sw", w16, [u8, s8])
+                return self.call("llvm.x86.avx2.pmadd.wd", v32, [s16, ir.Constant(w16, [1] * 16)])
+            s16 = self.maddubs512(u8, s8)
+            return self.call("llvm.x86.avx512.pmaddw.d.512", v32, [s16, ir.Constant(w16, [1] * 32)])
+        ext = b.sext if both_signed else b.zext
+        p = b.mul(ext(u8, vec(I32, n)), b.sext(s8, vec(I32, n)))
+        for width in (n // 2, n // 4):  # adjacent pairs, twice
+            ev = ir.Constant(vec(I32, width), list(range(0, 2 * width, 2)))
+            od = ir.Constant(vec(I32, width), list(range(1, 2 * width, 2)))
+            p = b.add(b.shuffle_vector(p, p, ev), b.shuffle_vector(p, p, od))
+        return p
+
+    def pack_madd(self, d_a: ir.Value, d_b: ir.Value, scales: ir.Value,
+                  acc: ir.Value | None = None) -> ir.Value:
+        """<n x i32> ``d_a``, ``d_b`` (n = 8 or 16; every value within int16) and <2n x
+        i16> ``scales`` -> <n x i32> (plus ``acc``): ``packssdw`` (in each 128-bit lane k
+        the words d_a[4k..4k+3], d_b[4k..4k+3]) then ``pmaddwd`` by ``scales`` (adjacent
+        words times their scales, summed). Portable IR where there is no x86."""
+        b, n = self.b, d_a.type.count
+        v32, w16 = vec(I32, n), vec(I16, 2 * n)
+        if SIMD != "generic":
+            if n == 16:
+                packed = self.call("llvm.x86.avx512.packssdw.512", w16, [d_a, d_b])
+                return self.dpwssd512(acc, packed, scales)
+            packed = self.call("llvm.x86.avx2.packssdw", w16, [d_a, d_b])
+            p = self.call("llvm.x86.avx2.pmadd.wd", v32, [packed, scales])
+            return p if acc is None else b.add(acc, p)
+        order = [x for k in range(n // 4) for x in
+                 [4 * k + i for i in range(4)] + [n + 4 * k + i for i in range(4)]]
+        words = b.shuffle_vector(d_a, d_b, ir.Constant(vec(I32, 2 * n), order))
+        p = b.mul(words, b.sext(scales, vec(I32, 2 * n)))
+        ev = ir.Constant(vec(I32, n), list(range(0, 2 * n, 2)))
+        od = ir.Constant(vec(I32, n), list(range(1, 2 * n, 2)))
+        p = b.add(b.shuffle_vector(p, p, ev), b.shuffle_vector(p, p, od))
+        return p if acc is None else b.add(acc, p)
 
     def fold16(self, v: ir.Value) -> ir.Value:
         """<16 x i32> -> <8 x i32>: lane l plus lane l + 8 (two spans' lanes summed)."""
