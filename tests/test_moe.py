@@ -149,6 +149,34 @@ def test_mxfp4_experts_run_and_the_plan_says_how(reference: Path, tmp_path: Path
     assert np.corrcoef(got[-1], want[-1])[0, 1] > 0.9
 
 
+def test_quantized_experts_run_in_two_calls_with_each_experts_numbers(
+        reference: Path, tmp_path: Path) -> None:
+    """Quantized experts run as two kernel calls a layer (every chosen expert's gate and
+    up, then the downs: ``expert_products``). Each output is what that expert alone gives
+    that row (the expert-by-expert path, bit for bit), and a sequence's logits stay the
+    same alone, token by token and beside another sequence."""
+    from gguflm.cli import main
+
+    _, folder = _model(reference, "qwen3moe")
+    out = tmp_path / "q4km.gguf"
+    assert main(["quantize", str(folder / "tiny-qwen3moe-f16.gguf"), str(out), "Q4_K_M"]) == 0
+    q = gguflm.load_model(out)
+    e = q.blocks[0].ffn
+    assert isinstance(e, Experts) and e.gate_up_all.usable and e.down_all.usable, e.gate_up_all.why
+    ids = np.array([5, 300, 77, 1200, 9, 64, 2000, 31, 450, 12])
+    alone = q.logits(ids)
+    cache = q.new_cache(32)
+    steps = np.stack([q.forward([int(t)], cache) for t in ids])
+    np.testing.assert_array_equal(steps, alone)
+    arena = q.new_arena(32, 2)
+    other = np.array([900, 3, 44, 1000, 2, 610, 18])
+    both = q.forward_batch([Part(arena.slots[0], other, ALL), Part(arena.slots[1], ids, ALL)])
+    np.testing.assert_array_equal(both[len(other):], alone)
+    for b in q.blocks:  # the expert-by-expert path
+        b.ffn.gate_up_all.usable = False
+    np.testing.assert_array_equal(q.logits(ids), alone)
+
+
 def test_a_model_larger_than_memory_is_announced(capsys, reference: Path) -> None:
     from gguflm.cli.common import say_if_larger_than_memory
 

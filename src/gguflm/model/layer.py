@@ -10,11 +10,12 @@ products see separate matrices and compute the same numbers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ..quant.expert_products import ExpertWeights
 from ..quant.matrix import QMatrix
 
 # the gated activations a GLU FFN may use: llama.cpp's LLM_FFN_SILU and LLM_FFN_GELU, the
@@ -168,6 +169,9 @@ class Experts:
     router_in_norm: np.ndarray | None = None  # (n_embd,) f32
     router_in_scale: float = 1.0
     down_scale: np.ndarray | None = None  # (n_expert,) f32: each expert's output times it
+    # every expert's gate and up, and down, as one call each takes them (``expert_products``)
+    gate_up_all: ExpertWeights = field(init=False, repr=False)
+    down_all: ExpertWeights = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.act not in EXPERT_ACTS or self.gating not in GATINGS:
@@ -175,6 +179,8 @@ class Experts:
                              f"{self.gating!r}")
         if not 1 <= self.n_used <= len(self.gate) == len(self.up) == len(self.down):
             raise ValueError(f"{self.n_used} of {len(self.gate)} experts")
+        object.__setattr__(self, "gate_up_all", ExpertWeights(self.gate, self.up))
+        object.__setattr__(self, "down_all", ExpertWeights(self.down))
 
 
 @dataclass(frozen=True, eq=False)

@@ -128,6 +128,25 @@ def _expert(e: Experts, ex: int, x: np.ndarray, gated: object) -> np.ndarray:
     return _plus(y, e.down_b, ex)
 
 
+def _experts_at_once(e: Experts, h: np.ndarray, groups: list, gated: object,
+                     ys: np.ndarray) -> None:
+    """``_expert`` of every group at once: one kernel call for all the chosen experts'
+    gate and up, one for their downs (``expert_products``; the same numbers), into
+    ``ys[rows, slots]``."""
+    experts = np.array([ex for ex, _, _ in groups], np.int64)
+    starts = np.cumsum([0] + [len(rows) for _, rows, _ in groups], dtype=np.int64)
+    rows = np.array([r for _, rs, _ in groups for r in rs], np.int64)
+    slots = np.array([s for _, _, ss in groups for s in ss], np.int64)
+    of_slot = np.repeat(experts, np.diff(starts))  # each slot's expert
+    gu = e.gate_up_all(h, experts, starts, rows)
+    g = gu[0] if e.gate_b is None else gu[0] + e.gate_b[of_slot]
+    u = gu[1] if e.up_b is None else gu[1] + e.up_b[of_slot]
+    y = e.down_all(gated(g, u), experts, starts, np.arange(len(rows), dtype=np.int64))[0]
+    if e.down_scale is not None:
+        y = y * e.down_scale[of_slot][:, None]
+    ys[rows, slots] = y if e.down_b is None else y + e.down_b[of_slot]
+
+
 def router_input(h: np.ndarray, e: Experts, x: np.ndarray, eps: float) -> np.ndarray:
     """What the router reads: the experts' normed input h, or (``router_in_norm``) the
     FFN's input x RMS-normed, scaled, times that weight, in ggml's order."""
@@ -146,8 +165,12 @@ def experts(h: np.ndarray, e: Experts, x: np.ndarray | None = None, eps: float =
     chosen, w = expert_choice(product(router_input(h, e, x, eps), e.router), e)
     gated = {**GATED, "swiglu_oai": swiglu_oai}[e.act]
     ys = np.empty((*chosen.shape, e.down[0].shape[0]), np.float32)  # (T, n_used, n_embd)
-    for ex, rows, slots in _by_expert(chosen):
-        ys[rows, slots] = _expert(e, ex, h[rows], gated)
+    groups = _by_expert(chosen)
+    if e.gate_up_all.usable and e.down_all.usable:
+        _experts_at_once(e, h, groups, gated, ys)
+    else:
+        for ex, rows, slots in groups:
+            ys[rows, slots] = _expert(e, ex, h[rows], gated)
     out = ys[:, 0] * w[:, :1]
     for j in range(1, e.n_used):
         out = out + ys[:, j] * w[:, j:j + 1]

@@ -1,0 +1,135 @@
+"""Expert products (ggml's ``mul_mat_id``): the same input rows times the weights of the
+experts each row chose, every chosen expert of every row in one call.
+
+The rows are grouped by expert (``groups``: the experts, where each one's run of slots
+starts, and which input row each slot reads), so each expert's weights are read once per
+call however many rows chose it; a mixture-of-experts layer takes two calls a step (gate
+and up together, then down) instead of two per expert. Every output element is the one
+``QMatrix.matmul`` of that expert gives for that row alone: each row is quantized on its
+own, and the row kernels compute each element the same way whatever tile it falls in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numba
+import numpy as np
+from numba import njit, prange, types
+
+from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
+from .act_quant import Q8_K_KINDS, ActivationSet, activation_sets, activation_sets_par
+from .int_tiles import ROW_CHUNK, prepare, qmatmul_rows
+from .kerneltypes import KERNEL_TYPES
+from .matrix import QMatrix
+from .products import CHUNKS_PER_THREAD, PAR_QUANTIZE_ROWS
+from .vector_ir import F16_TABLE, array_view
+
+_u8_view = array_view(types.uint8, 2, readonly=True)
+
+
+@njit(cache=True, nogil=True)
+def _gather(a, order):  # noqa: ANN001, ANN202
+    """ActivationSet ``a``'s rows in slot order (its optional arrays kept when empty)."""
+    cor = a.cor[order] if a.cor.shape[0] else a.cor
+    qu = a.qu[order] if a.qu.shape[0] else a.qu
+    return ActivationSet(a.qa[order], a.da[order], a.aux[order], cor, qu)
+
+
+@njit(cache=True, nogil=True)
+def _items(count, nrows, starts, threads):  # noqa: ANN001, ANN202
+    """(items, 4) i64 rows ``(matrix, group, r0, r1)``: each matrix's rows for each group,
+    cut so that the threads get a few items each (a batch's in multiples of ROW_CHUNK)."""
+    groups = starts.shape[0] - 1
+    want = max(1, CHUNKS_PER_THREAD * threads)
+    parts = max(1, (want + count * groups - 1) // (count * groups))
+    step = max(ROW_CHUNK, (nrows + parts - 1) // parts)
+    step = (step + ROW_CHUNK - 1) // ROW_CHUNK * ROW_CHUNK
+    per = (nrows + step - 1) // step
+    items = np.empty((count * groups * per, 4), np.int64)
+    c = 0
+    for m in range(count):
+        for g in range(groups):
+            for r0 in range(0, nrows, step):
+                items[c, 0] = m
+                items[c, 1] = g
+                items[c, 2] = r0
+                items[c, 3] = min(nrows, r0 + step)
+                c += 1
+    return items
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _run_par(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items):  # noqa: ANN001, ANN202
+    # the hot loop: item c = rows r0:r1 of matrix m of expert experts[g] (shape[0],
+    # shape[1]) u8 @ the group's activation rows -> out[m, s0:s1, r0:r1]
+    for c in prange(items.shape[0]):
+        m, g = items[c, 0], items[c, 1]
+        kind = kinds[m]
+        w = _u8_view(ptrs[m, experts[g]], (shape[0], shape[1]), (shape[1], 1))
+        a = ak if kind in Q8_K_KINDS else a32
+        s0, s1 = starts[g], starts[g + 1]
+        nc, nq = a.cor.shape[0], a.qu.shape[0]
+        qmatmul_rows(kind, w, a.qa[s0:s1], a.da[s0:s1], a.aux[s0:s1],
+                     a.cor[min(s0, nc):min(s1, nc)], a.qu[min(s0, nq):min(s1, nq)], tbl,
+                     out[m, s0:s1], items[c, 2], items[c, 3])
+
+
+@njit(cache=True, nogil=True)
+def _expert_products(kinds, ptrs, shape, x, experts, starts, order, tbl, out, threads):  # noqa: ANN001, ANN202
+    count = kinds.shape[0]
+    xs = np.ascontiguousarray(x[order])
+    if xs.shape[0] >= PAR_QUANTIZE_ROWS:
+        a32, ak = activation_sets_par(kinds, count, xs)
+    else:
+        a32, ak = activation_sets(kinds, count, xs)
+    _run_par(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out,
+             _items(count, shape[0], starts, threads))
+
+
+def expert_products(kinds: np.ndarray, ptrs: np.ndarray, shape: tuple[int, int],
+                    x: np.ndarray, experts: np.ndarray, starts: np.ndarray,
+                    order: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out[m, s] = W[m][experts[g]] @ x[order[s]]`` for the slots s of each group g
+    (``starts[g] <= s < starts[g + 1]``).
+
+    ``kinds`` (M,) i64: the ggml type of each of the M matrices (integer kernels);
+    ``ptrs`` (M, n_expert) i64: the address of each expert's weights, (rows, row bytes) =
+    ``shape`` C-contiguous u8 (read-only: the caller keeps them alive); ``x`` (T, K) f32;
+    ``experts`` (G,), ``starts`` (G + 1,), ``order`` (S,) i64; ``out`` (M, S, rows) f32."""
+    prepare([int(k) for k in kinds])
+    _expert_products(kinds, ptrs, np.array(shape, np.int64), np.ascontiguousarray(x, np.float32),
+                     experts, starts, order, F16_TABLE, out, numba.get_num_threads())
+    return out
+
+
+class ExpertWeights:
+    """M matrices of every expert (gate and up; or down) as ``expert_products`` takes them.
+    ``usable`` is False, and ``why`` says why, when some expert's weights have no integer
+    kernel or are not laid out as one (rows, row bytes) array each (F16 experts, say:
+    those run expert by expert)."""
+
+    def __init__(self, *per_matrix: Sequence[QMatrix]) -> None:
+        first = per_matrix[0][0]
+        self.rows, self.d_in = first.shape
+        self.shape = tuple(first.raw.shape) if first.raw.ndim == 2 else (0, 0)
+        self.why = ""
+        for ms in per_matrix:
+            for m in ms:
+                if m.type not in KERNEL_TYPES or m.type != ms[0].type:
+                    self.why = f"{m.name or m.type.ggml_name}: no integer kernel"
+                elif (m.shape != first.shape or m.raw.dtype != np.uint8
+                      or tuple(m.raw.shape) != self.shape or not m.raw.flags.c_contiguous):
+                    self.why = f"{m.name}: weights not laid out as the first expert's"
+        self.usable = not self.why
+        self.kinds = np.array([int(ms[0].type) for ms in per_matrix], np.int64)
+        self.ptrs = np.array([[m.raw.ctypes.data if self.usable else 0 for m in ms]
+                              for ms in per_matrix], np.int64)
+        self._mats = per_matrix  # the weights the addresses point into, kept alive
+
+    def __call__(self, x: np.ndarray, experts: np.ndarray, starts: np.ndarray,
+                 order: np.ndarray) -> np.ndarray:
+        """(M, S, rows) f32: ``expert_products`` of these weights."""
+        out = np.empty((len(self.kinds), len(order), self.rows), np.float32)
+        return expert_products(self.kinds, self.ptrs, self.shape, x, experts, starts, order,
+                               out)
