@@ -97,6 +97,8 @@ def expert_products(kinds: np.ndarray, ptrs: np.ndarray, shape: tuple[int, int],
     ``ptrs`` (M, n_expert) i64: the address of each expert's weights, (rows, row bytes) =
     ``shape`` C-contiguous u8 (read-only: the caller keeps them alive); ``x`` (T, K) f32;
     ``experts`` (G,), ``starts`` (G + 1,), ``order`` (S,) i64; ``out`` (M, S, rows) f32."""
+    if len(order) == 0:  # no rows (a step with nothing to compute here)
+        return out
     prepare([int(k) for k in kinds])
     _expert_products(kinds, ptrs, np.array(shape, np.int64), np.ascontiguousarray(x, np.float32),
                      experts, starts, order, F16_TABLE, out, numba.get_num_threads())
