@@ -66,6 +66,18 @@ def gemma4_path(reference: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen3moe_path(reference: Path) -> Path:
+    """The reference data's tiny random-weight Qwen3-MoE (experts grouped by row)."""
+    return _tiny_arch(reference, "qwen3moe")
+
+
+@pytest.fixture(scope="session")
+def gpt_oss_path(reference: Path) -> Path:
+    """The reference data's tiny random-weight gpt-oss (sinks, sliding windows, experts)."""
+    return _tiny_arch(reference, "gpt-oss")
+
+
+@pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     return _model("smollm2-135m")
 

@@ -199,4 +199,5 @@ def run(p: Plan, blocks: list[Block], x: np.ndarray, batch: Any,
     for il, (b, la) in enumerate(zip(blocks, layers, strict=True)):
         x = compiled_blocks.layer(x, b, la, batch, il, ropes[b.attn.rope],
                                   rows if il == last else None)
+        reference.between_layers(batch, il, last)
     return x

@@ -230,7 +230,13 @@ def stack(x: np.ndarray, blocks: list[Block], batch: object, ropes: tuple[np.nda
         rot = None if isinstance(b.attn, DeltaNet) else ropes[b.attn.rope]
         inp = None if b.per_layer is None else inputs[:, b.per_layer.index]
         x = block(x, b, batch, il, rot, rows if il == last else None, inp)
-        pause = getattr(batch, "pause", None)  # other batches may run between two layers
-        if il < last and pause is not None and pause.flag[0]:
-            pause.run()
+        between_layers(batch, il, last)
     return x
+
+
+def between_layers(batch: object, il: int, last: int) -> None:
+    """After layer ``il``: other batches of the arena may run here (the batch's ``pause``,
+    when its flag is set), except after the last layer (the output product pauses)."""
+    pause = getattr(batch, "pause", None)
+    if il < last and pause is not None and pause.flag[0]:
+        pause.run()
