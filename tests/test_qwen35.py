@@ -264,3 +264,21 @@ def test_fused_attention_projections_give_the_same_logits(tmp_path) -> None:
         tensors[f"blk.{il}.attn_qkv.bias"] = np.concatenate(parts[3:])
     fused = gguflm.load_model(write_model(tmp_path / "f.gguf", md, tensors))
     np.testing.assert_array_equal(fused.logits(IDS[:9] % 96), separate.logits(IDS[:9] % 96))
+
+
+def test_fused_expert_gate_and_up_give_the_same_logits(tmp_path) -> None:
+    """A qwen35moe layer's experts with gate and up as one ``ffn_gate_up_exps`` (each
+    expert's rows [gate | up], as llama.cpp's create_tensor_gate_up_exps accepts) compute
+    what the separate tensors do; other layers of the file may keep them apart."""
+    md = tiny_metadata("qwen35moe", **QWEN35_TINY, block_count=4, expert_count=4,
+                       expert_used_count=2, feed_forward_length=None,
+                       expert_feed_forward_length=16, expert_shared_feed_forward_length=24)
+    tensors = random_tensors(md, seed=5)
+    separate = gguflm.load_model(write_model(tmp_path / "s.gguf", md, tensors))
+    for il in (0, 3):
+        gate, up = (tensors.pop(f"blk.{il}.ffn_{x}_exps.weight") for x in ("gate", "up"))
+        tensors[f"blk.{il}.ffn_gate_up_exps.weight"] = np.concatenate((gate, up), axis=1)
+    fused = gguflm.load_model(write_model(tmp_path / "f.gguf", md, tensors))
+    e = fused.blocks[0].ffn
+    assert isinstance(e, Experts) and e.gate[1].shape == e.up[1].shape == (16, 64)
+    np.testing.assert_array_equal(fused.logits(IDS[:9] % 96), separate.logits(IDS[:9] % 96))

@@ -261,9 +261,15 @@ def qkv(layer: Any, n_q: int, n_k: int, n_v: int) -> tuple[Linear, Linear, Linea
 
 def experts(layer: Any, n_used: int, act: str, **rule: Any) -> Experts:
     """The expert FFN of a layer loaded with ``Weights.experts``: router ``ffn_gate_inp``
-    (optional bias), ``ffn_gate_exps``/``ffn_up_exps``/``ffn_down_exps`` split per expert;
-    ``rule`` sets ``Experts``' gating fields."""
-    return Experts(linear(layer, "ffn_gate_inp"), layer.ffn_gate_exps, layer.ffn_up_exps,
+    (optional bias), ``ffn_gate_exps``/``ffn_up_exps``/``ffn_down_exps`` split per expert
+    (a fused ``ffn_gate_up_exps`` cut into each expert's gate and up rows: views of the
+    same bytes); ``rule`` sets ``Experts``' gating fields."""
+    gate, up = getattr(layer, "ffn_gate_exps", None), getattr(layer, "ffn_up_exps", None)
+    fused = getattr(layer, "ffn_gate_up_exps", None)
+    if fused is not None:
+        halves = [split(Linear(m), (m.shape[0] // 2, m.shape[0] // 2)) for m in fused]
+        gate, up = (tuple(h[i].w for h in halves) for i in (0, 1))
+    return Experts(linear(layer, "ffn_gate_inp"), gate, up,
                    layer.ffn_down_exps, n_used, act, **rule,
                    gate_b=getattr(layer, "ffn_gate_exps_bias", None),
                    up_b=getattr(layer, "ffn_up_exps_bias", None),

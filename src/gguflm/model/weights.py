@@ -114,11 +114,18 @@ class Weights:
                                                          optional=opt))
         return out
 
-    def experts(self, n_expert: int, n_embd: int, n_ff: int) -> dict[str, Shape]:
+    def experts(self, n_expert: int, n_embd: int, n_ff: int,
+                fused_at: int | None = None) -> dict[str, Shape]:
         """A layer's expert FFN tensors (llama.cpp's layout) as ``layer`` specs: the router
-        ``ffn_gate_inp`` and the 3-D ``ffn_gate_exps``/``ffn_up_exps``/``ffn_down_exps``."""
-        return {"ffn_gate_inp": (n_expert, n_embd), "ffn_gate_exps": (n_expert, n_ff, n_embd),
-                "ffn_up_exps": (n_expert, n_ff, n_embd),
+        ``ffn_gate_inp`` and the 3-D ``ffn_gate_exps``/``ffn_up_exps``/``ffn_down_exps``.
+        ``fused_at`` (a layer index, for the architectures whose llama.cpp loader calls
+        create_tensor_gate_up_exps): that layer's one ``ffn_gate_up_exps`` (each expert's
+        rows [gate | up]) when the file has it, instead of the two."""
+        gate_up: dict[str, Shape] = {"ffn_gate_exps": (n_expert, n_ff, n_embd),
+                                     "ffn_up_exps": (n_expert, n_ff, n_embd)}
+        if fused_at is not None and self.has(f"blk.{fused_at}.ffn_gate_up_exps.weight"):
+            gate_up = {"ffn_gate_up_exps": (n_expert, 2 * n_ff, n_embd)}
+        return {"ffn_gate_inp": (n_expert, n_embd), **gate_up,
                 "ffn_down_exps": (n_expert, n_embd, n_ff)}
 
     def _qkv_specs(self, i: int, c: ModelConfig) -> tuple[dict[str, Shape], dict[str, Shape]]:

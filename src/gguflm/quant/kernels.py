@@ -9,8 +9,8 @@ How a product ``W (d_out, d_in) @ x (d_in,)`` runs, as in ggml's CPU backend:
    declaration in ``kerneltypes.KERNEL_TYPES``) and multiplied with the activation integers
    with ggml's x86 float steps (the K-quants' integer lanes are our own: see
    ``int_tiles``), in tiles of weight rows times activation rows; every tile shape runs
-   the same per-element sequence, so results are batch-invariant. Each weight type's tiles are compiled on their own, for the types a
-   model has (``prepare``).
+   the same per-element sequence, so results are batch-invariant. Each weight type's
+   tiles are compiled on their own, for the types a model has (``prepare``).
 3. Rows run in parallel work items (``products``).
 
 The SIMD work is LLVM vector IR (``vector_ir``). F16 weights have float tiles

@@ -114,10 +114,10 @@ class Qwen35(Model):
         for i in range(c.n_layer):
             mixer, optional = (self.delta_tensors(), {}) if c.recurrent[i] else (
                 self.attention_tensors(w, i))
-            self.layers.append(w.layer(i, {**norms, **mixer, **self.ffn_tensors(w)}, optional))
+            self.layers.append(w.layer(i, {**norms, **mixer, **self.ffn_tensors(w, i)}, optional))
         for i in range(c.n_layer, c.n_layer + c.n_nextn):  # MTP blocks: loaded, not run
             mixer, optional = self.attention_tensors(w, i)
-            w.layer(i, {}, {**norms, **mixer, **optional, **self.ffn_tensors(w),
+            w.layer(i, {}, {**norms, **mixer, **optional, **self.ffn_tensors(w, i),
                             **self.nextn_tensors()})
         n_rec = 0
         self.blocks = []
@@ -151,8 +151,8 @@ class Qwen35(Model):
                 "ssm_beta": (c.n_v_head, c.n_embd), "ssm_alpha": (c.n_v_head, c.n_embd),
                 "ssm_norm": (c.d_state,), "ssm_out": (c.n_embd, c.d_inner)}
 
-    def ffn_tensors(self, w: Weights) -> dict[str, Any]:
-        """The FFN's tensors (a subclass's hook: experts)."""
+    def ffn_tensors(self, w: Weights, i: int) -> dict[str, Any]:  # noqa: ARG002
+        """Layer i's FFN tensors (a subclass's hook: experts)."""
         c = self.config
         return {"ffn_gate": (c.n_ff, c.n_embd), "ffn_up": (c.n_ff, c.n_embd),
                 "ffn_down": (c.n_embd, c.n_ff)}

@@ -54,9 +54,9 @@ class Qwen35Moe(Qwen35):
     config_class = Qwen35MoeConfig
     config: Qwen35MoeConfig
 
-    def ffn_tensors(self, w: Weights) -> dict[str, Any]:
-        c = self.config
-        return {**w.experts(c.n_expert, c.n_embd, c.n_ff_exp),
+    def ffn_tensors(self, w: Weights, i: int) -> dict[str, Any]:
+        c = self.config  # gate and up may be one fused tensor, as create_tensor_gate_up_exps
+        return {**w.experts(c.n_expert, c.n_embd, c.n_ff_exp, fused_at=i),
                 "ffn_gate_inp_shexp": (c.n_embd,), "ffn_gate_shexp": (c.n_ff_shexp, c.n_embd),
                 "ffn_up_shexp": (c.n_ff_shexp, c.n_embd),
                 "ffn_down_shexp": (c.n_embd, c.n_ff_shexp)}
