@@ -12,7 +12,7 @@ from typing import NamedTuple
 from llvmlite import ir
 
 from .kerneltypes import KERNEL_TYPES, KernelType, Plane
-from .vector_ir import F32, I8, I16, I32, I64, SIMD, VNNI, WIDE, VectorIR, vec
+from .vector_ir import E8M0_AT, F32, I8, I16, I32, I64, SIMD, VNNI, WIDE, VectorIR, vec
 
 
 class SpanScales(NamedTuple):
@@ -179,12 +179,9 @@ def block_scale(g: VectorIR, k: KernelType, row, off) -> ir.Value:  # noqa: ANN0
     at = g.b.add(off, g.c64(k.format[k.d_field].offset))
     if k.d_enc == "f16":
         return g.f16(row, at)
-    bld = g.b
-    e = bld.zext(bld.load(g.at(row, at)), I32)
-    sub = bld.shl(ir.Constant(I32, 0x00200000), e)
-    norm = bld.shl(bld.sub(e, ir.Constant(I32, 1)), ir.Constant(I32, 23))
-    bits = bld.select(bld.icmp_unsigned("<", e, ir.Constant(I32, 2)), sub, norm)
-    return bld.bitcast(bits, F32)
+    bld = g.b  # the table's entry E8M0_AT + e
+    e = bld.zext(bld.load(g.at(row, at)), I64)
+    return bld.load(g.at(g.tbl, bld.add(e, g.c64(E8M0_AT))))
 
 
 class SpanPair(NamedTuple):
@@ -257,9 +254,11 @@ def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False,  # noqa:
         for p in k.planes:
             v = _emit_plane(g, k, p, row, off, span)
             w = v if w is None else bld.or_(w, v)
-        if k.table:
+        if k.table and shifted:  # the entries plus 128 (their top bit flipped): one step
+            w = _lookup(g, w, tuple(t ^ -128 for t in k.table))
+        elif k.table:
             w = _lookup(g, w, k.table)
-        if shifted and not k.bias:  # int8 values (bytes, a table): + 128 flips the top bit
+        elif shifted and not k.bias:  # whole int8 bytes: + 128 flips the top bit
             w = bld.xor(w, g.splat8(-128, 32))
         elif k.bias and not shifted:
             w = bld.sub(w, g.splat8(k.bias, 32))

@@ -70,8 +70,16 @@ if VNNI512:  # ``VectorIR.dpwssd512``'s inline asm needs the parser numba leaves
 
     _llvm.initialize_native_asmparser()
 
-# float16 bit pattern -> float32, for block scales read straight from the weight bytes
-F16_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+# float16 bit pattern -> float32, for block scales read straight from the weight bytes;
+# then, at E8M0_AT + e, ggml_e8m0_to_fp32_half of the byte e (MXFP4's scales: one load
+# instead of a shift, a subtraction and a select per block): 2**(e - 128), built from bits
+# as ggml does (0x00200000 << e below 2, else (e - 1) << 23)
+E8M0_AT = 65536
+_E = np.arange(256, dtype=np.uint32)
+F16_TABLE = np.concatenate((
+    np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32),
+    np.where(_E < 2, np.uint32(0x00200000) << _E, (_E - 1) << 23).astype(np.uint32)
+    .view(np.float32)))
 
 I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), \
     ir.FloatType()
