@@ -69,6 +69,7 @@ def test_inspect_names_the_path(reference: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert ("compiled (blocks for every batch; no team: layer 0's FFN is a mixture of "
             "experts, run op by op") in out
+    assert "expert by expert (blk.0.ffn_gate_exps.weight[0] is F16: no integer kernel)" in out
     assert "8 (2 used per token)" in out
     with gguflm.gguf.open(path) as f:
         total = sum(t.n_elements for t in f.tensors.values())
@@ -163,6 +164,7 @@ def test_quantized_experts_run_in_two_calls_with_each_experts_numbers(
     q = gguflm.load_model(out)
     e = q.blocks[0].ffn
     assert isinstance(e, Experts) and e.gate_up_all.usable and e.down_all.usable, e.gate_up_all.why
+    assert "every chosen expert's gate and up in one kernel call" in q.plan.describe()
     ids = np.array([5, 300, 77, 1200, 9, 64, 2000, 31, 450, 12])
     alone = q.logits(ids)
     cache = q.new_cache(32)

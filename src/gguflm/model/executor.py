@@ -154,10 +154,14 @@ def _team_differs(blocks: list[Block]) -> str:
     """Why the team (one table for every layer) cannot take these layers, or ''."""
     for il, b in enumerate(blocks):
         if isinstance(b.ffn, Experts):
-            slow = next((m for m in (*b.ffn.gate, *b.ffn.up, *b.ffn.down)
+            e = b.ffn
+            slow = next((m for m in (*e.gate, *e.up, *e.down)
                          if m.type not in COMPILED_TYPES), None)
+            how = ("every chosen expert's gate and up in one kernel call, their downs in "
+                   "another" if e.gate_up_all.usable and e.down_all.usable else
+                   f"expert by expert ({e.gate_up_all.why or e.down_all.why})")
             return (f"layer {il}'s FFN is a mixture of experts, run op by op: the router, "
-                    f"the top-k and each chosen expert's products" + (
+                    f"the top-k, then {how}" + (
                         f"; {slow.name} is {slow.type.ggml_name}, whose products dequantize "
                         f"(no compiled product yet)" if slow is not None else ""))
     def shape(b: Block) -> tuple:

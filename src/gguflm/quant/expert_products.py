@@ -115,19 +115,22 @@ class ExpertWeights:
         first = per_matrix[0][0]
         self.rows, self.d_in = first.shape
         self.shape = tuple(first.raw.shape) if first.raw.ndim == 2 else (0, 0)
-        self.why = ""
-        for ms in per_matrix:
-            for m in ms:
-                if m.type not in KERNEL_TYPES or m.type != ms[0].type:
-                    self.why = f"{m.name or m.type.ggml_name}: no integer kernel"
-                elif (m.shape != first.shape or m.raw.dtype != np.uint8
-                      or tuple(m.raw.shape) != self.shape or not m.raw.flags.c_contiguous):
-                    self.why = f"{m.name}: weights not laid out as the first expert's"
+        self.why = next((why for ms in per_matrix for m in ms
+                         if (why := self._unusable(m, ms[0], first))), "")
         self.usable = not self.why
         self.kinds = np.array([int(ms[0].type) for ms in per_matrix], np.int64)
         self.ptrs = np.array([[m.raw.ctypes.data if self.usable else 0 for m in ms]
                               for ms in per_matrix], np.int64)
         self._mats = per_matrix  # the weights the addresses point into, kept alive
+
+    def _unusable(self, m: QMatrix, same_type: QMatrix, first: QMatrix) -> str:
+        """Why expert matrix ``m`` cannot join the others in one call, or ''."""
+        if m.type not in KERNEL_TYPES or m.type != same_type.type:
+            return f"{m.name or m.type.ggml_name} is {m.type.ggml_name}: no integer kernel"
+        if (m.shape != first.shape or m.raw.dtype != np.uint8
+                or tuple(m.raw.shape) != self.shape or not m.raw.flags.c_contiguous):
+            return f"{m.name}: weights not laid out as the first expert's"
+        return ""
 
     def __call__(self, x: np.ndarray, experts: np.ndarray, starts: np.ndarray,
                  order: np.ndarray) -> np.ndarray:
