@@ -15,8 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..quant.expert_products import ExpertWeights
-from ..quant.matrix import QMatrix
+from ..quant.matrix import ExpertWeights, QMatrix
 
 # the gated activations a GLU FFN may use: llama.cpp's LLM_FFN_SILU and LLM_FFN_GELU, the
 # latter computed in float32 ("gelu") or through ggml-cpu's float16 table ("gelu_f16",

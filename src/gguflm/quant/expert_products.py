@@ -11,8 +11,6 @@ own, and the row kernels compute each element the same way whatever tile it fall
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numba
 import numpy as np
 from numba import njit, prange, types
@@ -20,8 +18,6 @@ from numba import njit, prange, types
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from .act_quant import Q8_K_KINDS, ActivationSet, activation_sets, activation_sets_par
 from .int_tiles import ROW_CHUNK, prepare, qmatmul_rows
-from .kerneltypes import KERNEL_TYPES
-from .matrix import QMatrix
 from .products import CHUNKS_PER_THREAD, PAR_QUANTIZE_ROWS
 from .vector_ir import F16_TABLE, array_view
 
@@ -104,37 +100,3 @@ def expert_products(kinds: np.ndarray, ptrs: np.ndarray, shape: tuple[int, int],
                      experts, starts, order, F16_TABLE, out, numba.get_num_threads())
     return out
 
-
-class ExpertWeights:
-    """M matrices of every expert (gate and up; or down) as ``expert_products`` takes them.
-    ``usable`` is False, and ``why`` says why, when some expert's weights have no integer
-    kernel or are not laid out as one (rows, row bytes) array each (F16 experts, say:
-    those run expert by expert)."""
-
-    def __init__(self, *per_matrix: Sequence[QMatrix]) -> None:
-        first = per_matrix[0][0]
-        self.rows, self.d_in = first.shape
-        self.shape = tuple(first.raw.shape) if first.raw.ndim == 2 else (0, 0)
-        self.why = next((why for ms in per_matrix for m in ms
-                         if (why := self._unusable(m, ms[0], first))), "")
-        self.usable = not self.why
-        self.kinds = np.array([int(ms[0].type) for ms in per_matrix], np.int64)
-        self.ptrs = np.array([[m.raw.ctypes.data if self.usable else 0 for m in ms]
-                              for ms in per_matrix], np.int64)
-        self._mats = per_matrix  # the weights the addresses point into, kept alive
-
-    def _unusable(self, m: QMatrix, same_type: QMatrix, first: QMatrix) -> str:
-        """Why expert matrix ``m`` cannot join the others in one call, or ''."""
-        if m.type not in KERNEL_TYPES or m.type != same_type.type:
-            return f"{m.name or m.type.ggml_name} is {m.type.ggml_name}: no integer kernel"
-        if (m.shape != first.shape or m.raw.dtype != np.uint8
-                or tuple(m.raw.shape) != self.shape or not m.raw.flags.c_contiguous):
-            return f"{m.name}: weights not laid out as the first expert's"
-        return ""
-
-    def __call__(self, x: np.ndarray, experts: np.ndarray, starts: np.ndarray,
-                 order: np.ndarray) -> np.ndarray:
-        """(M, S, rows) f32: ``expert_products`` of these weights."""
-        out = np.empty((len(self.kinds), len(order), self.rows), np.float32)
-        return expert_products(self.kinds, self.ptrs, self.shape, x, experts, starts, order,
-                               out)

@@ -200,6 +200,43 @@ def matmul_many(mats: Sequence[QMatrix], x: np.ndarray) -> list[np.ndarray]:
     return outs
 
 
+class ExpertWeights:
+    """M matrices of every expert (gate and up; or down) as ``expert_products`` takes them.
+    ``usable`` is False, and ``why`` says why, when some expert's weights have no integer
+    kernel or are not laid out as one (rows, row bytes) array each (F16 experts, say:
+    those run expert by expert)."""
+
+    def __init__(self, *per_matrix: Sequence[QMatrix]) -> None:
+        first = per_matrix[0][0]
+        self.rows, self.d_in = first.shape
+        self.shape = tuple(first.raw.shape) if first.raw.ndim == 2 else (0, 0)
+        self.why = next((why for ms in per_matrix for m in ms
+                         if (why := self._unusable(m, ms[0], first))), "")
+        self.usable = not self.why
+        self.kinds = np.array([int(ms[0].type) for ms in per_matrix], np.int64)
+        self.ptrs = np.array([[m.raw.ctypes.data if self.usable else 0 for m in ms]
+                              for ms in per_matrix], np.int64)
+        self._mats = per_matrix  # the weights the addresses point into, kept alive
+
+    def _unusable(self, m: QMatrix, same_type: QMatrix, first: QMatrix) -> str:
+        """Why expert matrix ``m`` cannot join the others in one call, or ''."""
+        if m.type not in KERNEL_TYPES or m.type != same_type.type:
+            return f"{m.name or m.type.ggml_name} is {m.type.ggml_name}: no integer kernel"
+        if (m.shape != first.shape or m.raw.dtype != np.uint8
+                or tuple(m.raw.shape) != self.shape or not m.raw.flags.c_contiguous):
+            return f"{m.name}: weights not laid out as the first expert's"
+        return ""
+
+    def __call__(self, x: np.ndarray, experts: np.ndarray, starts: np.ndarray,
+                 order: np.ndarray) -> np.ndarray:
+        """(M, S, rows) f32: ``expert_products`` of these weights."""
+        from .expert_products import expert_products  # numba: imported at first use
+
+        out = np.empty((len(self.kinds), len(order), self.rows), np.float32)
+        return expert_products(self.kinds, self.ptrs, self.shape, x, experts, starts, order,
+                               out)
+
+
 def _plan(mats: Sequence[QMatrix]) -> Any:
     """What ``kernels.qmatmul_planned`` needs for these matrices (type ids, weights padded
     to MAX_FUSED, rows, count), checked once and kept on the first matrix; None when they
