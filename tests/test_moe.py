@@ -193,3 +193,47 @@ def test_a_model_larger_than_memory_is_announced(capsys, reference: Path) -> Non
     assert err.startswith("note: the model (0.0 GB) is larger than the memory available")
     say_if_larger_than_memory(path, available=1 << 40)
     assert capsys.readouterr().err == ""
+
+
+def test_a_moe_model_through_run_bench_and_the_server(reference: Path, tmp_path: Path,
+                                                      capsys) -> None:
+    """CLI, API and server unchanged for a mixture of experts: the tiny qwen3moe through
+    ``run``, ``bench`` and ``serve`` (continuous batching: two clients of the official
+    ``openai`` package at once, one of them held to a JSON schema)."""
+    import json
+    import threading
+
+    import openai
+
+    from gguflm.cli import main
+    from test_hostile_server import _start, _stop
+
+    path = reference / "arch" / "qwen3moe" / "tiny-qwen3moe-f16.gguf"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    assert main(["run", str(path), "-p", "The capital of France is", "-n", "8",
+                 "--temp", "0"]) == 0
+    assert main(["bench", str(path), "-p", "16", "-n", "4", "-r", "1"]) == 0
+    assert "tg4" in capsys.readouterr().out
+    proc, url = _start(path, tmp_path / "log.txt", "-np", "2")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=300)
+        schema = {"type": "string", "enum": ["yes", "no"]}
+        got: dict[str, object] = {}
+
+        def ask(key: str, **extra: object) -> None:
+            got[key] = client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "Is water wet?"}],
+                max_tokens=16, temperature=0, **extra)
+
+        threads = [threading.Thread(target=ask, args=("plain",)),
+                   threading.Thread(target=ask, args=("schema",), kwargs={"response_format": {
+                       "type": "json_schema", "json_schema": {"name": "a", "schema": schema}}})]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert got["plain"].usage.completion_tokens > 0
+        assert json.loads(got["schema"].choices[0].message.content) in ("yes", "no")
+    finally:
+        _stop(proc)
