@@ -179,7 +179,7 @@ def test_quantized_experts_run_in_two_calls_with_each_experts_numbers(
     np.testing.assert_array_equal(q.logits(ids), alone)
     none = np.zeros(0, np.int64)  # a step where no row reaches the layer's experts
     assert e.gate_up_all(np.zeros((0, e.gate_up_all.d_in), np.float32), none,
-                         np.zeros(1, np.int64), none).shape == (2, 0, e.gate_up_all.rows)
+                         np.zeros(1, np.int64)).shape == (2, 0, e.gate_up_all.rows)
 
 
 def test_a_model_larger_than_memory_is_announced(capsys, reference: Path) -> None:

@@ -138,10 +138,10 @@ def _experts_at_once(e: Experts, h: np.ndarray, groups: list, gated: object,
     rows = np.array([r for _, rs, _ in groups for r in rs], np.int64)
     slots = np.array([s for _, _, ss in groups for s in ss], np.int64)
     of_slot = np.repeat(experts, np.diff(starts))  # each slot's expert
-    gu = e.gate_up_all(h, experts, starts, rows)
+    gu = e.gate_up_all(h[rows], experts, starts)
     g = gu[0] if e.gate_b is None else gu[0] + e.gate_b[of_slot]
     u = gu[1] if e.up_b is None else gu[1] + e.up_b[of_slot]
-    y = e.down_all(gated(g, u), experts, starts, np.arange(len(rows), dtype=np.int64))[0]
+    y = e.down_all(gated(g, u), experts, starts)[0]
     if e.down_scale is not None:
         y = y * e.down_scale[of_slot][:, None]
     ys[rows, slots] = y if e.down_b is None else y + e.down_b[of_slot]

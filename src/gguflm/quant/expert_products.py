@@ -1,8 +1,8 @@
 """Expert products (ggml's ``mul_mat_id``): the same input rows times the weights of the
 experts each row chose, every chosen expert of every row in one call.
 
-The rows are grouped by expert (``groups``: the experts, where each one's run of slots
-starts, and which input row each slot reads), so each expert's weights are read once per
+The rows come grouped by expert (the experts, where each one's run of slots starts, and
+a row per slot), so each expert's weights are read once per
 call however many rows chose it; a mixture-of-experts layer takes two calls a step (gate
 and up together, then down) instead of two per expert. Every output element is the one
 ``QMatrix.matmul`` of that expert gives for that row alone: each row is quantized on its
@@ -16,20 +16,12 @@ import numpy as np
 from numba import njit, prange, types
 
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
-from .act_quant import Q8_K_KINDS, ActivationSet, activation_sets, activation_sets_par
+from .act_quant import Q8_K_KINDS
 from .int_tiles import ROW_CHUNK, prepare, qmatmul_rows
-from .products import CHUNKS_PER_THREAD, PAR_QUANTIZE_ROWS
+from .products import CHUNKS_PER_THREAD, activation_sets_for_par
 from .vector_ir import F16_TABLE, array_view
 
 _u8_view = array_view(types.uint8, 2, readonly=True)
-
-
-@njit(cache=True, nogil=True)
-def _gather(a, order):  # noqa: ANN001, ANN202
-    """ActivationSet ``a``'s rows in slot order (its optional arrays kept when empty)."""
-    cor = a.cor[order] if a.cor.shape[0] else a.cor
-    qu = a.qu[order] if a.qu.shape[0] else a.qu
-    return ActivationSet(a.qa[order], a.da[order], a.aux[order], cor, qu)
 
 
 @njit(cache=True, nogil=True)
@@ -72,31 +64,27 @@ def _run_par(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items):  # 
 
 
 @njit(cache=True, nogil=True)
-def _expert_products(kinds, ptrs, shape, x, experts, starts, order, tbl, out, threads):  # noqa: ANN001, ANN202
+def _expert_products(kinds, ptrs, shape, x, experts, starts, tbl, out, threads):  # noqa: ANN001, ANN202
     count = kinds.shape[0]
-    xs = np.ascontiguousarray(x[order])
-    if xs.shape[0] >= PAR_QUANTIZE_ROWS:
-        a32, ak = activation_sets_par(kinds, count, xs)
-    else:
-        a32, ak = activation_sets(kinds, count, xs)
+    a32, ak = activation_sets_for_par(kinds, count, x)
     _run_par(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out,
              _items(count, shape[0], starts, threads))
 
 
 def expert_products(kinds: np.ndarray, ptrs: np.ndarray, shape: tuple[int, int],
                     x: np.ndarray, experts: np.ndarray, starts: np.ndarray,
-                    order: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``out[m, s] = W[m][experts[g]] @ x[order[s]]`` for the slots s of each group g
-    (``starts[g] <= s < starts[g + 1]``).
+                    out: np.ndarray) -> np.ndarray:
+    """``out[m, s] = W[m][experts[g]] @ x[s]`` for the slots s of each group g (``starts[g]
+    <= s < starts[g + 1]``).
 
     ``kinds`` (M,) i64: the ggml type of each of the M matrices (integer kernels);
     ``ptrs`` (M, n_expert) i64: the address of each expert's weights, (rows, row bytes) =
-    ``shape`` C-contiguous u8 (read-only: the caller keeps them alive); ``x`` (T, K) f32;
-    ``experts`` (G,), ``starts`` (G + 1,), ``order`` (S,) i64; ``out`` (M, S, rows) f32."""
-    if len(order) == 0:  # no rows (a step with nothing to compute here)
+    ``shape`` C-contiguous u8 (read-only: the caller keeps them alive); ``x`` (S, K) f32,
+    a row per slot; ``experts`` (G,), ``starts`` (G + 1,) i64; ``out`` (M, S, rows) f32."""
+    if len(x) == 0:  # no rows (a step with nothing to compute here)
         return out
     prepare([int(k) for k in kinds])
     _expert_products(kinds, ptrs, np.array(shape, np.int64), np.ascontiguousarray(x, np.float32),
-                     experts, starts, order, F16_TABLE, out, numba.get_num_threads())
+                     experts, starts, F16_TABLE, out, numba.get_num_threads())
     return out
 

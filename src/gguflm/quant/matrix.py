@@ -227,14 +227,12 @@ class ExpertWeights:
             return f"{m.name}: weights not laid out as the first expert's"
         return ""
 
-    def __call__(self, x: np.ndarray, experts: np.ndarray, starts: np.ndarray,
-                 order: np.ndarray) -> np.ndarray:
-        """(M, S, rows) f32: ``expert_products`` of these weights."""
+    def __call__(self, x: np.ndarray, experts: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """(M, S, rows) f32: ``expert_products`` of these weights, x (S, K) a row per slot."""
         from .expert_products import expert_products  # numba: imported at first use
 
-        out = np.empty((len(self.kinds), len(order), self.rows), np.float32)
-        return expert_products(self.kinds, self.ptrs, self.shape, x, experts, starts, order,
-                               out)
+        out = np.empty((len(self.kinds), len(x), self.rows), np.float32)
+        return expert_products(self.kinds, self.ptrs, self.shape, x, experts, starts, out)
 
 
 def _plan(mats: Sequence[QMatrix]) -> Any:

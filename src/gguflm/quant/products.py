@@ -98,13 +98,19 @@ def _run_items_par(kinds, ws, a32, ak, tbl, outs, items):  # noqa: ANN001, ANN20
 
 
 @njit(cache=True, nogil=True)
+def activation_sets_for_par(kinds, count, x):  # noqa: ANN001, ANN201
+    """``activation_sets`` for products whose rows run in parallel: a batch's rows (from
+    PAR_QUANTIZE_ROWS) quantized in parallel too."""
+    if x.shape[0] >= PAR_QUANTIZE_ROWS:
+        return activation_sets_par(kinds, count, x)
+    return activation_sets(kinds, count, x)
+
+
+@njit(cache=True, nogil=True)
 def qmatmul_par(kinds, ws, x, tbl, outs, count, threads):  # noqa: ANN001, ANN201
     """``qmatmul_serial``'s products with their row ranges run in parallel (and a batch's
     rows quantized in parallel)."""
-    if x.shape[0] >= PAR_QUANTIZE_ROWS:
-        a32, ak = activation_sets_par(kinds, count, x)
-    else:
-        a32, ak = activation_sets(kinds, count, x)
+    a32, ak = activation_sets_for_par(kinds, count, x)
     _run_items_par(kinds, ws, a32, ak, tbl, outs, work_items(ws, count, x.shape[0], threads))
 
 

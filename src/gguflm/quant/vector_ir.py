@@ -262,11 +262,15 @@ class VectorIR:
         if sc is not None:
             lanes = ir.Constant(vec(I32, 32), [sc.first] * 16 + [sc.second] * 16)
             p = b.mul(p, b.sext(b.shuffle_vector(sc.scales, sc.scales, lanes), vec(I32, 32)))
-        for width in (16, 8):  # adjacent pairs, twice: lane j sums values 4j..4j+3
-            ev = ir.Constant(vec(I32, width), list(range(0, 2 * width, 2)))
-            od = ir.Constant(vec(I32, width), list(range(1, 2 * width, 2)))
-            p = b.add(b.shuffle_vector(p, p, ev), b.shuffle_vector(p, p, od))
+        p = self.pair_sums(self.pair_sums(p))  # lane j sums values 4j..4j+3
         return p if acc is None else b.add(acc, p)
+
+    def pair_sums(self, v: ir.Value) -> ir.Value:
+        """<2n x i32> -> <n x i32>: lane j is lanes 2j and 2j + 1 added (portable IR)."""
+        n = v.type.count // 2
+        ev = ir.Constant(vec(I32, n), list(range(0, 2 * n, 2)))
+        od = ir.Constant(vec(I32, n), list(range(1, 2 * n, 2)))
+        return self.b.add(self.b.shuffle_vector(v, v, ev), self.b.shuffle_vector(v, v, od))
 
     def dpbusd(self, acc: ir.Value, u8: ir.Value, s8: ir.Value) -> ir.Value:
         """``vpdpbusd``: <8 x i32> ``acc`` plus, in lane j, the four products of unsigned
@@ -317,12 +321,7 @@ class VectorIR:
             s16 = self.maddubs512(u8, s8)
             return self.call("llvm.x86.avx512.pmaddw.d.512", v32, [s16, ir.Constant(w16, [1] * 32)])
         ext = b.sext if both_signed else b.zext
-        p = b.mul(ext(u8, vec(I32, n)), b.sext(s8, vec(I32, n)))
-        for width in (n // 2, n // 4):  # adjacent pairs, twice
-            ev = ir.Constant(vec(I32, width), list(range(0, 2 * width, 2)))
-            od = ir.Constant(vec(I32, width), list(range(1, 2 * width, 2)))
-            p = b.add(b.shuffle_vector(p, p, ev), b.shuffle_vector(p, p, od))
-        return p
+        return self.pair_sums(self.pair_sums(b.mul(ext(u8, vec(I32, n)), b.sext(s8, vec(I32, n)))))
 
     def pack_madd(self, d_a: ir.Value, d_b: ir.Value, scales: ir.Value,
                   acc: ir.Value | None = None) -> ir.Value:
@@ -342,15 +341,8 @@ class VectorIR:
         order = [x for k in range(n // 4) for x in
                  [4 * k + i for i in range(4)] + [n + 4 * k + i for i in range(4)]]
         words = b.shuffle_vector(d_a, d_b, ir.Constant(vec(I32, 2 * n), order))
-        p = b.mul(words, b.sext(scales, vec(I32, 2 * n)))
-        ev = ir.Constant(vec(I32, n), list(range(0, 2 * n, 2)))
-        od = ir.Constant(vec(I32, n), list(range(1, 2 * n, 2)))
-        p = b.add(b.shuffle_vector(p, p, ev), b.shuffle_vector(p, p, od))
+        p = self.pair_sums(b.mul(words, b.sext(scales, vec(I32, 2 * n))))
         return p if acc is None else b.add(acc, p)
-
-    def fold16(self, v: ir.Value) -> ir.Value:
-        """<16 x i32> -> <8 x i32>: lane l plus lane l + 8 (two spans' lanes summed)."""
-        return self.b.add(self.lanes(v, list(range(8))), self.lanes(v, list(range(8, 16))))
 
     def fma8(self, acc: ir.Value, lanes: ir.Value, scale: ir.Value) -> ir.Value:
         """``acc + float(lanes) * scale`` fused, 8 lanes (ggml's ``_mm256_fmadd_ps``)."""
