@@ -35,6 +35,7 @@ from numba.extending import intrinsic
 from ..gguf.types import GGMLType
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from .int_blocks import block_scale, signed, unpack, vnni_offset, wide
+from .int_gemm import GEMM_KINDS, GEMM_MIN_ROWS, gemm_rows
 from .kerneltypes import KERNEL_TYPES, KernelType
 from .vector_ir import (
     F32,
@@ -137,10 +138,13 @@ def _emit_type_loop(g: VectorIR, k: KernelType, t: Tile, nb, shift: str = "") ->
             slot = bld.gep(t.lanes.scratch, [bld.mul(loop.index, g.c64(8))])
             _emit_block(g, k, t, bld.add(c0, loop.index), slot, shift)
     if t.pair_acc is not None:  # each row's 8 lanes, in _scaled_dot's order
+        zero16 = ir.Constant(vec(F32, 16), [0.0] * 16)
         for q, pa in enumerate(t.pair_acc):
             v = bld.load(pa)
             for r in range(2):
-                bld.store(g.lanes(v, _PAIR_LANES[r]), t.acc[0][2 * q + r])
+                order = [2 * r, 8 + 2 * r] + [16] * 6 if k.parity_lanes else _PAIR_LANES[r]
+                bld.store(bld.shuffle_vector(v, zero16, ir.Constant(vec(I32, 8), order)),
+                          t.acc[0][2 * q + r])
     if k.offset:  # the offset terms' lanes back to the rows' sums
         accv = bld.load(t.lanes.acc)
         for i in range(len(t.acts)):
@@ -236,6 +240,8 @@ def _emit_wide_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> 
                 else:
                     sums.append(g.quad_sums(sp.values, g.vload(act.qa, at, 64)))
             acc = g.pack_madd(sums[0], sums[1], sc, acc)
+        if k.parity_lanes:  # row r's even spans' sum in lane 2 r, its odd spans' in 8 + 2 r
+            acc = _fold_pairs(g, acc)
         # row r's d * d_act in its 8 lanes: the same product _accumulate takes
         spread = g.lanes(dd8, [2 * q + (x // 2) % 2 for x in range(16)])
         f = bld.sitofp(acc, vec(F32, 16))
@@ -322,7 +328,28 @@ def _scaled_dot(g: VectorIR, k: KernelType, blk, a8: list) -> ir.Value:  # noqa:
         sx, sy = blk.spans[x].scales, blk.spans[x + 1].scales
         idx = [sx.first] * 4 + [sy.first] * 4 + [sx.second] * 4 + [sy.second] * 4
         isum = g.pack_madd(sums[x], sums[x + 1], g.lanes(sx.scales, idx), isum)
+    if k.parity_lanes:
+        return _parity_sums(g, isum)
     return g.lanes(isum, [0, 1, 4, 5, 2, 3, 6, 7])
+
+
+def _fold_pairs(g: VectorIR, v) -> ir.Value:  # noqa: ANN001
+    """``v`` (<n x i32>, n = 8 or 16) with lane i the sum of lanes i, i ^ 1, i ^ 4 and
+    i ^ 5 (exact integers: any order): ``pack_madd``'s even spans' products gathered in
+    lanes 0 and 8 + 2 r, its odd spans' in lanes 2 and 8 + ... (``KernelType.parity_lanes``)."""
+    n = v.type.count
+    for x in (1, 4):
+        v = g.b.add(v, g.lanes(v, [i ^ x for i in range(n)]))
+    return v
+
+
+def _parity_sums(g: VectorIR, v) -> ir.Value:  # noqa: ANN001
+    """<8 x i32> [even, odd, 0, 0, 0, 0, 0, 0]: a block's scaled integer dot split into its
+    even and odd 32-value spans, from ``_scaled_dot``'s pack_madd lanes (0, 1, 4, 5: the
+    even spans' products; 2, 3, 6, 7: the odd)."""
+    zero = ir.Constant(vec(I32, 8), [0] * 8)
+    return g.b.shuffle_vector(_fold_pairs(g, v), zero,
+                              ir.Constant(vec(I32, 8), [0, 2] + [8] * 6))
 
 
 def _accumulate(g: VectorIR, t: Tile, j: int, i: int, act: ActRow, b, blk, isum,  # noqa: ANN001, PLR0913
@@ -612,6 +639,10 @@ def qmatmul_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1):  # noqa: ANN0
     out[:, r0:r1] (n, R) f32 (``act_quant.ActivationSet``'s arrays: ``cor`` and ``qu`` may
     have no rows), by the type's row kernel. A type without one (or not ``prepare``d)
     gives NaN, never a silent 0."""
+    if kind in GEMM_KINDS and qa.shape[0] >= GEMM_MIN_ROWS:
+        r0 = gemm_rows(w, r0, r1, qa, da, aux, tbl, out)  # groups of 8 rows; the rest below
+        if r0 == r1:
+            return
     if not _call_rows_kernel(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1):
         out[:, r0:r1] = np.nan
 

@@ -63,6 +63,9 @@ class KernelType:
     table: tuple[int, ...] = ()  # (): none; 16 int8 values the 4-bit plane value indexes
     d_field: str = "d"  # the block's float scale
     d_enc: str = "f16"  # "f16"; "e8m0_half": ggml_e8m0_to_fp32_half of one byte (MXFP4)
+    # two lanes (scales "k4"): a block's scaled integer dot split only into its even and its
+    # odd 32-value groups, the split the 8-row interleaved GEMM (``int_gemm``) computes
+    parity_lanes: bool = False
 
     @property
     def format(self) -> BlockFormat:
@@ -99,7 +102,8 @@ KERNEL_TYPES: dict[GGMLType, KernelType] = {k.type: k for k in [
     KernelType(T.Q5_1, T.Q8_1, (_nibbles("qs"), _fifth_bit("qh")), offset="m"),
     KernelType(T.Q8_0, T.Q8_0, (Plane("qs", 32, 8),)),
     # four 32-byte runs: value 64i + l is the low nibble of byte 32i + l, 64i + 32 + l the high
-    KernelType(T.Q4_K, T.Q8_K, (Plane("qs", 32, 4),), scales="k4", offset="dmin"),
+    KernelType(T.Q4_K, T.Q8_K, (Plane("qs", 32, 4),), scales="k4", offset="dmin",
+               parity_lanes=True),
     KernelType(T.Q5_K, T.Q8_K, (Plane("qs", 32, 4), Plane("qh", 32, 1, shift=4)),
                scales="k4", offset="dmin"),
     # per 128 values: low 4 bits from 64 bytes of ql, top 2 bits from 32 bytes of qh
