@@ -1,24 +1,30 @@
-"""Q4_K weights times many activation rows: an interleaved GEMM, 8 weight rows at a time.
+"""Q4_K and Q6_K weights times many activation rows: an interleaved GEMM, 8 weight rows at a
+time.
 
-A group of 8 weight rows is first unpacked into a buffer (``_emit_pack``): per block, for
-each 8 values of the block the 8 rows' values side by side (one 512-bit vector: row n in
-bytes 8n..8n+7), their integer scales and mins, and their float scales. Then every
-activation row runs over the buffer (``_emit_gemm``): 8 bytes of the activation broadcast
-to the 8 rows, one ``vpdpbusd`` per 8 values for all 8 weight rows; the 32 values of a
-group sum in each row's two words before one ``packssdw`` and one ``vpdpwssd`` apply the
-scales to two groups at once. That is 1.25 vector operations per 64 products where the
-per-row tiles (``int_tiles``) need about 3, and the unpacking is done once for all the
-activation rows instead of once per 8.
+A group of 8 weight rows is first unpacked into a buffer (``_pack``): per block, for each 8
+values of the block the 8 rows' values side by side (one 512-bit vector: row n in bytes
+8n..8n+7), and the rows' integer scales (and Q4_K's mins), float scales and, for Q6_K, the
+constant its signed values need. Then every activation row runs over the buffer
+(``_make_gemm``): 8 bytes of the activation broadcast to the 8 rows, one ``vpdpbusd`` per 8
+values of all 8 weight rows, and one ``packssdw`` + ``vpdpwssd`` per two such results
+applies the rows' scales. Q4_K's values are small enough that the 32 values of a group sum
+in each row's two words first (one scale step per 4 ``vpdpbusd``); Q6_K's take one per 2.
+About 1.8 (Q4_K) and 2.3 (Q6_K) vector operations per 64 products where the per-row tiles
+(``int_tiles``) need 3-4, and the unpacking is done once for all the activation rows
+instead of once per 8.
 
-The numbers are those of every other Q4_K path (``KernelType.parity_lanes``): per block,
-the scaled integer dot of the even and of the odd 32-value groups (exact integers), each
-its float lane ``+= float(isum) * (d * d_act)``; the mins' term ``-= (d_act * dmin) *
-sum(min * 32-sum)`` (exact integers in float); at the end ``(even + odd) + mins' term``.
-So a row's product does not depend on which path ran it (batch invariance). AVX512-VNNI
-only (``USABLE``); elsewhere the per-row tiles run.
+The numbers are those of every other path of these types (``KernelType.parity_lanes``):
+per block, the scaled integer dot of the even and of the odd 32-value spans (exact
+integers), each its float lane ``+= float(isum) * (d * d_act)``; Q4_K's mins' term ``-=
+(d_act * dmin) * sum(min * 32-sum)`` (exact integers in float); at the end ``(even + odd) +
+offset term``. So a row's product does not depend on which path ran it (batch invariance).
+AVX512-VNNI only (``USABLE``); elsewhere the per-row tiles run.
 """
 
 from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
@@ -33,24 +39,42 @@ from .kerneltypes import KERNEL_TYPES
 from .vector_ir import F32, I8, I16, I32, I64, VNNI512, VectorIR, array_args, row_pointer, vec
 
 USABLE = VNNI512
-GEMM_KINDS = (int(GGMLType.Q4_K),) if USABLE else (-1,)  # a constant tuple for numba
+Q4_K, Q6_K = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
+GEMM_KINDS = (Q4_K, Q6_K) if USABLE else (-1,)  # a constant tuple for numba
 GROUP = 8  # weight rows unpacked together
 GEMM_MIN_ROWS = 8  # activation rows from which a product runs here
 _ROWS_AT_ONCE = 4  # activation rows per pass over a block (they share the weight loads)
 
-_Q4K = KERNEL_TYPES[GGMLType.Q4_K]
-_QS = _Q4K.format["qs"].offset
-_SCALES = _Q4K.format["scales"].offset
-_D, _DMIN = _Q4K.format["d"].offset, _Q4K.format["dmin"].offset
-_TYPE_SIZE = _Q4K.type_size
-# the buffer's block: values [8-value group g][row n][8], scales [row n][group s] (bytes),
-# mins [group s][row n] (float), d [row n], dmin [row n] (float)
-_W, _SZ, _MN, _DW, _DM = 0, 2048, 2112, 2368, 2400
-BLOCK_BYTES = 2432
 
+class _Layout(NamedTuple):
+    """Where a block's parts lie in the buffer (byte offsets) and in the weights."""
+
+    block_bytes: int
+    type_size: int
+    scales: int  # the rows' integer scales, bytes [row][group]
+    d: int  # the rows' d, float [row]
+    extra: int  # Q4_K: dmin float [row] then mins float [group][row]; Q6_K: <16 x i32> start
+
+
+def _layout(t: GGMLType, scale_bytes: int, extra_bytes: int) -> _Layout:
+    k = KERNEL_TYPES[t]
+    return _Layout(2048 + scale_bytes + 32 + extra_bytes, k.type_size, 2048, 2048 + scale_bytes,
+                   2048 + scale_bytes + 32)
+
+
+_L4 = _layout(GGMLType.Q4_K, 64, 32 + 256)
+_L6 = _layout(GGMLType.Q6_K, 128, 64)
+_F4 = KERNEL_TYPES[GGMLType.Q4_K].format
+_F6 = KERNEL_TYPES[GGMLType.Q6_K].format
+BLOCK_BYTES_Q4_K, TYPE_SIZE_Q4_K = _L4.block_bytes, _L4.type_size  # constants for numba
+BLOCK_BYTES_Q6_K, TYPE_SIZE_Q6_K = _L6.block_bytes, _L6.type_size
+
+
+# -- IR helpers ----------------------------------------------------------------------------
 
 def _ptr(g: VectorIR, base, off, t: ir.Type) -> ir.Value:  # noqa: ANN001
-    return g.b.bitcast(g.at(base, off), t.as_pointer())
+    return g.b.bitcast(g.at(base, off if isinstance(off, ir.Value) else g.c64(off)),
+                       t.as_pointer())
 
 
 def _cat(g: VectorIR, a, b) -> ir.Value:  # noqa: ANN001
@@ -59,75 +83,19 @@ def _cat(g: VectorIR, a, b) -> ir.Value:  # noqa: ANN001
     return g.b.shuffle_vector(a, b, ir.Constant(vec(I32, n), list(range(n))))
 
 
-def _emit_pack_values(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
-    """The 8 rows' 256 values of the block at byte ``off`` into ``out[_W:]``: 32 vectors,
-    vector g holding values 8g..8g+7 of each row (value 64p + l is the low nibble of byte
-    32p + l of the row's ``qs``, value 64p + 32 + l the high one)."""
+def _qwords(g: VectorIR, rows: list, off) -> list:  # noqa: ANN001
+    """Four <64 x i8>: vector j holds bytes 8j..8j+7 of the 32 at ``off`` of each of the 8
+    rows (row n in bytes 8n..8n+7)."""
     bld = g.b
-    v4 = vec(I64, 4)
-    for p in range(4):
-        q = [bld.load(_ptr(g, r, bld.add(off, g.c64(_QS + 32 * p)), v4), align=1) for r in rows]
-        pairs = [_cat(g, q[2 * m], q[2 * m + 1]) for m in range(4)]
-        for j in range(4):
-            idx = ir.Constant(vec(I32, 4), [j, 4 + j, 8 + j, 12 + j])
-            lo4 = bld.shuffle_vector(pairs[0], pairs[1], idx)
-            hi4 = bld.shuffle_vector(pairs[2], pairs[3], idx)
-            v = bld.bitcast(_cat(g, lo4, hi4), vec(I8, 64))
-            low = bld.and_(v, g.splat8(15, 64))
-            high = bld.and_(bld.lshr(v, g.splat8(4, 64)), g.splat8(15, 64))
-            bld.store(low, _ptr(g, out, g.c64(_W + 64 * (8 * p + j)), vec(I8, 64)), align=1)
-            bld.store(high, _ptr(g, out, g.c64(_W + 64 * (8 * p + 4 + j)), vec(I8, 64)), align=1)
-
-
-def _emit_pack_scales(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
-    """The 8 rows' scales (bytes, [row][group]), mins (float, [group][row]), d and dmin of
-    the block at byte ``off`` into ``out``."""
-    bld = g.b
-    sm = [k_scales(g, r, bld.add(off, g.c64(_SCALES))) for r in rows]  # scales 0-7, mins 8-15
-    cat = [_cat(g, sm[2 * m], sm[2 * m + 1]) for m in range(4)]
-    cat = [_cat(g, cat[0], cat[1]), _cat(g, cat[2], cat[3])]
-    sz = bld.shuffle_vector(cat[0], cat[1], ir.Constant(
-        vec(I32, 64), [16 * n + s for n in range(8) for s in range(8)]))
-    bld.store(sz, _ptr(g, out, g.c64(_SZ), vec(I8, 64)), align=1)
-    mins = bld.shuffle_vector(cat[0], cat[1], ir.Constant(
-        vec(I32, 64), [16 * n + 8 + s for s in range(8) for n in range(8)]))
-    mf = bld.uitofp(bld.zext(mins, vec(I32, 64)), vec(F32, 64))
-    bld.store(mf, _ptr(g, out, g.c64(_MN), vec(F32, 64)), align=4)
-    for at, field in ((_DW, _D), (_DM, _DMIN)):
-        v = ir.Constant(vec(F32, 8), [0.0] * 8)
-        for n, r in enumerate(rows):
-            v = bld.insert_element(v, g.f16(r, bld.add(off, g.c64(field))), ir.Constant(I32, n))
-        bld.store(v, _ptr(g, out, g.c64(at), vec(F32, 8)), align=4)
-
-
-@intrinsic
-def _pack(typingctx, w, r0, tbl, buf):  # noqa: ANN001, ANN202, ARG001
-    """``_pack(w (R, row_bytes) u8, r0, tbl, buf (nb, BLOCK_BYTES) u8)``: weight rows
-    r0..r0+7 of ``w`` into ``buf`` (the layout above), every block."""
-    sig = types.int64(w, r0, tbl, buf)
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        ws, r0_, tbls, bufs = array_args(context, builder, signature, args)
-        g = VectorIR(builder, tbls.data)
-        rows = [row_pointer(builder, ws, builder.add(r0_, g.c64(n)), I8) for n in range(GROUP)]
-        nb = cgutils.unpack_tuple(builder, bufs.shape)[0]
-        with cgutils.for_range(builder, nb) as loop:
-            off = builder.mul(loop.index, g.c64(_TYPE_SIZE))
-            out = row_pointer(builder, bufs, loop.index, I8)
-            _emit_pack_values(g, rows, off, out)
-            _emit_pack_scales(g, rows, off, out)
-        return context.get_constant(types.int64, 0)
-
-    return sig, codegen
-
-
-# _emit_gemm: pack_madd's scale words for groups 2p, 2p + 1 from the buffer's [row][group]
-# bytes: in 128-bit lane L (rows 2L, 2L + 1) each row's two words of group 2p, then of 2p + 1
-_SCALE_IDX = [[8 * (2 * (i // 8) + (i // 2) % 2) + 2 * p + (i % 8) // 4 for i in range(32)]
-              for p in range(4)]
-_D16 = [2 * (i // 4) + i % 2 for i in range(16)]  # row of float lane i (4L + 2 odd + t)
-_EVEN = [0, 1, 4, 5, 8, 9, 12, 13]  # rows 0..7's even-group lanes
-_ODD = [2, 3, 6, 7, 10, 11, 14, 15]
+    q = [bld.load(_ptr(g, r, off, vec(I64, 4)), align=1) for r in rows]
+    pairs = [_cat(g, q[2 * m], q[2 * m + 1]) for m in range(4)]
+    out = []
+    for j in range(4):
+        idx = ir.Constant(vec(I32, 4), [j, 4 + j, 8 + j, 12 + j])
+        v = _cat(g, bld.shuffle_vector(pairs[0], pairs[1], idx),
+                 bld.shuffle_vector(pairs[2], pairs[3], idx))
+        out.append(bld.bitcast(v, vec(I8, 64)))
+    return out
 
 
 def _bcast8(g: VectorIR, ptr, off) -> ir.Value:  # noqa: ANN001
@@ -139,34 +107,15 @@ def _bcast8(g: VectorIR, ptr, off) -> ir.Value:  # noqa: ANN001
     return bld.bitcast(v, vec(I8, 64))
 
 
+def _bcast_at(g: VectorIR, ptr, base, v: int) -> ir.Value:  # noqa: ANN001
+    """``_bcast8`` at byte ``base + v``: an activation row's 8 values from value v of a block."""
+    return _bcast8(g, ptr, g.b.add(base, g.c64(v)))
+
+
 def _dpbusd(g: VectorIR, acc, u8, s8) -> ir.Value:  # noqa: ANN001
     v32 = vec(I32, 16)
     return g.call("llvm.x86.avx512.vpdpbusd.512", v32,
                   [acc, g.b.bitcast(u8, v32), g.b.bitcast(s8, v32)])
-
-
-def _emit_block_isums(g: VectorIR, blk, qas: list, abase) -> list:  # noqa: ANN001
-    """<16 x i32> per activation row: lane 4L + 2 odd + t, row 2L + t's scaled integer dot
-    of the block's even (odd = 0) or odd 32-value groups, the block at ``blk`` in the
-    buffer and at value ``abase`` in the activation rows ``qas``."""
-    bld = g.b
-    zero = ir.Constant(vec(I32, 16), [0] * 16)
-    sz = bld.load(_ptr(g, blk, g.c64(_SZ), vec(I8, 64)), align=1)
-    isums = [None] * len(qas)
-    for p in range(4):
-        sc = bld.zext(bld.shuffle_vector(sz, sz, ir.Constant(vec(I32, 32), _SCALE_IDX[p])),
-                      vec(I16, 32))
-        even, odd = [zero] * len(qas), [zero] * len(qas)
-        for j in range(4):
-            we = bld.load(_ptr(g, blk, g.c64(_W + 64 * (8 * p + j)), vec(I8, 64)), align=1)
-            wo = bld.load(_ptr(g, blk, g.c64(_W + 64 * (8 * p + 4 + j)), vec(I8, 64)), align=1)
-            for a, qa in enumerate(qas):
-                at = bld.add(abase, g.c64(64 * p + 8 * j))
-                even[a] = _dpbusd(g, even[a], we, _bcast8(g, qa, at))
-                odd[a] = _dpbusd(g, odd[a], wo, _bcast8(g, qa, bld.add(at, g.c64(32))))
-        for a in range(len(qas)):  # each word pair: one row's 16 values of one group
-            isums[a] = g.pack_madd(even[a], odd[a], sc, isums[a])
-    return isums
 
 
 def _splat(g: VectorIR, x, n: int) -> ir.Value:  # noqa: ANN001
@@ -174,9 +123,181 @@ def _splat(g: VectorIR, x, n: int) -> ir.Value:  # noqa: ANN001
     return g.b.shuffle_vector(v, v, ir.Constant(vec(I32, n), [0] * n))
 
 
-def _make_gemm(na: int):  # noqa: ANN202 - a numba intrinsic
-    """Intrinsic ``gemm(buf, qa, da, aux, i0, out, c0)``: ``out[i0 + a, c0 + n]`` for
-    ``a < na``, ``n < 8``: buffered weight rows (``_pack``) times Q8_K activation rows."""
+def _store(g: VectorIR, v, base, off: int) -> None:  # noqa: ANN001
+    g.b.store(v, _ptr(g, base, off, v.type), align=1)
+
+
+def _load(g: VectorIR, base, off: int, t: ir.Type) -> ir.Value:  # noqa: ANN001
+    return g.b.load(_ptr(g, base, off, t), align=1)
+
+
+def _pack_d(g: VectorIR, rows: list, off, field: int, out, at: int) -> None:  # noqa: ANN001
+    """The 8 rows' fp16 at byte ``field`` of the block at ``off``, as <8 x float> at ``at``."""
+    v = ir.Constant(vec(F32, 8), [0.0] * 8)
+    for n, r in enumerate(rows):
+        v = g.b.insert_element(v, g.f16(r, g.b.add(off, g.c64(field))), ir.Constant(I32, n))
+    _store(g, v, out, at)
+
+
+# pack_madd's scale words: in 128-bit lane L (weight rows 2L, 2L + 1), each row's two words
+# of the even span's group, then of the odd span's; from the buffer's [row][group] bytes
+def _scale_index(groups: int, even: int, odd: int) -> list[int]:
+    return [groups * (2 * (i // 8) + (i // 2) % 2) + (odd if i % 8 >= 4 else even)
+            for i in range(32)]
+
+
+_D16 = [2 * (i // 4) + i % 2 for i in range(16)]  # weight row of float lane i
+_EVEN = [0, 1, 4, 5, 8, 9, 12, 13]  # rows 0..7's even-span lanes (4L + t)
+_ODD = [2, 3, 6, 7, 10, 11, 14, 15]  # and odd-span lanes (4L + 2 + t)
+
+
+# -- Q4_K ----------------------------------------------------------------------------------
+
+def _pack_q4k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
+    """Q4_K block at ``off`` of the 8 rows into the buffer block ``out``: value 64p + l is
+    the low nibble of byte 32p + l of a row's ``qs``, 64p + 32 + l the high one."""
+    bld = g.b
+    for p in range(4):
+        for j, v in enumerate(_qwords(g, rows, bld.add(off, g.c64(_F4["qs"].offset + 32 * p)))):
+            _store(g, bld.and_(v, g.splat8(15, 64)), out, 64 * (8 * p + j))
+            _store(g, bld.and_(bld.lshr(v, g.splat8(4, 64)), g.splat8(15, 64)), out,
+                   64 * (8 * p + 4 + j))
+    sm = [k_scales(g, r, bld.add(off, g.c64(_F4["scales"].offset))) for r in rows]
+    cat = [_cat(g, sm[2 * m], sm[2 * m + 1]) for m in range(4)]
+    cat = [_cat(g, cat[0], cat[1]), _cat(g, cat[2], cat[3])]  # row n: scales, then mins
+    sz = bld.shuffle_vector(cat[0], cat[1], ir.Constant(
+        vec(I32, 64), [16 * n + s for n in range(8) for s in range(8)]))
+    _store(g, sz, out, _L4.scales)
+    mins = bld.shuffle_vector(cat[0], cat[1], ir.Constant(
+        vec(I32, 64), [16 * n + 8 + s for s in range(8) for n in range(8)]))
+    _store(g, bld.uitofp(bld.zext(mins, vec(I32, 64)), vec(F32, 64)), out, _L4.extra + 32)
+    _pack_d(g, rows, off, _F4["d"].offset, out, _L4.d)
+    _pack_d(g, rows, off, _F4["dmin"].offset, out, _L4.extra)
+
+
+def _isums_q4k(g: VectorIR, blk, acts: list, start) -> list:  # noqa: ANN001
+    """<16 x i32> per activation (``acts[a](value)``: its 8 bytes from there, broadcast):
+    lane 4L + 2 odd + t, row 2L + t's scaled integer dot of the even or odd spans."""
+    bld = g.b
+    zero = ir.Constant(vec(I32, 16), [0] * 16)
+    sz = _load(g, blk, _L4.scales, vec(I8, 64))
+    isums = [start] * len(acts)
+    for p in range(4):
+        idx = ir.Constant(vec(I32, 32), _scale_index(8, 2 * p, 2 * p + 1))
+        sc = bld.zext(bld.shuffle_vector(sz, sz, idx), vec(I16, 32))
+        even, odd = [zero] * len(acts), [zero] * len(acts)
+        for j in range(4):  # each row's two words: 16 values of one group (< 2**15)
+            we = _load(g, blk, 64 * (8 * p + j), vec(I8, 64))
+            wo = _load(g, blk, 64 * (8 * p + 4 + j), vec(I8, 64))
+            for a, act in enumerate(acts):
+                even[a] = _dpbusd(g, even[a], we, act(64 * p + 8 * j))
+                odd[a] = _dpbusd(g, odd[a], wo, act(64 * p + 32 + 8 * j))
+        for a in range(len(acts)):
+            isums[a] = g.pack_madd(even[a], odd[a], sc, isums[a])
+    return isums
+
+
+def _offset_q4k(g: VectorIR, blk, aux, b, dab, term) -> ir.Value:  # noqa: ANN001
+    """Q4_K's mins' term of block ``b`` for one activation row: ``term - (d_act * dmin) *
+    sum(min * 32-sum)`` over the 8 weight rows."""
+    bld = g.b
+    msum = None  # integers below 2**24 in float: exact in any order
+    for s in range(8):
+        mn = _load(g, blk, _L4.extra + 32 + 32 * s, vec(F32, 8))
+        x = _splat(g, g.load_f32(aux, bld.add(bld.mul(b, g.c64(8)), g.c64(s))), 8)
+        msum = bld.fmul(mn, x) if msum is None else g.call("llvm.fma.v8f32", vec(F32, 8),
+                                                          [mn, x, msum])
+    scale = bld.fmul(_splat(g, dab, 8), _load(g, blk, _L4.extra, vec(F32, 8)))
+    return bld.fsub(term, bld.fmul(scale, msum))
+
+
+# -- Q6_K ----------------------------------------------------------------------------------
+
+def _pack_q6k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
+    """Q6_K block at ``off`` of the 8 rows into the buffer block ``out``, the values with
+    their 32 taken off (signed). Per 128 values h: value 128h + 32c + l is nibble c // 2 of
+    ``ql[64h + 32 (c % 2) + l]`` with bits 2c, 2c + 1 of ``qh[32h + l]`` above it."""
+    bld = g.b
+    ql, qh = _F6["ql"].offset, _F6["qh"].offset
+    for h in range(2):
+        lows = [_qwords(g, rows, bld.add(off, g.c64(ql + 64 * h + 32 * m))) for m in range(2)]
+        highs = _qwords(g, rows, bld.add(off, g.c64(qh + 32 * h)))
+        for c in range(4):
+            for j in range(4):
+                lo = bld.and_(bld.lshr(lows[c % 2][j], g.splat8(4 * (c // 2), 64)),
+                              g.splat8(15, 64))
+                hi = bld.shl(bld.and_(bld.lshr(highs[j], g.splat8(2 * c, 64)), g.splat8(3, 64)),
+                             g.splat8(4, 64))
+                _store(g, bld.sub(bld.or_(lo, hi), g.splat8(32, 64)), out,
+                       64 * (16 * h + 4 * c + j))
+    for n, r in enumerate(rows):
+        _store(g, g.vload(r, bld.add(off, g.c64(_F6["scales"].offset)), 16), out,
+               _L6.scales + 16 * n)
+    _pack_d(g, rows, off, _F6["d"].offset, out, _L6.d)
+    # the activations come plus 128 (unsigned): each lane starts from -128 times the
+    # weights' own scaled sums, the same steps with every activation byte 1
+    ones = g.splat8(1, 64)
+    sums = _isums_q6k(g, out, [lambda _v: ones], None)[0]
+    _store(g, bld.mul(sums, ir.Constant(vec(I32, 16), [-128] * 16)), out, _L6.extra)
+
+
+def _isums_q6k(g: VectorIR, blk, acts: list, start) -> list:  # noqa: ANN001
+    """``_isums_q4k`` for Q6_K: the activations plus 128 (unsigned) times the signed
+    values; each result holds 4 values (< 2**15), so the scales apply per two."""
+    bld = g.b
+    zero = ir.Constant(vec(I32, 16), [0] * 16)
+    sz = _cat(g, _load(g, blk, _L6.scales, vec(I8, 64)), _load(g, blk, _L6.scales + 64,
+                                                               vec(I8, 64)))
+    isums = [start] * len(acts)
+    for p in range(4):
+        for half in range(2):  # 16-value groups 4p + half (even span), 4p + 2 + half (odd)
+            idx = ir.Constant(vec(I32, 32), _scale_index(16, 4 * p + half, 4 * p + 2 + half))
+            sc = bld.sext(bld.shuffle_vector(sz, sz, idx), vec(I16, 32))
+            for j in (2 * half, 2 * half + 1):
+                we = _load(g, blk, 64 * (8 * p + j), vec(I8, 64))
+                wo = _load(g, blk, 64 * (8 * p + 4 + j), vec(I8, 64))
+                for a, act in enumerate(acts):
+                    even = _dpbusd(g, zero, act(64 * p + 8 * j), we)
+                    odd = _dpbusd(g, zero, act(64 * p + 32 + 8 * j), wo)
+                    isums[a] = g.pack_madd(even, odd, sc, isums[a])
+    return isums
+
+
+# -- the kernels -----------------------------------------------------------------------------
+
+_TYPES = {Q4_K: (_L4, _pack_q4k, _isums_q4k), Q6_K: (_L6, _pack_q6k, _isums_q6k)}
+
+
+def _make_pack(kind: int):  # noqa: ANN202 - a numba intrinsic
+    """Intrinsic ``pack(w (R, row_bytes) u8, r0, tbl, buf (nb, block_bytes) u8)``: weight
+    rows r0..r0+7 of ``w`` (of type ``kind``) into ``buf``, every block."""
+    layout, emit, _ = _TYPES[kind]
+
+    @intrinsic
+    def pack(typingctx, w, r0, tbl, buf):  # noqa: ANN001, ANN202, ARG001
+        sig = types.int64(w, r0, tbl, buf)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            ws, r0_, tbls, bufs = array_args(context, builder, signature, args)
+            g = VectorIR(builder, tbls.data)
+            rows = [row_pointer(builder, ws, builder.add(r0_, g.c64(n)), I8)
+                    for n in range(GROUP)]
+            nb = cgutils.unpack_tuple(builder, bufs.shape)[0]
+            with cgutils.for_range(builder, nb) as loop:
+                emit(g, rows, builder.mul(loop.index, g.c64(layout.type_size)),
+                     row_pointer(builder, bufs, loop.index, I8))
+            return context.get_constant(types.int64, 0)
+
+        return sig, codegen
+
+    return pack
+
+
+def _make_gemm(kind: int, na: int):  # noqa: ANN202 - a numba intrinsic
+    """Intrinsic ``gemm(buf, qa, da, aux, i0, out, c0)``: ``out[i0 + a, c0 + n]`` for ``a <
+    na``, ``n < 8``: the buffered weight rows (``pack``) times activation rows ``qa`` (Q8_K;
+    for Q6_K the bytes plus 128, ``ActivationSet.qu``)."""
+    layout, _, isums_of = _TYPES[kind]
 
     @intrinsic
     def gemm(typingctx, buf, qa, da, aux, i0, out, c0):  # noqa: ANN001, ANN202, ARG001, PLR0913
@@ -184,44 +305,38 @@ def _make_gemm(na: int):  # noqa: ANN202 - a numba intrinsic
 
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
             bufs, qas, das, auxs, i0_, outs, c0_ = array_args(context, builder, signature, args)
-            g = VectorIR(builder, None)
-            bld = builder
+            g, bld = VectorIR(builder, None), builder
             ii = [bld.add(i0_, g.c64(a)) for a in range(na)]
             qp = [row_pointer(bld, qas, i, I8) for i in ii]
             dp = [row_pointer(bld, das, i, F32) for i in ii]
             xp = [row_pointer(bld, auxs, i, F32) for i in ii]
             facc = [cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 16), [0.0] * 16))
                     for _ in range(na)]
-            mterm = [cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 8), [0.0] * 8))
-                     for _ in range(na)]
-            nb = cgutils.unpack_tuple(bld, bufs.shape)[0]
-            with cgutils.for_range(bld, nb) as loop:
+            term = [cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 8), [0.0] * 8))
+                    for _ in range(na)]
+            with cgutils.for_range(bld, cgutils.unpack_tuple(bld, bufs.shape)[0]) as loop:
                 b = loop.index
                 blk = row_pointer(bld, bufs, b, I8)
-                isums = _emit_block_isums(g, blk, qp, bld.mul(b, g.c64(256)))
-                dw8 = bld.load(_ptr(g, blk, g.c64(_DW), vec(F32, 8)), align=4)
-                dm8 = bld.load(_ptr(g, blk, g.c64(_DM), vec(F32, 8)), align=4)
+                base = bld.mul(b, g.c64(256))
+                acts = [partial(_bcast_at, g, q, base) for q in qp]
+                start = _load(g, blk, layout.extra, vec(I32, 16)) if kind == Q6_K else None
+                isums = isums_of(g, blk, acts, start)
+                dw8 = _load(g, blk, layout.d, vec(F32, 8))
                 dw16 = bld.shuffle_vector(dw8, dw8, ir.Constant(vec(I32, 16), _D16))
                 for a in range(na):
                     dab = g.load_f32(dp[a], b)
-                    f = bld.sitofp(isums[a], vec(F32, 16))
                     dd = bld.fmul(dw16, _splat(g, dab, 16))  # d * d_act, as every path
+                    f = bld.sitofp(isums[a], vec(F32, 16))
                     bld.store(g.call("llvm.fma.v16f32", vec(F32, 16),
                                      [f, dd, bld.load(facc[a])]), facc[a])
-                    msum = None  # integers below 2**24 in float: exact in any order
-                    for s in range(8):
-                        mn = bld.load(_ptr(g, blk, g.c64(_MN + 32 * s), vec(F32, 8)), align=4)
-                        aux = _splat(g, g.load_f32(xp[a], bld.add(bld.mul(b, g.c64(8)),
-                                                                  g.c64(s))), 8)
-                        msum = bld.fmul(mn, aux) if msum is None else g.call(
-                            "llvm.fma.v8f32", vec(F32, 8), [mn, aux, msum])
-                    scale = bld.fmul(_splat(g, dab, 8), dm8)
-                    bld.store(bld.fsub(bld.load(mterm[a]), bld.fmul(scale, msum)), mterm[a])
+                    if kind == Q4_K:
+                        bld.store(_offset_q4k(g, blk, xp[a], b, dab, bld.load(term[a])),
+                                  term[a])
             for a in range(na):
                 v = bld.load(facc[a])
-                even = bld.shuffle_vector(v, v, ir.Constant(vec(I32, 8), _EVEN))
-                odd = bld.shuffle_vector(v, v, ir.Constant(vec(I32, 8), _ODD))
-                res = bld.fadd(bld.fadd(even, odd), bld.load(mterm[a]))
+                lanes = [bld.shuffle_vector(v, v, ir.Constant(vec(I32, 8), x))
+                         for x in (_EVEN, _ODD)]
+                res = bld.fadd(bld.fadd(*lanes), bld.load(term[a]))
                 for n in range(GROUP):
                     g.store_2d(outs, ii[a], bld.add(c0_, g.c64(n)),
                                bld.extract_element(res, ir.Constant(I32, n)))
@@ -232,26 +347,55 @@ def _make_gemm(na: int):  # noqa: ANN202 - a numba intrinsic
     return gemm
 
 
-_gemm_n = _make_gemm(_ROWS_AT_ONCE)
-_gemm_1 = _make_gemm(1)
+_pack4, _pack6 = _make_pack(Q4_K), _make_pack(Q6_K)
+_gemm4_n, _gemm4_1 = _make_gemm(Q4_K, _ROWS_AT_ONCE), _make_gemm(Q4_K, 1)
+_gemm6_n, _gemm6_1 = _make_gemm(Q6_K, _ROWS_AT_ONCE), _make_gemm(Q6_K, 1)
 
 
 @njit(cache=True, nogil=True)
-def gemm_rows(w, r0, r1, qa, da, aux, tbl, out):  # noqa: ANN001, ANN201
-    """The hot loop. Q4_K weight rows r0:r1 of ``w`` (R, row_bytes) u8 @ Q8_K activations
-    (n, K) -> out[:, r0:r1] (n, R) f32, in groups of 8 rows; returns the first row of the
-    last 1-7 it leaves to the caller (r1 when none)."""
+def _rows_q4k(w, r0, r1, qa, da, aux, tbl, out):  # noqa: ANN001, ANN202
     n = qa.shape[0]
-    buf = np.empty((w.shape[1] // _TYPE_SIZE, BLOCK_BYTES), np.uint8)
+    buf = np.empty((w.shape[1] // TYPE_SIZE_Q4_K, BLOCK_BYTES_Q4_K), np.uint8)
     c = r0
     while c + GROUP <= r1:
-        _pack(w, c, tbl, buf)
+        _pack4(w, c, tbl, buf)
         i = 0
         while i + _ROWS_AT_ONCE <= n:
-            _gemm_n(buf, qa, da, aux, i, out, c)
+            _gemm4_n(buf, qa, da, aux, i, out, c)
             i += _ROWS_AT_ONCE
         while i < n:
-            _gemm_1(buf, qa, da, aux, i, out, c)
+            _gemm4_1(buf, qa, da, aux, i, out, c)
             i += 1
         c += GROUP
     return c
+
+
+@njit(cache=True, nogil=True)
+def _rows_q6k(w, r0, r1, qu, da, aux, tbl, out):  # noqa: ANN001, ANN202
+    n = qu.shape[0]
+    buf = np.empty((w.shape[1] // TYPE_SIZE_Q6_K, BLOCK_BYTES_Q6_K), np.uint8)
+    c = r0
+    while c + GROUP <= r1:
+        _pack6(w, c, tbl, buf)
+        i = 0
+        while i + _ROWS_AT_ONCE <= n:
+            _gemm6_n(buf, qu, da, aux, i, out, c)
+            i += _ROWS_AT_ONCE
+        while i < n:
+            _gemm6_1(buf, qu, da, aux, i, out, c)
+            i += 1
+        c += GROUP
+    return c
+
+
+@njit(cache=True, nogil=True)
+def gemm_rows(kind, w, r0, r1, qa, da, aux, qu, tbl, out):  # noqa: ANN001, ANN201
+    """The hot loop. Weight rows r0:r1 of ``w`` (R, row_bytes) u8 of type ``kind`` (one of
+    GEMM_KINDS) @ Q8_K activations (n, K) (Q6_K: ``qu``, the bytes plus 128) -> out[:, r0:r1]
+    (n, R) f32, in groups of 8 rows; returns the first row of the last 1-7 it leaves to the
+    caller (r1 when none)."""
+    if kind == Q4_K:
+        return _rows_q4k(w, r0, r1, qa, da, aux, tbl, out)
+    if kind == Q6_K and qu.shape[0] == qa.shape[0]:
+        return _rows_q6k(w, r0, r1, qu, da, aux, tbl, out)
+    return r0

@@ -63,8 +63,8 @@ class KernelType:
     table: tuple[int, ...] = ()  # (): none; 16 int8 values the 4-bit plane value indexes
     d_field: str = "d"  # the block's float scale
     d_enc: str = "f16"  # "f16"; "e8m0_half": ggml_e8m0_to_fp32_half of one byte (MXFP4)
-    # two lanes (scales "k4"): a block's scaled integer dot split only into its even and its
-    # odd 32-value groups, the split the 8-row interleaved GEMM (``int_gemm``) computes
+    # two lanes: a block's scaled integer dot split only into its even and its odd 32-value
+    # spans, the split the 8-row interleaved GEMM (``int_gemm``) computes
     parity_lanes: bool = False
 
     @property
@@ -108,7 +108,7 @@ KERNEL_TYPES: dict[GGMLType, KernelType] = {k.type: k for k in [
                scales="k4", offset="dmin"),
     # per 128 values: low 4 bits from 64 bytes of ql, top 2 bits from 32 bytes of qh
     KernelType(T.Q6_K, T.Q8_K, (Plane("ql", 64, 4), Plane("qh", 32, 2, shift=4)), bias=32,
-               scales="i8"),
+               scales="i8", parity_lanes=True),
     # kvalues_mxfp4 (ggml-common.h): E2M1 values doubled, as d is half the E8M0 scale
     KernelType(T.MXFP4, T.Q8_0, (_nibbles("qs"),),
                table=(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12),
