@@ -34,13 +34,16 @@ from numba.extending import intrinsic
 
 from ..gguf.types import GGMLType
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
+from .formats import FORMATS
 from .int_blocks import k_scales
 from .kerneltypes import KERNEL_TYPES
 from .vector_ir import F32, I8, I16, I32, I64, VNNI512, VectorIR, array_args, row_pointer, vec
 
 USABLE = VNNI512
-Q4_K, Q6_K = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
-GEMM_KINDS = (Q4_K, Q6_K) if USABLE else (-1,)  # a constant tuple for numba
+Q4_K, Q6_K, Q8_0 = int(GGMLType.Q4_K), int(GGMLType.Q6_K), int(GGMLType.Q8_0)
+# the types it runs: those whose declared numbers are its own (a constant tuple for numba)
+GEMM_KINDS = tuple(t for t in (Q4_K, Q6_K, Q8_0) if USABLE and GGMLType(t) in KERNEL_TYPES
+                   and KERNEL_TYPES[GGMLType(t)].parity_lanes) or (-1,)
 GROUP = 8  # weight rows unpacked together
 GEMM_MIN_ROWS = 8  # activation rows from which a product runs here
 _ROWS_AT_ONCE = 4  # activation rows per pass over a block (they share the weight loads)
@@ -53,19 +56,19 @@ class _Layout(NamedTuple):
     type_size: int
     scales: int  # the rows' integer scales, bytes [row][group]
     d: int  # the rows' d, float [row]
-    extra: int  # Q4_K: dmin float [row] then mins float [group][row]; Q6_K: <16 x i32> start
+    # Q4_K: dmin float [row] then mins float [group][row]; Q6_K, Q8_0: the <16 x i32>
+    # lanes' start
+    extra: int
 
 
 def _layout(t: GGMLType, scale_bytes: int, extra_bytes: int) -> _Layout:
-    k = KERNEL_TYPES[t]
-    return _Layout(2048 + scale_bytes + 32 + extra_bytes, k.type_size, 2048, 2048 + scale_bytes,
-                   2048 + scale_bytes + 32)
+    return _Layout(2048 + scale_bytes + 32 + extra_bytes, FORMATS[t].type_size, 2048,
+                   2048 + scale_bytes, 2048 + scale_bytes + 32)
 
 
 _L4 = _layout(GGMLType.Q4_K, 64, 32 + 256)
 _L6 = _layout(GGMLType.Q6_K, 128, 64)
-_F4 = KERNEL_TYPES[GGMLType.Q4_K].format
-_F6 = KERNEL_TYPES[GGMLType.Q6_K].format
+_F4, _F6 = FORMATS[GGMLType.Q4_K], FORMATS[GGMLType.Q6_K]
 BLOCK_BYTES_Q4_K, TYPE_SIZE_Q4_K = _L4.block_bytes, _L4.type_size  # constants for numba
 BLOCK_BYTES_Q6_K, TYPE_SIZE_Q6_K = _L6.block_bytes, _L6.type_size
 
@@ -146,7 +149,6 @@ def _scale_index(groups: int, even: int, odd: int) -> list[int]:
             for i in range(32)]
 
 
-_D16 = [2 * (i // 4) + i % 2 for i in range(16)]  # weight row of float lane i
 _EVEN = [0, 1, 4, 5, 8, 9, 12, 13]  # rows 0..7's even-span lanes (4L + t)
 _ODD = [2, 3, 6, 7, 10, 11, 14, 15]  # and odd-span lanes (4L + 2 + t)
 
@@ -263,15 +265,62 @@ def _isums_q6k(g: VectorIR, blk, acts: list, start) -> list:  # noqa: ANN001
     return isums
 
 
+# -- Q8_0 ----------------------------------------------------------------------------------
+
+def _pack_q80(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
+    """Q8_0 block at ``off`` of the 8 rows into the buffer block ``out``, with each lane's
+    start: -128 times the sum of the weights it multiplies (the activations come plus 128)."""
+    bld = g.b
+    ws = _qwords(g, rows, bld.add(off, g.c64(_F8["qs"].offset)))
+    for j, v in enumerate(ws):
+        _store(g, v, out, 64 * j)
+    ones = g.splat8(1, 64)
+    sums = _isums_q80(g, out, [lambda _v: ones], ir.Constant(vec(I32, 16), [0] * 16))[0]
+    _store(g, bld.mul(sums, ir.Constant(vec(I32, 16), [-128] * 16)), out, _L8.extra)
+    _pack_d(g, rows, off, _F8["d"].offset, out, _L8.d)
+
+
+def _isums_q80(g: VectorIR, blk, acts: list, start) -> list:  # noqa: ANN001
+    """<16 x i32> per activation row: lane 2n + odd, weight row n's integer dot over the
+    even (odd = 0) or odd groups of 4 values of the block (int32: no scale step)."""
+    isums = []
+    for act in acts:
+        acc = start
+        for j in range(4):
+            acc = _dpbusd(g, acc, act(8 * j), _load(g, blk, 64 * j, vec(I8, 64)))
+        isums.append(acc)
+    return isums
+
+
 # -- the kernels -----------------------------------------------------------------------------
 
-_TYPES = {Q4_K: (_L4, _pack_q4k, _isums_q4k), Q6_K: (_L6, _pack_q6k, _isums_q6k)}
+class _Spec(NamedTuple):
+    """How the GEMM runs one weight type."""
+
+    layout: _Layout
+    pack: object  # (g, rows, off, out): one block of 8 rows into the buffer
+    isums: object  # (g, blk, acts, start) -> <16 x i32> per activation row
+    values: int  # values per block
+    start: bool  # whether each block's lanes start from the buffer's ``extra``
+    d16: list[int]  # weight row of float lane i
+    even: list[int]  # rows 0..7's lanes of the even half, then of the odd
+    odd: list[int]
+
+
+_F8 = FORMATS[GGMLType.Q8_0]
+_L8 = _Layout(352, _F8.type_size, 256, 320, 256)
+BLOCK_BYTES_Q8_0, TYPE_SIZE_Q8_0 = _L8.block_bytes, _L8.type_size
+_PAIRED = ([2 * (i // 4) + i % 2 for i in range(16)], _EVEN, _ODD)  # pack_madd's lanes
+_PLAIN = ([i // 2 for i in range(16)], list(range(0, 16, 2)), list(range(1, 16, 2)))
+_TYPES = {Q4_K: _Spec(_L4, _pack_q4k, _isums_q4k, 256, False, *_PAIRED),
+          Q6_K: _Spec(_L6, _pack_q6k, _isums_q6k, 256, True, *_PAIRED),
+          Q8_0: _Spec(_L8, _pack_q80, _isums_q80, 32, True, *_PLAIN)}
 
 
 def _make_pack(kind: int):  # noqa: ANN202 - a numba intrinsic
     """Intrinsic ``pack(w (R, row_bytes) u8, r0, tbl, buf (nb, block_bytes) u8)``: weight
     rows r0..r0+7 of ``w`` (of type ``kind``) into ``buf``, every block."""
-    layout, emit, _ = _TYPES[kind]
+    spec = _TYPES[kind]
 
     @intrinsic
     def pack(typingctx, w, r0, tbl, buf):  # noqa: ANN001, ANN202, ARG001
@@ -284,8 +333,8 @@ def _make_pack(kind: int):  # noqa: ANN202 - a numba intrinsic
                     for n in range(GROUP)]
             nb = cgutils.unpack_tuple(builder, bufs.shape)[0]
             with cgutils.for_range(builder, nb) as loop:
-                emit(g, rows, builder.mul(loop.index, g.c64(layout.type_size)),
-                     row_pointer(builder, bufs, loop.index, I8))
+                spec.pack(g, rows, builder.mul(loop.index, g.c64(spec.layout.type_size)),
+                          row_pointer(builder, bufs, loop.index, I8))
             return context.get_constant(types.int64, 0)
 
         return sig, codegen
@@ -297,7 +346,8 @@ def _make_gemm(kind: int, na: int):  # noqa: ANN202 - a numba intrinsic
     """Intrinsic ``gemm(buf, qa, da, aux, i0, out, c0)``: ``out[i0 + a, c0 + n]`` for ``a <
     na``, ``n < 8``: the buffered weight rows (``pack``) times activation rows ``qa`` (Q8_K;
     for Q6_K the bytes plus 128, ``ActivationSet.qu``)."""
-    layout, _, isums_of = _TYPES[kind]
+    spec = _TYPES[kind]
+    layout = spec.layout
 
     @intrinsic
     def gemm(typingctx, buf, qa, da, aux, i0, out, c0):  # noqa: ANN001, ANN202, ARG001, PLR0913
@@ -317,12 +367,12 @@ def _make_gemm(kind: int, na: int):  # noqa: ANN202 - a numba intrinsic
             with cgutils.for_range(bld, cgutils.unpack_tuple(bld, bufs.shape)[0]) as loop:
                 b = loop.index
                 blk = row_pointer(bld, bufs, b, I8)
-                base = bld.mul(b, g.c64(256))
+                base = bld.mul(b, g.c64(spec.values))
                 acts = [partial(_bcast_at, g, q, base) for q in qp]
-                start = _load(g, blk, layout.extra, vec(I32, 16)) if kind == Q6_K else None
-                isums = isums_of(g, blk, acts, start)
+                start = _load(g, blk, layout.extra, vec(I32, 16)) if spec.start else None
+                isums = spec.isums(g, blk, acts, start)
                 dw8 = _load(g, blk, layout.d, vec(F32, 8))
-                dw16 = bld.shuffle_vector(dw8, dw8, ir.Constant(vec(I32, 16), _D16))
+                dw16 = bld.shuffle_vector(dw8, dw8, ir.Constant(vec(I32, 16), spec.d16))
                 for a in range(na):
                     dab = g.load_f32(dp[a], b)
                     dd = bld.fmul(dw16, _splat(g, dab, 16))  # d * d_act, as every path
@@ -335,7 +385,7 @@ def _make_gemm(kind: int, na: int):  # noqa: ANN202 - a numba intrinsic
             for a in range(na):
                 v = bld.load(facc[a])
                 lanes = [bld.shuffle_vector(v, v, ir.Constant(vec(I32, 8), x))
-                         for x in (_EVEN, _ODD)]
+                         for x in (spec.even, spec.odd)]
                 res = bld.fadd(bld.fadd(*lanes), bld.load(term[a]))
                 for n in range(GROUP):
                     g.store_2d(outs, ii[a], bld.add(c0_, g.c64(n)),
@@ -347,55 +397,68 @@ def _make_gemm(kind: int, na: int):  # noqa: ANN202 - a numba intrinsic
     return gemm
 
 
-_pack4, _pack6 = _make_pack(Q4_K), _make_pack(Q6_K)
-_gemm4_n, _gemm4_1 = _make_gemm(Q4_K, _ROWS_AT_ONCE), _make_gemm(Q4_K, 1)
-_gemm6_n, _gemm6_1 = _make_gemm(Q6_K, _ROWS_AT_ONCE), _make_gemm(Q6_K, 1)
+_PACK = {k: _make_pack(k) for k in _TYPES}
+_GEMM_N = {k: _make_gemm(k, _ROWS_AT_ONCE) for k in _TYPES}
+_GEMM_1 = {k: _make_gemm(k, 1) for k in _TYPES}
+_pack4, _pack6, _pack8 = _PACK[Q4_K], _PACK[Q6_K], _PACK[Q8_0]
+_gemm4_n, _gemm6_n, _gemm8_n = _GEMM_N[Q4_K], _GEMM_N[Q6_K], _GEMM_N[Q8_0]
+_gemm4_1, _gemm6_1, _gemm8_1 = _GEMM_1[Q4_K], _GEMM_1[Q6_K], _GEMM_1[Q8_0]
 
 
-@njit(cache=True, nogil=True)
-def _rows_q4k(w, r0, r1, qa, da, aux, tbl, out):  # noqa: ANN001, ANN202
-    n = qa.shape[0]
-    buf = np.empty((w.shape[1] // TYPE_SIZE_Q4_K, BLOCK_BYTES_Q4_K), np.uint8)
-    c = r0
-    while c + GROUP <= r1:
+@njit(cache=True, nogil=True, inline="always")
+def _pack_rows(kind, w, c, tbl, buf):  # noqa: ANN001, ANN202
+    if kind == Q4_K:
         _pack4(w, c, tbl, buf)
-        i = 0
-        while i + _ROWS_AT_ONCE <= n:
-            _gemm4_n(buf, qa, da, aux, i, out, c)
-            i += _ROWS_AT_ONCE
-        while i < n:
-            _gemm4_1(buf, qa, da, aux, i, out, c)
-            i += 1
-        c += GROUP
-    return c
-
-
-@njit(cache=True, nogil=True)
-def _rows_q6k(w, r0, r1, qu, da, aux, tbl, out):  # noqa: ANN001, ANN202
-    n = qu.shape[0]
-    buf = np.empty((w.shape[1] // TYPE_SIZE_Q6_K, BLOCK_BYTES_Q6_K), np.uint8)
-    c = r0
-    while c + GROUP <= r1:
+    elif kind == Q6_K:
         _pack6(w, c, tbl, buf)
-        i = 0
-        while i + _ROWS_AT_ONCE <= n:
-            _gemm6_n(buf, qu, da, aux, i, out, c)
-            i += _ROWS_AT_ONCE
-        while i < n:
-            _gemm6_1(buf, qu, da, aux, i, out, c)
-            i += 1
-        c += GROUP
-    return c
+    else:
+        _pack8(w, c, tbl, buf)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _gemm(kind, many, buf, acts, da, aux, i, out, c):  # noqa: ANN001, ANN202, PLR0913
+    if kind == Q4_K:
+        if many:
+            _gemm4_n(buf, acts, da, aux, i, out, c)
+        else:
+            _gemm4_1(buf, acts, da, aux, i, out, c)
+    elif kind == Q6_K:
+        if many:
+            _gemm6_n(buf, acts, da, aux, i, out, c)
+        else:
+            _gemm6_1(buf, acts, da, aux, i, out, c)
+    elif many:
+        _gemm8_n(buf, acts, da, aux, i, out, c)
+    else:
+        _gemm8_1(buf, acts, da, aux, i, out, c)
 
 
 @njit(cache=True, nogil=True)
 def gemm_rows(kind, w, r0, r1, qa, da, aux, qu, tbl, out):  # noqa: ANN001, ANN201
     """The hot loop. Weight rows r0:r1 of ``w`` (R, row_bytes) u8 of type ``kind`` (one of
-    GEMM_KINDS) @ Q8_K activations (n, K) (Q6_K: ``qu``, the bytes plus 128) -> out[:, r0:r1]
-    (n, R) f32, in groups of 8 rows; returns the first row of the last 1-7 it leaves to the
-    caller (r1 when none)."""
+    GEMM_KINDS) @ activations (n, K) of its type (Q6_K, Q8_0: ``qu``, the bytes plus 128) ->
+    out[:, r0:r1] (n, R) f32, in groups of 8 rows; returns the first row of the last 1-7
+    it leaves to the caller (r0 when it runs none: ``qu`` without rows)."""
+    n = qa.shape[0]
+    acts = qa if kind == Q4_K else qu
+    if acts.shape[0] != n:
+        return r0
     if kind == Q4_K:
-        return _rows_q4k(w, r0, r1, qa, da, aux, tbl, out)
-    if kind == Q6_K and qu.shape[0] == qa.shape[0]:
-        return _rows_q6k(w, r0, r1, qu, da, aux, tbl, out)
-    return r0
+        shape = (w.shape[1] // TYPE_SIZE_Q4_K, BLOCK_BYTES_Q4_K)
+    elif kind == Q6_K:
+        shape = (w.shape[1] // TYPE_SIZE_Q6_K, BLOCK_BYTES_Q6_K)
+    else:
+        shape = (w.shape[1] // TYPE_SIZE_Q8_0, BLOCK_BYTES_Q8_0)
+    buf = np.empty(shape, np.uint8)
+    c = r0
+    while c + GROUP <= r1:
+        _pack_rows(kind, w, c, tbl, buf)
+        i = 0
+        while i + _ROWS_AT_ONCE <= n:
+            _gemm(kind, True, buf, acts, da, aux, i, out, c)
+            i += _ROWS_AT_ONCE
+        while i < n:
+            _gemm(kind, False, buf, acts, da, aux, i, out, c)
+            i += 1
+        c += GROUP
+    return c
