@@ -1,24 +1,27 @@
-"""Q4_K and Q6_K weights times many activation rows: an interleaved GEMM, 8 weight rows at a
-time.
+"""Q4_K, Q6_K, Q8_0 and Q5_0 weights times many activation rows: an interleaved GEMM, 8
+weight rows at a time.
 
-A group of 8 weight rows is first unpacked into a buffer (``_pack``): per block, for each 8
-values of the block the 8 rows' values side by side (one 512-bit vector: row n in bytes
-8n..8n+7), and the rows' integer scales (and Q4_K's mins), float scales and, for Q6_K, the
-constant its signed values need. Then every activation row runs over the buffer
-(``_make_gemm``): 8 bytes of the activation broadcast to the 8 rows, one ``vpdpbusd`` per 8
-values of all 8 weight rows, and one ``packssdw`` + ``vpdpwssd`` per two such results
-applies the rows' scales. Q4_K's values are small enough that the 32 values of a group sum
-in each row's two words first (one scale step per 4 ``vpdpbusd``); Q6_K's take one per 2.
-About 1.8 (Q4_K) and 2.3 (Q6_K) vector operations per 64 products where the per-row tiles
-(``int_tiles``) need 3-4, and the unpacking is done once for all the activation rows
-instead of once per 8.
+A group of 8 weight rows is first unpacked into a buffer (``_make_pack``): per block, for
+each 8 values of the block the 8 rows' values side by side (one 512-bit vector: row n in
+bytes 8n..8n+7), and the rows' integer scales (Q4_K's mins), float scales and, for the
+signed types, each lane's start (the activations come plus 128, unsigned). Then every
+activation row runs over the buffer (``_make_gemm``): 8 bytes of the activation broadcast
+to the 8 rows, one ``vpdpbusd`` per 8 values of all 8 weight rows. For the K-quants one
+``packssdw`` + ``vpdpwssd`` per two such results applies the rows' integer scales; Q4_K's
+values are small enough that the 32 values of a group sum in each row's two words first
+(one scale step per 4 ``vpdpbusd``), Q6_K's take one per 2. The 32-value types have no
+integer scales: each ``vpdpbusd`` result is two of ggml's lanes of 8 rows, converted and
+added as its float steps do. The unpacking is done once for all the activation rows
+instead of once per 8 (``int_tiles``' 1x8 tile).
 
-The numbers are those of every other path of these types (``KernelType.parity_lanes``):
-per block, the scaled integer dot of the even and of the odd 32-value spans (exact
-integers), each its float lane ``+= float(isum) * (d * d_act)``; Q4_K's mins' term ``-=
-(d_act * dmin) * sum(min * 32-sum)`` (exact integers in float); at the end ``(even + odd) +
-offset term``. So a row's product does not depend on which path ran it (batch invariance).
-AVX512-VNNI only (``USABLE``); elsewhere the per-row tiles run.
+The numbers are those of every other path of these types: for the K-quants
+(``KernelType.parity_lanes``), per block, the scaled integer dot of the even and of the odd
+32-value spans (exact integers), each its float lane ``+= float(isum) * (d * d_act)``;
+Q4_K's mins' term ``-= (d_act * dmin) * sum(min * 32-sum)`` (exact integers in float); at
+the end ``(even + odd) + offset term``. For the 32-value types ggml's 8 lanes (values
+4j..4j+3 of each block) and its horizontal sum. So a row's product does not depend on
+which path ran it (batch invariance). AVX512-VNNI only (``USABLE``); elsewhere the per-row
+tiles run.
 """
 
 from __future__ import annotations
@@ -40,10 +43,14 @@ from .kerneltypes import KERNEL_TYPES
 from .vector_ir import F32, I8, I16, I32, I64, VNNI512, VectorIR, array_args, row_pointer, vec
 
 USABLE = VNNI512
-Q4_K, Q6_K, Q8_0 = int(GGMLType.Q4_K), int(GGMLType.Q6_K), int(GGMLType.Q8_0)
-# the types it runs: those whose declared numbers are its own (a constant tuple for numba)
-GEMM_KINDS = tuple(t for t in (Q4_K, Q6_K, Q8_0) if USABLE and GGMLType(t) in KERNEL_TYPES
-                   and KERNEL_TYPES[GGMLType(t)].parity_lanes) or (-1,)
+Q4_K, Q6_K, Q8_0, Q5_0 = (int(GGMLType.Q4_K), int(GGMLType.Q6_K), int(GGMLType.Q8_0),
+                          int(GGMLType.Q5_0))
+# the types it runs, where the declarations' numbers are its own: the K-quants' two lanes
+# (``parity_lanes``), the 32-value types' ggml lanes (a constant tuple for numba)
+GEMM_KINDS = tuple(t for t, parity in ((Q4_K, True), (Q6_K, True), (Q8_0, False),
+                                       (Q5_0, False))
+                   if USABLE and GGMLType(t) in KERNEL_TYPES
+                   and KERNEL_TYPES[GGMLType(t)].parity_lanes == parity) or (-1,)
 GROUP = 8  # weight rows unpacked together
 GEMM_MIN_ROWS = 8  # activation rows from which a product runs here
 _ROWS_AT_ONCE = 4  # activation rows per pass over a block (they share the weight loads)
@@ -56,8 +63,8 @@ class _Layout(NamedTuple):
     type_size: int
     scales: int  # the rows' integer scales, bytes [row][group]
     d: int  # the rows' d, float [row]
-    # Q4_K: dmin float [row] then mins float [group][row]; Q6_K, Q8_0: the <16 x i32>
-    # lanes' start
+    # Q4_K: dmin float [row] then mins float [group][row]; the signed types: <16 x i32>
+    # lane starts
     extra: int
 
 
@@ -196,7 +203,7 @@ def _isums_q4k(g: VectorIR, blk, acts: list, start) -> list:  # noqa: ANN001
                 odd[a] = _dpbusd(g, odd[a], wo, act(64 * p + 32 + 8 * j))
         for a in range(len(acts)):
             isums[a] = g.pack_madd(even[a], odd[a], sc, isums[a])
-    return isums
+    return [[v] for v in isums]
 
 
 def _offset_q4k(g: VectorIR, blk, aux, b, dab, term) -> ir.Value:  # noqa: ANN001
@@ -239,7 +246,7 @@ def _pack_q6k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
     # the activations come plus 128 (unsigned): each lane starts from -128 times the
     # weights' own scaled sums, the same steps with every activation byte 1
     ones = g.splat8(1, 64)
-    sums = _isums_q6k(g, out, [lambda _v: ones], None)[0]
+    sums = _isums_q6k(g, out, [lambda _v: ones], None)[0][0]
     _store(g, bld.mul(sums, ir.Constant(vec(I32, 16), [-128] * 16)), out, _L6.extra)
 
 
@@ -262,7 +269,7 @@ def _isums_q6k(g: VectorIR, blk, acts: list, start) -> list:  # noqa: ANN001
                     even = _dpbusd(g, zero, act(64 * p + 8 * j), we)
                     odd = _dpbusd(g, zero, act(64 * p + 32 + 8 * j), wo)
                     isums[a] = g.pack_madd(even, odd, sc, isums[a])
-    return isums
+    return [[v] for v in isums]
 
 
 # -- Q8_0 ----------------------------------------------------------------------------------
@@ -274,22 +281,54 @@ def _pack_q80(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
     ws = _qwords(g, rows, bld.add(off, g.c64(_F8["qs"].offset)))
     for j, v in enumerate(ws):
         _store(g, v, out, 64 * j)
-    ones = g.splat8(1, 64)
-    sums = _isums_q80(g, out, [lambda _v: ones], ir.Constant(vec(I32, 16), [0] * 16))[0]
-    _store(g, bld.mul(sums, ir.Constant(vec(I32, 16), [-128] * 16)), out, _L8.extra)
+    _pack_start(g, out)
     _pack_d(g, rows, off, _F8["d"].offset, out, _L8.d)
 
 
-def _isums_q80(g: VectorIR, blk, acts: list, start) -> list:  # noqa: ANN001
-    """<16 x i32> per activation row: lane 2n + odd, weight row n's integer dot over the
-    even (odd = 0) or odd groups of 4 values of the block (int32: no scale step)."""
-    isums = []
-    for act in acts:
-        acc = start
-        for j in range(4):
-            acc = _dpbusd(g, acc, act(8 * j), _load(g, blk, 64 * j, vec(I8, 64)))
-        isums.append(acc)
-    return isums
+def _isums_q80(g: VectorIR, blk, acts: list, starts: list) -> list:  # noqa: ANN001
+    """Per activation row, 4 <16 x i32>: vector j lane 2n + e, weight row n's integer dot
+    of values 8j + 4e .. +3 (ggml's lane 2j + e of a 32-value block), from ``starts[j]``."""
+    ws = [_load(g, blk, 64 * j, vec(I8, 64)) for j in range(4)]
+    return [[_dpbusd(g, starts[j], act(8 * j), ws[j]) for j in range(4)] for act in acts]
+
+
+def _pack_q50(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
+    """Q5_0 block at ``off`` of the 8 rows into the buffer block ``out`` (as ``_pack_q80``),
+    the values with their 16 taken off: value j < 16 is the low nibble of ``qs[j]``, value
+    j + 16 its high nibble, bit 4 of value v bit v of ``qh``."""
+    bld = g.b
+    qs = [bld.load(_ptr(g, r, bld.add(off, g.c64(_F5["qs"].offset)), vec(I64, 2)), align=1)
+          for r in rows]
+    qs = [_cat(g, qs[2 * m], qs[2 * m + 1]) for m in range(4)]
+    qs = _cat(g, _cat(g, qs[0], qs[1]), _cat(g, qs[2], qs[3]))  # <16 x i64>: row n, 2 qwords
+    halves = [bld.bitcast(bld.shuffle_vector(qs, qs, ir.Constant(
+        vec(I32, 8), [2 * n + h for n in range(8)])), vec(I8, 64)) for h in range(2)]
+    qh = ir.Constant(vec(I32, 8), ir.Undefined)
+    for n, r in enumerate(rows):
+        word = bld.load(_ptr(g, r, bld.add(off, g.c64(_F5["qh"].offset)), I32), align=1)
+        qh = bld.insert_element(qh, word, ir.Constant(I32, n))
+    qh = bld.bitcast(qh, vec(I8, 32))
+    bit = ir.Constant(vec(I8, 64), [1 << (i % 8) for i in range(64)])
+    zero = g.splat8(0, 64)
+    for j in range(4):  # values 8j..8j+7: byte j of each row's qh, one bit per value
+        hb = bld.shuffle_vector(qh, qh, ir.Constant(vec(I32, 64),
+                                                    [4 * (i // 8) + j for i in range(64)]))
+        fifth = bld.select(bld.icmp_unsigned("!=", bld.and_(hb, bit), zero),
+                           g.splat8(16, 64), zero)
+        low = halves[j % 2] if j < 2 else bld.lshr(halves[j % 2], g.splat8(4, 64))
+        v = bld.or_(bld.and_(low, g.splat8(15, 64)), fifth)
+        _store(g, bld.sub(v, g.splat8(16, 64)), out, 64 * j)
+    _pack_start(g, out)
+    _pack_d(g, rows, off, _F5["d"].offset, out, _L8.d)
+
+
+def _pack_start(g: VectorIR, out) -> None:  # noqa: ANN001
+    """Each lane's start for the 32-value types: -128 times the sum of the 4 weights it
+    multiplies (the activations come plus 128), the same steps with every activation 1."""
+    ones = g.splat8(1, 64)
+    zero = ir.Constant(vec(I32, 16), [0] * 16)
+    for j, v in enumerate(_isums_q80(g, out, [lambda _v: ones], [zero] * 4)[0]):
+        _store(g, g.b.mul(v, ir.Constant(vec(I32, 16), [-128] * 16)), out, _L8.extra + 64 * j)
 
 
 # -- the kernels -----------------------------------------------------------------------------
@@ -299,22 +338,25 @@ class _Spec(NamedTuple):
 
     layout: _Layout
     pack: object  # (g, rows, off, out): one block of 8 rows into the buffer
-    isums: object  # (g, blk, acts, start) -> <16 x i32> per activation row
+    isums: object  # (g, blk, acts, start) -> per activation row, its <16 x i32> lanes
     values: int  # values per block
-    start: bool  # whether each block's lanes start from the buffer's ``extra``
+    starts: int  # <16 x i32> lane starts per block in the buffer's ``extra`` (0: none)
     d16: list[int]  # weight row of float lane i
-    even: list[int]  # rows 0..7's lanes of the even half, then of the odd
+    even: list[int]  # rows 0..7's even lanes, then odd lanes, of the summed float lanes
     odd: list[int]
 
 
-_F8 = FORMATS[GGMLType.Q8_0]
-_L8 = _Layout(352, _F8.type_size, 256, 320, 256)
+_F8, _F5 = FORMATS[GGMLType.Q8_0], FORMATS[GGMLType.Q5_0]
+_L8 = _Layout(544, _F8.type_size, 256, 512, 256)
 BLOCK_BYTES_Q8_0, TYPE_SIZE_Q8_0 = _L8.block_bytes, _L8.type_size
+TYPE_SIZE_Q5_0 = _F5.type_size  # its buffer blocks are Q8_0's
 _PAIRED = ([2 * (i // 4) + i % 2 for i in range(16)], _EVEN, _ODD)  # pack_madd's lanes
 _PLAIN = ([i // 2 for i in range(16)], list(range(0, 16, 2)), list(range(1, 16, 2)))
-_TYPES = {Q4_K: _Spec(_L4, _pack_q4k, _isums_q4k, 256, False, *_PAIRED),
-          Q6_K: _Spec(_L6, _pack_q6k, _isums_q6k, 256, True, *_PAIRED),
-          Q8_0: _Spec(_L8, _pack_q80, _isums_q80, 32, True, *_PLAIN)}
+_TYPES = {Q4_K: _Spec(_L4, _pack_q4k, _isums_q4k, 256, 0, *_PAIRED),
+          Q6_K: _Spec(_L6, _pack_q6k, _isums_q6k, 256, 1, *_PAIRED),
+          Q8_0: _Spec(_L8, _pack_q80, _isums_q80, 32, 4, *_PLAIN),
+          Q5_0: _Spec(_L8._replace(type_size=_F5.type_size), _pack_q50, _isums_q80, 32, 4,
+                      *_PLAIN)}
 
 
 def _make_pack(kind: int):  # noqa: ANN202 - a numba intrinsic
@@ -342,12 +384,32 @@ def _make_pack(kind: int):  # noqa: ANN202 - a numba intrinsic
     return pack
 
 
+def _block_starts(g: VectorIR, spec: _Spec, blk):  # noqa: ANN001, ANN202
+    """The lane starts ``spec.isums`` takes: none, one <16 x i32>, or a list of them."""
+    starts = [_load(g, blk, spec.layout.extra + 64 * j, vec(I32, 16))
+              for j in range(spec.starts)]
+    return None if not starts else starts[0] if len(starts) == 1 else starts
+
+
+def _row_sums(g: VectorIR, spec: _Spec, accs: list, term) -> ir.Value:  # noqa: ANN001
+    """<8 x float>: the 8 weight rows' results from one activation row's float lanes, in
+    ggml's horizontal-sum order (vectors i and i + half first, then the even and odd
+    lanes), plus the offset term."""
+    bld = g.b
+    vs = [bld.load(x) for x in accs]
+    while len(vs) > 1:
+        half = len(vs) // 2
+        vs = [bld.fadd(vs[i], vs[i + half]) for i in range(half)]
+    lanes = [bld.shuffle_vector(vs[0], vs[0], ir.Constant(vec(I32, 8), x))
+             for x in (spec.even, spec.odd)]
+    return bld.fadd(bld.fadd(*lanes), term)
+
+
 def _make_gemm(kind: int, na: int):  # noqa: ANN202 - a numba intrinsic
     """Intrinsic ``gemm(buf, qa, da, aux, i0, out, c0)``: ``out[i0 + a, c0 + n]`` for ``a <
-    na``, ``n < 8``: the buffered weight rows (``pack``) times activation rows ``qa`` (Q8_K;
-    for Q6_K the bytes plus 128, ``ActivationSet.qu``)."""
+    na``, ``n < 8``: the buffered weight rows (``pack``) times activation rows ``qa`` (Q8_K
+    or Q8_0; for Q6_K, Q8_0, Q5_0 the bytes plus 128, ``ActivationSet.qu``)."""
     spec = _TYPES[kind]
-    layout = spec.layout
 
     @intrinsic
     def gemm(typingctx, buf, qa, da, aux, i0, out, c0):  # noqa: ANN001, ANN202, ARG001, PLR0913
@@ -360,7 +422,8 @@ def _make_gemm(kind: int, na: int):  # noqa: ANN202 - a numba intrinsic
             qp = [row_pointer(bld, qas, i, I8) for i in ii]
             dp = [row_pointer(bld, das, i, F32) for i in ii]
             xp = [row_pointer(bld, auxs, i, F32) for i in ii]
-            facc = [cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 16), [0.0] * 16))
+            zero = ir.Constant(vec(F32, 16), [0.0] * 16)
+            facc = [[cgutils.alloca_once_value(bld, zero) for _ in range(max(1, spec.starts))]
                     for _ in range(na)]
             term = [cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 8), [0.0] * 8))
                     for _ in range(na)]
@@ -369,24 +432,21 @@ def _make_gemm(kind: int, na: int):  # noqa: ANN202 - a numba intrinsic
                 blk = row_pointer(bld, bufs, b, I8)
                 base = bld.mul(b, g.c64(spec.values))
                 acts = [partial(_bcast_at, g, q, base) for q in qp]
-                start = _load(g, blk, layout.extra, vec(I32, 16)) if spec.start else None
-                isums = spec.isums(g, blk, acts, start)
-                dw8 = _load(g, blk, layout.d, vec(F32, 8))
+                isums = spec.isums(g, blk, acts, _block_starts(g, spec, blk))
+                dw8 = _load(g, blk, spec.layout.d, vec(F32, 8))
                 dw16 = bld.shuffle_vector(dw8, dw8, ir.Constant(vec(I32, 16), spec.d16))
                 for a in range(na):
                     dab = g.load_f32(dp[a], b)
                     dd = bld.fmul(dw16, _splat(g, dab, 16))  # d * d_act, as every path
-                    f = bld.sitofp(isums[a], vec(F32, 16))
-                    bld.store(g.call("llvm.fma.v16f32", vec(F32, 16),
-                                     [f, dd, bld.load(facc[a])]), facc[a])
+                    for v, acc in zip(isums[a], facc[a], strict=True):
+                        f = bld.sitofp(v, vec(F32, 16))
+                        bld.store(g.call("llvm.fma.v16f32", vec(F32, 16),
+                                         [f, dd, bld.load(acc)]), acc)
                     if kind == Q4_K:
                         bld.store(_offset_q4k(g, blk, xp[a], b, dab, bld.load(term[a])),
                                   term[a])
             for a in range(na):
-                v = bld.load(facc[a])
-                lanes = [bld.shuffle_vector(v, v, ir.Constant(vec(I32, 8), x))
-                         for x in (spec.even, spec.odd)]
-                res = bld.fadd(bld.fadd(*lanes), bld.load(term[a]))
+                res = _row_sums(g, spec, facc[a], bld.load(term[a]))
                 for n in range(GROUP):
                     g.store_2d(outs, ii[a], bld.add(c0_, g.c64(n)),
                                bld.extract_element(res, ir.Constant(I32, n)))
@@ -398,9 +458,10 @@ def _make_gemm(kind: int, na: int):  # noqa: ANN202 - a numba intrinsic
 
 
 _PACK = {k: _make_pack(k) for k in _TYPES}
-_GEMM_N = {k: _make_gemm(k, _ROWS_AT_ONCE) for k in _TYPES}
-_GEMM_1 = {k: _make_gemm(k, 1) for k in _TYPES}
-_pack4, _pack6, _pack8 = _PACK[Q4_K], _PACK[Q6_K], _PACK[Q8_0]
+_GEMM_N = {k: _make_gemm(k, _ROWS_AT_ONCE) for k in (Q4_K, Q6_K, Q8_0)}
+_GEMM_1 = {k: _make_gemm(k, 1) for k in (Q4_K, Q6_K, Q8_0)}
+_pack4, _pack6, _pack8, _pack5 = _PACK[Q4_K], _PACK[Q6_K], _PACK[Q8_0], _PACK[Q5_0]
+# Q5_0's buffer is Q8_0's: the same products
 _gemm4_n, _gemm6_n, _gemm8_n = _GEMM_N[Q4_K], _GEMM_N[Q6_K], _GEMM_N[Q8_0]
 _gemm4_1, _gemm6_1, _gemm8_1 = _GEMM_1[Q4_K], _GEMM_1[Q6_K], _GEMM_1[Q8_0]
 
@@ -411,8 +472,10 @@ def _pack_rows(kind, w, c, tbl, buf):  # noqa: ANN001, ANN202
         _pack4(w, c, tbl, buf)
     elif kind == Q6_K:
         _pack6(w, c, tbl, buf)
-    else:
+    elif kind == Q8_0:
         _pack8(w, c, tbl, buf)
+    else:
+        _pack5(w, c, tbl, buf)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -447,8 +510,10 @@ def gemm_rows(kind, w, r0, r1, qa, da, aux, qu, tbl, out):  # noqa: ANN001, ANN2
         shape = (w.shape[1] // TYPE_SIZE_Q4_K, BLOCK_BYTES_Q4_K)
     elif kind == Q6_K:
         shape = (w.shape[1] // TYPE_SIZE_Q6_K, BLOCK_BYTES_Q6_K)
-    else:
+    elif kind == Q8_0:
         shape = (w.shape[1] // TYPE_SIZE_Q8_0, BLOCK_BYTES_Q8_0)
+    else:
+        shape = (w.shape[1] // TYPE_SIZE_Q5_0, BLOCK_BYTES_Q8_0)
     buf = np.empty(shape, np.uint8)
     c = r0
     while c + GROUP <= r1:

@@ -304,11 +304,6 @@ def _integer_dot(g: VectorIR, k: KernelType, blk, a8: list, cor: list | None,  #
             start = cor[s] if isum is None else g.b.add(isum, cor[s])
         isum = g.span_dot(sp.values, sp.magnitudes, a8[s], sp.scales,
                           signed(k) and not shift, start)
-    if k.parity_lanes:  # lane j: values 4j..4j+3 of each 32; even j, odd j
-        zero = ir.Constant(vec(I32, 8), [0] * 8)
-        for x in (2, 4):
-            isum = g.b.add(isum, g.lanes(isum, [i ^ x for i in range(8)]))
-        return g.b.shuffle_vector(isum, zero, ir.Constant(vec(I32, 8), [0, 1] + [8] * 6))
     return isum
 
 

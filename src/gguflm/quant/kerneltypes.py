@@ -63,9 +63,8 @@ class KernelType:
     table: tuple[int, ...] = ()  # (): none; 16 int8 values the 4-bit plane value indexes
     d_field: str = "d"  # the block's float scale
     d_enc: str = "f16"  # "f16"; "e8m0_half": ggml_e8m0_to_fp32_half of one byte (MXFP4)
-    # two lanes, the split the 8-row interleaved GEMM (``int_gemm``) computes: a block's
-    # scaled integer dot split into its even and its odd 32-value spans (K-quants), or a
-    # 32-value block's into its even and odd groups of 4 values (Q8_0)
+    # two lanes (K-quants), the split the 8-row interleaved GEMM (``int_gemm``) computes: a
+    # block's scaled integer dot split only into its even and its odd 32-value spans
     parity_lanes: bool = False
 
     @property
@@ -101,7 +100,7 @@ KERNEL_TYPES: dict[GGMLType, KernelType] = {k.type: k for k in [
     KernelType(T.Q4_1, T.Q8_1, (_nibbles("qs"),), offset="m"),
     KernelType(T.Q5_0, T.Q8_0, (_nibbles("qs"), _fifth_bit("qh")), bias=16),
     KernelType(T.Q5_1, T.Q8_1, (_nibbles("qs"), _fifth_bit("qh")), offset="m"),
-    KernelType(T.Q8_0, T.Q8_0, (Plane("qs", 32, 8),), parity_lanes=True),
+    KernelType(T.Q8_0, T.Q8_0, (Plane("qs", 32, 8),)),
     # four 32-byte runs: value 64i + l is the low nibble of byte 32i + l, 64i + 32 + l the high
     KernelType(T.Q4_K, T.Q8_K, (Plane("qs", 32, 4),), scales="k4", offset="dmin",
                parity_lanes=True),
