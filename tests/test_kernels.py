@@ -435,3 +435,30 @@ def test_batch_tiles_equal_rows_alone(zoo, name: str) -> None:  # noqa: ANN001
             alone = np.empty((1, 27), np.float32)
             kernels.qmatmul(int(t.type), w, x[i:i + 1], alone, parallel=False)
             np.testing.assert_array_equal(batch[i], alone[0])
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
+def test_gemm_runs_and_equals_rows_alone(zoo, name: str) -> None:  # noqa: ANN001
+    """The interleaved GEMM (``int_gemm``, AVX512-VNNI) runs these types' groups of 8 weight
+    rows itself (it returns where the 1-7 rows it leaves begin), and each activation row's
+    products are bit for bit that row's alone (the decoding stream), with 4-row passes and
+    single-row ones."""
+    from gguflm.quant import act_quant, int_gemm
+    from gguflm.quant.vector_ir import F16_TABLE
+
+    if not int_gemm.USABLE:
+        pytest.skip("no AVX512-VNNI: the per-row tiles run these products")
+    t = zoo.tensors[f"{name}.q"]
+    kind, w = int(t.type), t.data[:27]
+    assert kind in int_gemm.GEMM_KINDS
+    for n in (8, 9, 13):
+        x = _x(n, t.shape[0], seed=40 + n)
+        a32, ak = act_quant.activation_sets(np.array([kind]), 1, x)
+        a = ak if kind in act_quant.Q8_K_KINDS else a32
+        out = np.full((n, 27), np.nan, np.float32)
+        assert int_gemm.gemm_rows(kind, w, 0, 27, a.qa, a.da, a.aux, a.qu, F16_TABLE, out) == 24
+        assert np.isnan(out[:, 24:]).all()  # the rows past the last group: the caller's
+        for i in range(n):
+            alone = np.empty((1, 27), np.float32)
+            kernels.qmatmul(kind, w, x[i:i + 1], alone, parallel=False)
+            np.testing.assert_array_equal(out[i, :24], alone[0, :24])
