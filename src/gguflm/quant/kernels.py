@@ -10,7 +10,9 @@ How a product ``W (d_out, d_in) @ x (d_in,)`` runs, as in ggml's CPU backend:
    with ggml's x86 float steps (the K-quants' integer lanes are our own: see
    ``int_tiles``), in tiles of weight rows times activation rows; every tile shape runs
    the same per-element sequence, so results are batch-invariant. Each weight type's
-   tiles are compiled on their own, for the types a model has (``prepare``).
+   tiles are compiled on their own, for the types a model has (``prepare``). From 8
+   activation rows, Q4_K, Q6_K, Q8_0 and Q5_0 run as a GEMM over 8 weight rows at a time,
+   unpacked once for all the rows (``int_gemm``; AVX512-VNNI), with the tiles' numbers.
 3. Rows run in parallel work items (``products``).
 
 The SIMD work is LLVM vector IR (``vector_ir``). F16 weights have float tiles
