@@ -185,8 +185,9 @@ def _pack_q4k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
 
 
 def _isums_q4k(g: VectorIR, blk, acts: list, start) -> list:  # noqa: ANN001
-    """<16 x i32> per activation (``acts[a](value)``: its 8 bytes from there, broadcast):
-    lane 4L + 2 odd + t, row 2L + t's scaled integer dot of the even or odd spans."""
+    """Per activation row (``acts[a](value)``: its 8 bytes from there, broadcast), one <16 x
+    i32>: lane 4L + 2 odd + t, weight row 2L + t's scaled integer dot of the block's even
+    (odd = 0) or odd spans."""
     bld = g.b
     zero = ir.Constant(vec(I32, 16), [0] * 16)
     sz = _load(g, blk, _L4.scales, vec(I8, 64))
