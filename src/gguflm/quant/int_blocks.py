@@ -146,7 +146,7 @@ if _UNBUILDABLE:
     raise ImportError(f"kernels: no IR for the declared planes of {', '.join(_UNBUILDABLE)}")
 
 
-def k_scales(g: VectorIR, row, at):  # noqa: ANN001, ANN202
+def _k_scales(g: VectorIR, row, at):  # noqa: ANN001, ANN202
     """Q4_K/Q5_K's 8 six-bit scales and 8 mins (ggml get_scale_min_k4) from the 12 bytes at
     ``row + at`` as <16 x i8> (scales in lanes 0-7, mins in 8-15), unpacked with word-wide
     masks as ggml's x86 code does rather than 16 byte-by-byte extractions."""
@@ -240,7 +240,7 @@ def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False,  # noqa:
     d = block_scale(g, k, row, off)
     sc16 = mins = None
     if k.scales == "k4":
-        sm8 = k_scales(g, row, field_at("scales"))
+        sm8 = _k_scales(g, row, field_at("scales"))
         sc16 = bld.zext(sm8, vec(I16, 16))
         # the 8 integer mins, as <8 x float> (converting only the lanes used)
         mins = bld.uitofp(bld.zext(g.lanes(sm8, list(range(8, 16))), vec(I32, 8)),

@@ -38,7 +38,6 @@ from numba.extending import intrinsic
 from ..gguf.types import GGMLType
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from .formats import FORMATS
-from .int_blocks import k_scales
 from .kerneltypes import KERNEL_TYPES
 from .vector_ir import F32, I8, I16, I32, I64, VNNI512, VectorIR, array_args, row_pointer, vec
 
@@ -171,17 +170,40 @@ def _pack_q4k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
             _store(g, bld.and_(v, g.splat8(15, 64)), out, 64 * (8 * p + j))
             _store(g, bld.and_(bld.lshr(v, g.splat8(4, 64)), g.splat8(15, 64)), out,
                    64 * (8 * p + 4 + j))
-    sm = [k_scales(g, r, bld.add(off, g.c64(_F4["scales"].offset))) for r in rows]
-    cat = [_cat(g, sm[2 * m], sm[2 * m + 1]) for m in range(4)]
-    cat = [_cat(g, cat[0], cat[1]), _cat(g, cat[2], cat[3])]  # row n: scales, then mins
-    sz = bld.shuffle_vector(cat[0], cat[1], ir.Constant(
-        vec(I32, 64), [16 * n + s for n in range(8) for s in range(8)]))
+    sz, mz = _k_scales8(g, rows, bld.add(off, g.c64(_F4["scales"].offset)))
     _store(g, sz, out, _L4.scales)
-    mins = bld.shuffle_vector(cat[0], cat[1], ir.Constant(
-        vec(I32, 64), [16 * n + 8 + s for s in range(8) for n in range(8)]))
+    mins = bld.shuffle_vector(mz, mz, ir.Constant(  # [group][row]
+        vec(I32, 64), [8 * n + s for s in range(8) for n in range(8)]))
     _store(g, bld.uitofp(bld.zext(mins, vec(I32, 64)), vec(F32, 64)), out, _L4.extra + 32)
     _pack_d(g, rows, off, _F4["d"].offset, out, _L4.d)
     _pack_d(g, rows, off, _F4["dmin"].offset, out, _L4.extra)
+
+
+def _k_scales8(g: VectorIR, rows: list, at) -> tuple[ir.Value, ir.Value]:  # noqa: ANN001
+    """The 8 rows' six-bit scales and mins (ggml's get_scale_min_k4) from the 12 bytes at
+    ``at`` of each row, as two <64 x i8>, [row][group]: ``int_blocks``' word-wide masks,
+    for the 8 rows at once."""
+    bld = g.b
+
+    def words(k: int) -> ir.Value:  # word k of each row's 12 bytes
+        v = ir.Constant(vec(I32, 8), ir.Undefined)
+        for n, r in enumerate(rows):
+            x = bld.load(_ptr(g, r, bld.add(at, g.c64(4 * k)), I32), align=1)
+            v = bld.insert_element(v, x, ir.Constant(I32, n))
+        return v
+
+    def c(x: int) -> ir.Constant:
+        return ir.Constant(vec(I32, 8), [x] * 8)
+
+    u0, u1, u2 = words(0), words(1), words(2)
+    s_lo, m_lo = bld.and_(u0, c(0x3F3F3F3F)), bld.and_(u1, c(0x3F3F3F3F))
+    s_hi = bld.or_(bld.and_(u2, c(0x0F0F0F0F)),
+                   bld.shl(bld.and_(bld.lshr(u0, c(6)), c(0x03030303)), c(4)))
+    m_hi = bld.or_(bld.and_(bld.lshr(u2, c(4)), c(0x0F0F0F0F)),
+                   bld.shl(bld.and_(bld.lshr(u1, c(6)), c(0x03030303)), c(4)))
+    side = ir.Constant(vec(I32, 16), [n + 8 * h for n in range(8) for h in range(2)])
+    return (bld.bitcast(bld.shuffle_vector(s_lo, s_hi, side), vec(I8, 64)),
+            bld.bitcast(bld.shuffle_vector(m_lo, m_hi, side), vec(I8, 64)))
 
 
 def _isums_q4k(g: VectorIR, blk, acts: list, start) -> list:  # noqa: ANN001
