@@ -335,8 +335,10 @@ def _scaled_dot(g: VectorIR, k: KernelType, blk, a8: list) -> ir.Value:  # noqa:
 
 def _fold_pairs(g: VectorIR, v) -> ir.Value:  # noqa: ANN001
     """``v`` (<n x i32>, n = 8 or 16) with lane i the sum of lanes i, i ^ 1, i ^ 4 and
-    i ^ 5 (exact integers: any order): ``pack_madd``'s even spans' products gathered in
-    lanes 0 and 8 + 2 r, its odd spans' in lanes 2 and 8 + ... (``KernelType.parity_lanes``)."""
+    i ^ 5 (exact integers: any order), which gathers ``pack_madd``'s lanes by span parity
+    (``KernelType.parity_lanes``): for ``_scaled_dot``'s 8, the even spans' sum in lane 0
+    and the odd spans' in lane 2; for the wide block's 16 (rows r = 0, 1), row r's even
+    spans' sum in lane 2 r and its odd spans' in lane 8 + 2 r."""
     n = v.type.count
     for x in (1, 4):
         v = g.b.add(v, g.lanes(v, [i ^ x for i in range(n)]))
