@@ -1,7 +1,7 @@
 """Q4_K, Q6_K, Q8_0 and Q5_0 weights times many activation rows: an interleaved GEMM, 8
 weight rows at a time.
 
-A group of 8 weight rows is first unpacked into a buffer (``_make_pack``): per block, for
+A group of 8 weight rows is first unpacked into a buffer (``_pack``): per block, for
 each 8 values of the block the 8 rows' values side by side (one 512-bit vector: row n in
 bytes 8n..8n+7), and the rows' integer scales (Q4_K's mins), float scales and, for the
 signed types, each lane's start (the activations come plus 128, unsigned). Then every
@@ -75,8 +75,6 @@ def _layout(t: GGMLType, scale_bytes: int, extra_bytes: int) -> _Layout:
 _L4 = _layout(GGMLType.Q4_K, 64, 32 + 256)
 _L6 = _layout(GGMLType.Q6_K, 128, 64)
 _F4, _F6 = FORMATS[GGMLType.Q4_K], FORMATS[GGMLType.Q6_K]
-BLOCK_BYTES_Q4_K, TYPE_SIZE_Q4_K = _L4.block_bytes, _L4.type_size  # constants for numba
-BLOCK_BYTES_Q6_K, TYPE_SIZE_Q6_K = _L6.block_bytes, _L6.type_size
 
 
 # -- IR helpers ----------------------------------------------------------------------------
@@ -206,14 +204,14 @@ def _k_scales8(g: VectorIR, rows: list, at) -> tuple[ir.Value, ir.Value]:  # noq
             bld.bitcast(bld.shuffle_vector(m_lo, m_hi, side), vec(I8, 64)))
 
 
-def _isums_q4k(g: VectorIR, blk, acts: list, start) -> list:  # noqa: ANN001
+def _isums_q4k(g: VectorIR, blk, acts: list, starts: list) -> list:  # noqa: ANN001, ARG001
     """Per activation row (``acts[a](value)``: its 8 bytes from there, broadcast), one <16 x
     i32>: lane 4L + 2 odd + t, weight row 2L + t's scaled integer dot of the block's even
-    (odd = 0) or odd spans."""
+    (odd = 0) or odd spans (``starts``: none, the values are unsigned)."""
     bld = g.b
     zero = ir.Constant(vec(I32, 16), [0] * 16)
     sz = _load(g, blk, _L4.scales, vec(I8, 64))
-    isums = [start] * len(acts)
+    isums = [None] * len(acts)
     for p in range(4):
         idx = ir.Constant(vec(I32, 32), _scale_index(8, 2 * p, 2 * p + 1))
         sc = bld.zext(bld.shuffle_vector(sz, sz, idx), vec(I16, 32))
@@ -266,21 +264,18 @@ def _pack_q6k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
         _store(g, g.vload(r, bld.add(off, g.c64(_F6["scales"].offset)), 16), out,
                _L6.scales + 16 * n)
     _pack_d(g, rows, off, _F6["d"].offset, out, _L6.d)
-    # the activations come plus 128 (unsigned): each lane starts from -128 times the
-    # weights' own scaled sums, the same steps with every activation byte 1
-    ones = g.splat8(1, 64)
-    sums = _isums_q6k(g, out, [lambda _v: ones], None)[0][0]
-    _store(g, bld.mul(sums, ir.Constant(vec(I32, 16), [-128] * 16)), out, _L6.extra)
+    _pack_starts(g, out, _isums_q6k, 1, _L6.extra)
 
 
-def _isums_q6k(g: VectorIR, blk, acts: list, start) -> list:  # noqa: ANN001
-    """``_isums_q4k`` for Q6_K: the activations plus 128 (unsigned) times the signed
-    values; each result holds 4 values (< 2**15), so the scales apply per two."""
+def _isums_q6k(g: VectorIR, blk, acts: list, starts: list) -> list:  # noqa: ANN001
+    """``_isums_q4k`` for Q6_K, each row's lanes from ``starts[0]``: the activations plus
+    128 (unsigned) times the signed values; each result holds 4 values (< 2**15), so the
+    scales apply per two."""
     bld = g.b
     zero = ir.Constant(vec(I32, 16), [0] * 16)
     sz = _cat(g, _load(g, blk, _L6.scales, vec(I8, 64)), _load(g, blk, _L6.scales + 64,
                                                                vec(I8, 64)))
-    isums = [start] * len(acts)
+    isums = [starts[0]] * len(acts)
     for p in range(4):
         for half in range(2):  # 16-value groups 4p + half (even span), 4p + 2 + half (odd)
             idx = ir.Constant(vec(I32, 32), _scale_index(16, 4 * p + half, 4 * p + 2 + half))
@@ -304,7 +299,7 @@ def _pack_q80(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
     ws = _qwords(g, rows, bld.add(off, g.c64(_F8["qs"].offset)))
     for j, v in enumerate(ws):
         _store(g, v, out, 64 * j)
-    _pack_start(g, out)
+    _pack_starts(g, out, _isums_q80, 4, _L8.extra)
     _pack_d(g, rows, off, _F8["d"].offset, out, _L8.d)
 
 
@@ -341,17 +336,18 @@ def _pack_q50(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
         low = halves[j % 2] if j < 2 else bld.lshr(halves[j % 2], g.splat8(4, 64))
         v = bld.or_(bld.and_(low, g.splat8(15, 64)), fifth)
         _store(g, bld.sub(v, g.splat8(16, 64)), out, 64 * j)
-    _pack_start(g, out)
+    _pack_starts(g, out, _isums_q80, 4, _L8.extra)
     _pack_d(g, rows, off, _F5["d"].offset, out, _L8.d)
 
 
-def _pack_start(g: VectorIR, out) -> None:  # noqa: ANN001
-    """Each lane's start for the 32-value types: -128 times the sum of the 4 weights it
-    multiplies (the activations come plus 128), the same steps with every activation 1."""
+def _pack_starts(g: VectorIR, out, isums, count: int, at: int) -> None:  # noqa: ANN001
+    """The signed types' lane starts, ``count`` <16 x i32> at ``at`` of the buffer block
+    ``out``: the activations come plus 128 (unsigned), so each lane starts from -128 times
+    the sum its weights make, the same steps (``isums``) with every activation byte 1."""
     ones = g.splat8(1, 64)
     zero = ir.Constant(vec(I32, 16), [0] * 16)
-    for j, v in enumerate(_isums_q80(g, out, [lambda _v: ones], [zero] * 4)[0]):
-        _store(g, g.b.mul(v, ir.Constant(vec(I32, 16), [-128] * 16)), out, _L8.extra + 64 * j)
+    for j, v in enumerate(isums(g, out, [lambda _v: ones], [zero] * count)[0]):
+        _store(g, g.b.mul(v, ir.Constant(vec(I32, 16), [-128] * 16)), out, at + 64 * j)
 
 
 # -- the kernels -----------------------------------------------------------------------------
@@ -367,51 +363,62 @@ class _Spec(NamedTuple):
     d16: list[int]  # weight row of float lane i
     even: list[int]  # rows 0..7's even lanes, then odd lanes, of the summed float lanes
     odd: list[int]
+    offset: object = None  # (g, blk, aux, b, dab, term) -> term: an offset term (Q4_K's)
 
 
 _F8, _F5 = FORMATS[GGMLType.Q8_0], FORMATS[GGMLType.Q5_0]
 _L8 = _Layout(544, _F8.type_size, 256, 512, 256)
-BLOCK_BYTES_Q8_0, TYPE_SIZE_Q8_0 = _L8.block_bytes, _L8.type_size
-TYPE_SIZE_Q5_0 = _F5.type_size  # its buffer blocks are Q8_0's
 _PAIRED = ([2 * (i // 4) + i % 2 for i in range(16)], _EVEN, _ODD)  # pack_madd's lanes
 _PLAIN = ([i // 2 for i in range(16)], list(range(0, 16, 2)), list(range(1, 16, 2)))
-_TYPES = {Q4_K: _Spec(_L4, _pack_q4k, _isums_q4k, 256, 0, *_PAIRED),
+_TYPES = {Q4_K: _Spec(_L4, _pack_q4k, _isums_q4k, 256, 0, *_PAIRED, _offset_q4k),
           Q6_K: _Spec(_L6, _pack_q6k, _isums_q6k, 256, 1, *_PAIRED),
           Q8_0: _Spec(_L8, _pack_q80, _isums_q80, 32, 4, *_PLAIN),
           Q5_0: _Spec(_L8._replace(type_size=_F5.type_size), _pack_q50, _isums_q80, 32, 4,
                       *_PLAIN)}
 
 
-def _make_pack(kind: int):  # noqa: ANN202 - a numba intrinsic
-    """Intrinsic ``pack(w (R, row_bytes) u8, r0, tbl, buf (nb, block_bytes) u8)``: weight
-    rows r0..r0+7 of ``w`` (of type ``kind``) into ``buf``, every block."""
-    spec = _TYPES[kind]
+def _switch(g: VectorIR, kind, emit) -> None:  # noqa: ANN001
+    """``emit(spec)`` for the type ``kind`` (an i64) names, one IR case per type of
+    ``_TYPES``; an id without one does nothing (``gemm_rows`` takes only GEMM_KINDS)."""
+    bld = g.b
+    done = bld.append_basic_block("gemm.done")
+    sw = bld.switch(kind, done)
+    for t, spec in _TYPES.items():
+        case = bld.append_basic_block(f"gemm.{t}")
+        sw.add_case(ir.Constant(I64, t), case)
+        bld.position_at_end(case)
+        emit(spec)
+        bld.branch(done)
+    bld.position_at_end(done)
 
-    @intrinsic
-    def pack(typingctx, w, r0, tbl, buf):  # noqa: ANN001, ANN202, ARG001
-        sig = types.int64(w, r0, tbl, buf)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            ws, r0_, tbls, bufs = array_args(context, builder, signature, args)
-            g = VectorIR(builder, tbls.data)
-            rows = [row_pointer(builder, ws, builder.add(r0_, g.c64(n)), I8)
-                    for n in range(GROUP)]
-            nb = cgutils.unpack_tuple(builder, bufs.shape)[0]
+@intrinsic
+def _pack(typingctx, kind, w, r0, tbl, buf):  # noqa: ANN001, ANN202, ARG001
+    """``_pack(kind, w (R, row_bytes) u8, r0, tbl, buf (nb, block_bytes) u8)``: weight rows
+    r0..r0+7 of ``w`` (of type ``kind``) into ``buf``, every block."""
+    sig = types.int64(kind, w, r0, tbl, buf)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        kind_, ws, r0_, tbls, bufs = array_args(context, builder, signature, args)
+        g = VectorIR(builder, tbls.data)
+        rows = [row_pointer(builder, ws, builder.add(r0_, g.c64(n)), I8) for n in range(GROUP)]
+        nb = cgutils.unpack_tuple(builder, bufs.shape)[0]
+
+        def emit(spec: _Spec) -> None:
             with cgutils.for_range(builder, nb) as loop:
                 spec.pack(g, rows, builder.mul(loop.index, g.c64(spec.layout.type_size)),
                           row_pointer(builder, bufs, loop.index, I8))
-            return context.get_constant(types.int64, 0)
 
-        return sig, codegen
+        _switch(g, kind_, emit)
+        return context.get_constant(types.int64, 0)
 
-    return pack
+    return sig, codegen
 
 
-def _block_starts(g: VectorIR, spec: _Spec, blk):  # noqa: ANN001, ANN202
-    """The lane starts ``spec.isums`` takes: none, one <16 x i32>, or a list of them."""
-    starts = [_load(g, blk, spec.layout.extra + 64 * j, vec(I32, 16))
-              for j in range(spec.starts)]
-    return None if not starts else starts[0] if len(starts) == 1 else starts
+def _block_starts(g: VectorIR, spec: _Spec, blk) -> list:  # noqa: ANN001
+    """The block's lane starts ``spec.isums`` takes (<16 x i32> each; none for Q4_K)."""
+    return [_load(g, blk, spec.layout.extra + 64 * j, vec(I32, 16))
+            for j in range(spec.starts)]
 
 
 def _row_sums(g: VectorIR, spec: _Spec, accs: list, term) -> ir.Value:  # noqa: ANN001
@@ -428,51 +435,57 @@ def _row_sums(g: VectorIR, spec: _Spec, accs: list, term) -> ir.Value:  # noqa: 
     return bld.fadd(bld.fadd(*lanes), term)
 
 
-def _make_gemm(kind: int, na: int):  # noqa: ANN202 - a numba intrinsic
-    """Intrinsic ``gemm(buf, qa, da, aux, i0, out, c0)``: ``out[i0 + a, c0 + n]`` for ``a <
-    na``, ``n < 8``: the buffered weight rows (``pack``) times activation rows ``qa`` (Q8_K
-    or Q8_0; for Q6_K, Q8_0, Q5_0 the bytes plus 128, ``ActivationSet.qu``)."""
-    spec = _TYPES[kind]
+def _emit_gemm(g: VectorIR, spec: _Spec, bufs, qas, das, auxs, i0, outs, c0,  # noqa: ANN001, PLR0913
+               na: int) -> None:
+    """``_make_gemm``'s loop over the blocks for one weight type."""
+    bld = g.b
+    ii = [bld.add(i0, g.c64(a)) for a in range(na)]
+    qp = [row_pointer(bld, qas, i, I8) for i in ii]
+    dp = [row_pointer(bld, das, i, F32) for i in ii]
+    xp = [row_pointer(bld, auxs, i, F32) for i in ii]
+    zero = ir.Constant(vec(F32, 16), [0.0] * 16)
+    facc = [[cgutils.alloca_once_value(bld, zero) for _ in range(max(1, spec.starts))]
+            for _ in range(na)]
+    term = [cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 8), [0.0] * 8))
+            for _ in range(na)]
+    with cgutils.for_range(bld, cgutils.unpack_tuple(bld, bufs.shape)[0]) as loop:
+        b = loop.index
+        blk = row_pointer(bld, bufs, b, I8)
+        base = bld.mul(b, g.c64(spec.values))
+        acts = [partial(_bcast_at, g, q, base) for q in qp]
+        isums = spec.isums(g, blk, acts, _block_starts(g, spec, blk))
+        dw8 = _load(g, blk, spec.layout.d, vec(F32, 8))
+        dw16 = bld.shuffle_vector(dw8, dw8, ir.Constant(vec(I32, 16), spec.d16))
+        for a in range(na):
+            dab = g.load_f32(dp[a], b)
+            dd = bld.fmul(dw16, _splat(g, dab, 16))  # d * d_act, as every path
+            for v, acc in zip(isums[a], facc[a], strict=True):
+                f = bld.sitofp(v, vec(F32, 16))
+                bld.store(g.call("llvm.fma.v16f32", vec(F32, 16), [f, dd, bld.load(acc)]),
+                          acc)
+            if spec.offset is not None:
+                bld.store(spec.offset(g, blk, xp[a], b, dab, bld.load(term[a])), term[a])
+    for a in range(na):
+        res = _row_sums(g, spec, facc[a], bld.load(term[a]))
+        for n in range(GROUP):
+            g.store_2d(outs, ii[a], bld.add(c0, g.c64(n)),
+                       bld.extract_element(res, ir.Constant(I32, n)))
+
+
+def _make_gemm(na: int):  # noqa: ANN202 - a numba intrinsic
+    """Intrinsic ``gemm(kind, buf, qa, da, aux, i0, out, c0)``: ``out[i0 + a, c0 + n]`` for
+    ``a < na``, ``n < 8``: the buffered weight rows of type ``kind`` (``_pack``) times
+    activation rows ``qa`` (Q8_K or Q8_0; for Q6_K, Q8_0, Q5_0 the bytes plus 128,
+    ``ActivationSet.qu``)."""
 
     @intrinsic
-    def gemm(typingctx, buf, qa, da, aux, i0, out, c0):  # noqa: ANN001, ANN202, ARG001, PLR0913
-        sig = types.int64(buf, qa, da, aux, i0, out, c0)
+    def gemm(typingctx, kind, buf, qa, da, aux, i0, out, c0):  # noqa: ANN001, ANN202, ARG001, PLR0913
+        sig = types.int64(kind, buf, qa, da, aux, i0, out, c0)
 
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            bufs, qas, das, auxs, i0_, outs, c0_ = array_args(context, builder, signature, args)
-            g, bld = VectorIR(builder, None), builder
-            ii = [bld.add(i0_, g.c64(a)) for a in range(na)]
-            qp = [row_pointer(bld, qas, i, I8) for i in ii]
-            dp = [row_pointer(bld, das, i, F32) for i in ii]
-            xp = [row_pointer(bld, auxs, i, F32) for i in ii]
-            zero = ir.Constant(vec(F32, 16), [0.0] * 16)
-            facc = [[cgutils.alloca_once_value(bld, zero) for _ in range(max(1, spec.starts))]
-                    for _ in range(na)]
-            term = [cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 8), [0.0] * 8))
-                    for _ in range(na)]
-            with cgutils.for_range(bld, cgutils.unpack_tuple(bld, bufs.shape)[0]) as loop:
-                b = loop.index
-                blk = row_pointer(bld, bufs, b, I8)
-                base = bld.mul(b, g.c64(spec.values))
-                acts = [partial(_bcast_at, g, q, base) for q in qp]
-                isums = spec.isums(g, blk, acts, _block_starts(g, spec, blk))
-                dw8 = _load(g, blk, spec.layout.d, vec(F32, 8))
-                dw16 = bld.shuffle_vector(dw8, dw8, ir.Constant(vec(I32, 16), spec.d16))
-                for a in range(na):
-                    dab = g.load_f32(dp[a], b)
-                    dd = bld.fmul(dw16, _splat(g, dab, 16))  # d * d_act, as every path
-                    for v, acc in zip(isums[a], facc[a], strict=True):
-                        f = bld.sitofp(v, vec(F32, 16))
-                        bld.store(g.call("llvm.fma.v16f32", vec(F32, 16),
-                                         [f, dd, bld.load(acc)]), acc)
-                    if kind == Q4_K:
-                        bld.store(_offset_q4k(g, blk, xp[a], b, dab, bld.load(term[a])),
-                                  term[a])
-            for a in range(na):
-                res = _row_sums(g, spec, facc[a], bld.load(term[a]))
-                for n in range(GROUP):
-                    g.store_2d(outs, ii[a], bld.add(c0_, g.c64(n)),
-                               bld.extract_element(res, ir.Constant(I32, n)))
+            kind_, *arrays = array_args(context, builder, signature, args)
+            g = VectorIR(builder, None)
+            _switch(g, kind_, lambda spec: _emit_gemm(g, spec, *arrays, na))
             return context.get_constant(types.int64, 0)
 
         return sig, codegen
@@ -480,73 +493,34 @@ def _make_gemm(kind: int, na: int):  # noqa: ANN202 - a numba intrinsic
     return gemm
 
 
-_PACK = {k: _make_pack(k) for k in _TYPES}
-_GEMM_N = {k: _make_gemm(k, _ROWS_AT_ONCE) for k in (Q4_K, Q6_K, Q8_0)}
-_GEMM_1 = {k: _make_gemm(k, 1) for k in (Q4_K, Q6_K, Q8_0)}
-_pack4, _pack6, _pack8, _pack5 = _PACK[Q4_K], _PACK[Q6_K], _PACK[Q8_0], _PACK[Q5_0]
-# Q5_0's buffer is Q8_0's: the same products
-_gemm4_n, _gemm6_n, _gemm8_n = _GEMM_N[Q4_K], _GEMM_N[Q6_K], _GEMM_N[Q8_0]
-_gemm4_1, _gemm6_1, _gemm8_1 = _GEMM_1[Q4_K], _GEMM_1[Q6_K], _GEMM_1[Q8_0]
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _pack_rows(kind, w, c, tbl, buf):  # noqa: ANN001, ANN202
-    if kind == Q4_K:
-        _pack4(w, c, tbl, buf)
-    elif kind == Q6_K:
-        _pack6(w, c, tbl, buf)
-    elif kind == Q8_0:
-        _pack8(w, c, tbl, buf)
-    else:
-        _pack5(w, c, tbl, buf)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _gemm(kind, many, buf, acts, da, aux, i, out, c):  # noqa: ANN001, ANN202, PLR0913
-    if kind == Q4_K:
-        if many:
-            _gemm4_n(buf, acts, da, aux, i, out, c)
-        else:
-            _gemm4_1(buf, acts, da, aux, i, out, c)
-    elif kind == Q6_K:
-        if many:
-            _gemm6_n(buf, acts, da, aux, i, out, c)
-        else:
-            _gemm6_1(buf, acts, da, aux, i, out, c)
-    elif many:
-        _gemm8_n(buf, acts, da, aux, i, out, c)
-    else:
-        _gemm8_1(buf, acts, da, aux, i, out, c)
+_gemm_n, _gemm_1 = _make_gemm(_ROWS_AT_ONCE), _make_gemm(1)
+# each type's buffer block and weight block, by type id (constant arrays for numba)
+_BLOCK_BYTES = np.zeros(64, np.int64)
+_TYPE_SIZE = np.ones(64, np.int64)
+for _t, _spec in _TYPES.items():
+    _BLOCK_BYTES[_t], _TYPE_SIZE[_t] = _spec.layout.block_bytes, _spec.layout.type_size
 
 
 @njit(cache=True, nogil=True)
 def gemm_rows(kind, w, r0, r1, qa, da, aux, qu, tbl, out):  # noqa: ANN001, ANN201
     """The hot loop. Weight rows r0:r1 of ``w`` (R, row_bytes) u8 of type ``kind`` (one of
-    GEMM_KINDS) @ activations (n, K) of its type (Q6_K, Q8_0: ``qu``, the bytes plus 128) ->
-    out[:, r0:r1] (n, R) f32, in groups of 8 rows; returns the first row of the last 1-7
-    it leaves to the caller (r0 when it runs none: ``qu`` without rows)."""
+    GEMM_KINDS) @ activations (n, K) of its type (Q6_K, Q8_0, Q5_0: ``qu``, the bytes plus
+    128) -> out[:, r0:r1] (n, R) f32, in groups of 8 rows; returns the first row of the
+    last 1-7 it leaves to the caller (r0 when it runs none: ``qu`` without rows)."""
     n = qa.shape[0]
     acts = qa if kind == Q4_K else qu
     if acts.shape[0] != n:
         return r0
-    if kind == Q4_K:
-        shape = (w.shape[1] // TYPE_SIZE_Q4_K, BLOCK_BYTES_Q4_K)
-    elif kind == Q6_K:
-        shape = (w.shape[1] // TYPE_SIZE_Q6_K, BLOCK_BYTES_Q6_K)
-    elif kind == Q8_0:
-        shape = (w.shape[1] // TYPE_SIZE_Q8_0, BLOCK_BYTES_Q8_0)
-    else:
-        shape = (w.shape[1] // TYPE_SIZE_Q5_0, BLOCK_BYTES_Q8_0)
-    buf = np.empty(shape, np.uint8)
+    buf = np.empty((w.shape[1] // _TYPE_SIZE[kind], _BLOCK_BYTES[kind]), np.uint8)
     c = r0
     while c + GROUP <= r1:
-        _pack_rows(kind, w, c, tbl, buf)
+        _pack(kind, w, c, tbl, buf)
         i = 0
         while i + _ROWS_AT_ONCE <= n:
-            _gemm(kind, True, buf, acts, da, aux, i, out, c)
+            _gemm_n(kind, buf, acts, da, aux, i, out, c)
             i += _ROWS_AT_ONCE
         while i < n:
-            _gemm(kind, False, buf, acts, da, aux, i, out, c)
+            _gemm_1(kind, buf, acts, da, aux, i, out, c)
             i += 1
         c += GROUP
     return c
