@@ -39,19 +39,17 @@ from starlette.routing import Route
 from . import webui as webui_page
 from .access import AccessPolicy
 from .api import LLM, ChatReply, InvalidRequestError, QueueFullError, Shapes
-from .engine.errors import ConstraintFailure
+from .engine.errors import ConstraintFailure, NoTokenAllowed
 from .engine.params import SAMPLING_FIELDS
+from .http_protocol import hardened_protocol
 
 __all__ = ["APIServer", "make_server"]
 
 MAX_BODY = 16 * 2**20       # bytes; larger requests get 413
 KEEP_ALIVE_SECONDS = 5      # an idle connection is closed after this (before its first
                             # request too, which uvicorn alone does not do)
-HEADER_SECONDS = 30         # a connection's first request must arrive within this
 MAX_CONNECTIONS = 1000      # open connections at most (fewer if the fd limit is lower)
 ACCEPT_BURST = 64           # connections accepted per wake-up (the listen backlog too)
-PROBE_SECONDS = 1.0         # how often a client that sent EOF is checked for still being there
-FIRST_PROBE_SECONDS = 0.02  # ...at first: a gone client is seen within ~0.1 s, not 2 s
 SHUTDOWN_SECONDS = 5        # answers in progress get this long to end after a stop signal
 
 # Field checks: name -> (allowed Python types, description for the error). None is always
@@ -170,58 +168,6 @@ def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
-def _protocol(cap: int) -> type:
-    """uvicorn's h11 protocol, hardened: idle connections time out before their first
-    request too; the oldest idle connections are closed when more than ``cap`` are open
-    (so the process never reaches its file-descriptor limit, where accept() fails and new
-    clients, /health included, get no answer); and a client that half-closes its socket
-    after sending a request (``shutdown(SHUT_WR)``) still gets its answer: only a fully
-    closed or reset connection means the client left."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class Protocol(H11Protocol):
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self.opened = time.monotonic()
-            self.timeout_keep_alive_task = self.loop.call_later(
-                self.timeout_keep_alive, self.timeout_keep_alive_handler)
-            self.loop.call_later(HEADER_SECONDS, self._first_request_too_slow)
-            if len(self.connections) >= cap:  # uvicorn answers 503 from cap on
-                idle = sorted((c for c in self.connections if c is not self and (
-                    c.cycle is None or c.cycle.response_complete)),
-                    key=lambda c: getattr(c, "opened", 0.0))
-                for c in idle[:len(self.connections) - cap + 1]:
-                    c.timeout_keep_alive_handler()
-
-        def _first_request_too_slow(self) -> None:
-            if self.cycle is None:  # no complete request head yet: a slow or silent client
-                self.timeout_keep_alive_handler()
-
-        def eof_received(self) -> bool:  # type: ignore[override]
-            # half-closed (shutdown(SHUT_WR)) or closed? Only a write tells: keep the socket
-            # open to send the answer, and probe it meanwhile (see _probe)
-            self.loop.call_later(FIRST_PROBE_SECONDS, self._probe, FIRST_PROBE_SECONDS)
-            return True
-
-        def _probe(self, delay: float) -> None:
-            """While the answer to a client that sent EOF is not started, send it an
-            interim ``100 Continue`` every second (HTTP/1.1 clients must accept 1xx answers
-            before the final one). A half-closed client reads past them; a gone one resets
-            the connection, uvicorn marks the request disconnected, and its work is
-            cancelled at once instead of running to its end in the queue or a slot. The
-            reset is only seen by the write after the one it answers, so the first probes
-            come fast (``delay`` doubles from FIRST_PROBE_SECONDS up to PROBE_SECONDS)."""
-            cycle = self.cycle
-            if self.transport.is_closing() or cycle is None or cycle.response_started \
-                    or cycle.response_complete or cycle.scope.get("http_version") != "1.1":
-                return
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            delay = min(2 * delay, PROBE_SECONDS)
-            self.loop.call_later(delay, self._probe, delay)
-
-    return Protocol
-
-
 def _uvicorn_server(config: Any, on_exit: Callable[[], None]) -> Any:
     """uvicorn's server, whose stop signals (SIGINT or SIGTERM) also cancel the work in
     progress (``on_exit``); a second signal of either kind stops it at once (uvicorn forces
@@ -276,7 +222,7 @@ class APIServer:
         config = uvicorn.Config(
             self.app(), log_level="info" if verbose else "warning", access_log=verbose,
             timeout_keep_alive=KEEP_ALIVE_SECONDS, limit_concurrency=limit, lifespan="off",
-            http=_protocol(limit), ws="none", backlog=ACCEPT_BURST,
+            http=hardened_protocol(limit), ws="none", backlog=ACCEPT_BURST,
             log_config=_log_config(), timeout_graceful_shutdown=SHUTDOWN_SECONDS)
         self._uvicorn = _uvicorn_server(config, self.cancel_all)
         self._stopped = threading.Event()
@@ -619,6 +565,9 @@ class APIServer:
         self._observe(seq)
         if seq.finish_reason != "error":
             return
+        if isinstance(seq.error, NoTokenAllowed):
+            raise RequestError(400, str(seq.error), param=seq.error.param,
+                               code="no_token_allowed")
         if isinstance(seq.error, ConstraintFailure):
             param = getattr(seq.request.constraint, "grammar", None)
             param = getattr(param, "param", None)

@@ -7,7 +7,7 @@ object (400, ``param``, ``code``). ``api.InvalidRequestError`` is meant to becom
 
 from __future__ import annotations
 
-__all__ = ["ConstraintError", "ConstraintFailure", "InvalidRequestError"]
+__all__ = ["ConstraintError", "ConstraintFailure", "InvalidRequestError", "NoTokenAllowed"]
 
 
 class InvalidRequestError(ValueError):
@@ -31,3 +31,11 @@ class ConstraintError(InvalidRequestError):
 class ConstraintFailure(RuntimeError):
     """A constraint that broke down while generating (llguidance hit one of its limits, or a
     token outside the mask was accepted): the sequence cannot go on constrained."""
+
+
+class NoTokenAllowed(ConstraintFailure):
+    """Every token is excluded at a step: ``logit_bias`` bans (``false``) all that the grammar
+    and ``ignore_eos`` leave. Sampling from nothing has no answer, so the sequence ends in
+    this error (a 400 naming ``logit_bias``) instead of drawing from NaN probabilities."""
+
+    param = "logit_bias"

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from .errors import NoTokenAllowed
 from .lookup import NgramDrafter
 from .sampling import Sampler, SamplerParams
 from .stops import StopScanner
@@ -102,6 +103,9 @@ def check_logit_bias(bias: Any, n_vocab: int) -> dict[int, float]:
             raise ValueError(f"logit_bias[{text}] must be a number in -100..100 (or false), "
                              f"got {str(value)[:40]}")
         out[int(text)] = float(value)
+    if len(out) == n_vocab and all(v == -math.inf for v in out.values()):
+        raise ValueError("logit_bias bans every token of the vocabulary (false for all "
+                         f"{n_vocab}): there would be nothing to generate")
     return out
 
 
@@ -332,6 +336,8 @@ class Sequence:
             logits[ids] += np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         if c is not None:
             c.mask(logits)
+        if (bias or self.request.ignore_eos) and not (logits > -np.inf).any():
+            raise NoTokenAllowed(self._nothing_allowed())
         token = self.sampler.sample(logits)
         if c is not None and not c.allows(token):
             token = _best_allowed(logits, c)
@@ -356,6 +362,13 @@ class Sequence:
             self._finish("length", "max_tokens")
         elif n_cached_now >= n_ctx:  # no room to evaluate this token
             self._finish("length", "context")
+
+    def _nothing_allowed(self) -> str:
+        which = "every token" + (" the grammar allows" if self.request.constraint else "")
+        eos = " other than end-of-generation ones (ignore_eos bans those)" \
+            if self.request.ignore_eos else ""
+        return (f"logit_bias bans {which}{eos}: nothing is left to choose as generated "
+                f"token {len(self.tokens) + 1}")
 
     def __repr__(self) -> str:
         return (f"Sequence({self.id}, {self.state}, prompt {len(self.prompt_ids)}, "
