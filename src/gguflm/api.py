@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from .engine.embed import DEFAULT_POOLING, model_pooling
 from .engine.errors import InvalidRequestError
 from .engine.params import sampler_params
 from .engine.scheduler import DEFAULT_MAX_QUEUE, DEFAULT_SLOTS, QueueFullError, default_n_ctx
@@ -138,7 +139,7 @@ class LLM:
         except ValueError as e:  # a q8_0 cache for heads that are not whole Q8_0 blocks
             raise InvalidRequestError(str(e), param="kv_cache_type") from None
         self.tokenizer = Tokenizer.from_gguf(self.model.gguf)
-        self.pooling = self._check_pooling(pooling)
+        self.pooling = pooling or model_pooling(self.model.gguf.metadata) or DEFAULT_POOLING
         n_ctx_train = int(self.model.config.n_ctx_train or 0)
         self.n_ctx = n_ctx if n_ctx else (n_ctx_train if n_ctx == 0 and n_ctx_train
                                           else default_n_ctx(n_ctx_train))
@@ -525,7 +526,7 @@ class LLM:
             raise TypeError(f"unexpected argument(s): {', '.join(sorted(unused))}")
         items = [input] if isinstance(input, str) or _is_ids(input) and bool(input) \
             else list(input) if isinstance(input, list | tuple) else [input]
-        pooling = self._check_pooling(pooling) if pooling is not None else self.pooling
+        pooling = self._embed_pooling(pooling)
         if pooling == "none":
             raise InvalidRequestError("pooling 'none' gives a vector per token, which the "
                                       "OpenAI format cannot hold; use LLM.embed",
@@ -551,7 +552,7 @@ class LLM:
 
         if not items:
             raise InvalidRequestError("input is empty", param="input")
-        pooling = self._check_pooling(pooling) if pooling is not None else self.pooling
+        pooling = self._embed_pooling(pooling)
         if isinstance(normalize, bool):
             norm = 2 if normalize else -1
         elif isinstance(normalize, int) and normalize >= -1:
@@ -645,20 +646,26 @@ class LLM:
                 seq.cancel()  # a no-op for those that ended
         return seqs
 
-    def _check_pooling(self, pooling: str | None) -> str:
-        """``pooling`` checked; None: the file's ``pooling_type``, else mean."""
-        from .engine.embed import DEFAULT_POOLING, POOLINGS, model_pooling
+    @staticmethod
+    def _check_pooling(pooling: str) -> str:
+        from .engine.embed import POOLINGS
 
-        if pooling is None:
-            pooling = model_pooling(self.model.gguf.metadata) or DEFAULT_POOLING
-            if pooling not in POOLINGS:  # rank: a reranker's head
-                warnings.warn(f"the model asks for {pooling!r} pooling, which gguflm does "
-                              "not run; using mean", stacklevel=3)
-                pooling = DEFAULT_POOLING
         if pooling not in POOLINGS:
             raise InvalidRequestError(f"pooling must be one of {', '.join(POOLINGS)}, got "
                                       f"{pooling!r}", param="pooling")
         return pooling
+
+    def _embed_pooling(self, pooling: str | None) -> str:
+        """A call's pooling: its own, checked, else the LLM's. A reranker's ``rank`` (the
+        file's choice, kept because such a model may still generate) cannot embed."""
+        if pooling is not None:
+            return self._check_pooling(pooling)
+        if self.pooling == "rank":
+            raise InvalidRequestError(
+                "the model's pooling_type is rank: a reranker's scoring head, which gguflm "
+                "does not run yet; choose a pooling (mean, cls, last) to embed with its "
+                "hidden states anyway", param="pooling")
+        return self.pooling
 
     @staticmethod
     def _default_seed(seed: Any) -> int | None:

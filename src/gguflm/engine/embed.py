@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..gguf.errors import MetadataError
 from ..model.batch import ALL, LAST, NONE
 from .sequence import Request, Sequence
 
@@ -38,12 +39,21 @@ DEFAULT_NORMALIZE = 2  # llama.cpp's embd_normalize default: Euclidean
 def model_pooling(metadata: Mapping[str, Any]) -> str | None:
     """The pooling a model file asks for (``{arch}.pooling_type``), or None when it does
     not say (absent, or llama.cpp's -1 "unspecified"). ``rank`` is returned as such: a
-    reranker's head, which gguflm does not run."""
+    reranker's head, which gguflm does not run. Any other value is a MetadataError naming
+    the key (llama.cpp stops at an unknown pooling type too)."""
     arch = metadata.get("general.architecture")
-    value = metadata.get(f"{arch}.pooling_type")
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+    key = f"{arch}.pooling_type"
+    value = metadata.get(key)
+    if value is None:
         return None
-    return POOLING_TYPES.get(int(value))
+    if not isinstance(value, bool) and isinstance(value, int | np.integer):
+        if int(value) == -1:
+            return None
+        if int(value) in POOLING_TYPES:
+            return POOLING_TYPES[int(value)]
+    known = ", ".join(f"{k} {v}" for k, v in POOLING_TYPES.items())
+    raise MetadataError(f"{str(value)[:40]!r} is not a pooling type (-1 unspecified, "
+                        f"{known})", key=key)
 
 
 def pool(hidden: np.ndarray, pooling: str) -> np.ndarray:

@@ -101,10 +101,10 @@ def sampler_params(values: Mapping[str, Any]) -> SamplerParams:
     try:
         params = SamplerParams(**given)
     except SamplingError as e:  # name the keyword the caller used, not the field
-        field = str(e).split(" ", 1)[0]
+        field = e.field or ""
         name = next((p.name for p in PARAMS if p.field == field), field)
-        err = SamplingError(str(e).replace(field, name, 1))
-        err.param = name  # type: ignore[attr-defined]
+        err = SamplingError(str(e).replace(field, name, 1) if field else str(e), name)
+        err.param = name or None  # type: ignore[attr-defined]
         raise err from None
     for name, value in values.items():
         if value is not None and BY_NAME[name].type is not str:

@@ -54,7 +54,8 @@ def parse_samplers(value: str | Iterable[str]) -> tuple[str, ...]:
     """The sampler steps of ``value``: names separated by ';' (``--samplers``; also a list
     of names) or, for a word of --sampler-seq's letters (``edkypmxt``), those letters."""
     if not isinstance(value, str | list | tuple):
-        raise SamplingError(f"samplers must be a string or a list of names, got {value!r}")
+        raise SamplingError(f"samplers must be a string or a list of names, got {value!r}",
+                            "samplers")
     if isinstance(value, str):
         names = [n for n in value.split(";") if n] if ";" in value or value.lower() in \
             _SAMPLER_ALIASES else None
@@ -65,20 +66,25 @@ def parse_samplers(value: str | Iterable[str]) -> tuple[str, ...]:
     else:
         names = list(value)
     if len(names) > 64:
-        raise SamplingError(f"samplers: at most 64 steps, got {len(names)}")
+        raise SamplingError(f"samplers: at most 64 steps, got {len(names)}", "samplers")
     out = []
     for name in names:
         key = name.lower() if isinstance(name, str) else None
         if key not in _SAMPLER_ALIASES:
             shown = repr(name)[:40] + ("..." if len(repr(name)) > 40 else "")
             raise SamplingError(f"samplers: unknown sampler {shown} (known: "
-                                f"{', '.join(_CANONICAL)})")
+                                f"{', '.join(_CANONICAL)})", "samplers")
         out.append(_SAMPLER_ALIASES[key])
     return tuple(out)
 
 
 class SamplingError(ValueError):
-    """An invalid sampling parameter (the message names it and the allowed range)."""
+    """An invalid sampling parameter: the message names it and the allowed range, ``field``
+    is the SamplerParams field it is about (the caller maps it to the name it uses)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -109,25 +115,27 @@ class SamplerParams:
         _unit("typical_p", self.typical_p)
         _finite("repeat_penalty", self.repeat_penalty)
         if self.repeat_penalty <= 0:
-            raise SamplingError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+            raise SamplingError(f"repeat_penalty must be > 0, got {self.repeat_penalty}",
+                                "repeat_penalty")
         _int("repeat_last_n", self.repeat_last_n)
         if self.repeat_last_n < -1:
-            raise SamplingError(f"repeat_last_n must be >= -1, got {self.repeat_last_n}")
+            raise SamplingError(f"repeat_last_n must be >= -1, got {self.repeat_last_n}",
+                                "repeat_last_n")
         _finite("frequency_penalty", self.frequency_penalty)
         _finite("presence_penalty", self.presence_penalty)
         _int("min_keep", self.min_keep)
         if self.min_keep < 0:
-            raise SamplingError(f"min_keep must be >= 0, got {self.min_keep}")
+            raise SamplingError(f"min_keep must be >= 0, got {self.min_keep}", "min_keep")
         object.__setattr__(self, "samplers", parse_samplers(self.samplers))
         _int("mirostat", self.mirostat)
         if self.mirostat not in (0, 1, 2):
-            raise SamplingError(f"mirostat must be 0, 1 or 2, got {self.mirostat}")
+            raise SamplingError(f"mirostat must be 0, 1 or 2, got {self.mirostat}", "mirostat")
         _finite("mirostat_tau", self.mirostat_tau)
         _finite("mirostat_eta", self.mirostat_eta)
         if self.seed is not None:
             _int("seed", self.seed)
             if not 0 <= self.seed <= 0xFFFFFFFF:
-                raise SamplingError(f"seed must be in 0..4294967295, got {self.seed}")
+                raise SamplingError(f"seed must be in 0..4294967295, got {self.seed}", "seed")
 
     @property
     def greedy(self) -> bool:
@@ -144,18 +152,18 @@ class SamplerParams:
 
 def _finite(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise SamplingError(f"{name} must be a finite number, got {value!r}")
+        raise SamplingError(f"{name} must be a finite number, got {value!r}", name)
 
 
 def _unit(name: str, value: float) -> None:
     _finite(name, value)
     if not 0.0 <= value <= 1.0:
-        raise SamplingError(f"{name} must be between 0 and 1, got {value}")
+        raise SamplingError(f"{name} must be between 0 and 1, got {value}", name)
 
 
 def _int(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise SamplingError(f"{name} must be an integer, got {value!r}")
+        raise SamplingError(f"{name} must be an integer, got {value!r}", name)
 
 
 class Candidates:

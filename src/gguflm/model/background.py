@@ -10,7 +10,10 @@ The plan switches to the compiled layers as soon as they are in the cache, in th
 
 One background compilation runs at a time on the machine: it holds an exclusive lock on a
 file for its whole life (``flock``, released by the system when the process ends however
-it ends), and "finished" means the lock is free again.
+it ends), and "finished" means the lock is free again. The lock file lives in a folder of
+this user's alone (mode 0700, checked), never directly in the shared temporary folder: a
+predictable name there would let another local user plant a symlink that makes gguflm
+create or truncate a file of theirs choosing.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -29,10 +33,48 @@ NICE = 10  # the background compiler yields the cores to the generation it runs 
 
 
 def lock_path() -> str:
-    """The lock file of this installation's numba cache (one per package directory)."""
+    """The lock file of this installation's numba cache (one per package directory), in
+    ``private_folder()``. OSError when there is no such folder."""
     where = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     tag = hashlib.sha256(where.encode()).hexdigest()[:12]
-    return os.path.join(tempfile.gettempdir(), f"gguflm-compiling-{tag}.lock")
+    return os.path.join(private_folder(), f"gguflm-compiling-{tag}.lock")
+
+
+def private_folder() -> str:
+    """A folder only this user can write to: ``$XDG_RUNTIME_DIR`` (the session's own, made
+    0700 by the login manager) or ``<tmp>/gguflm-<uid>``, made 0700 here. Either is used
+    only if it is a real folder (not a symlink) owned by this user and closed to others;
+    OSError otherwise (someone else made it first: no lock, so no background compiler)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime) and _is_private(runtime):
+        return runtime
+    path = os.path.join(tempfile.gettempdir(), f"gguflm-{os.geteuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    if not _is_private(path):
+        raise OSError(f"{path} is not a folder of this user's alone")
+    return path
+
+
+def _is_private(path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
+
+
+def open_lock() -> int:
+    """The lock file, opened without following a symlink and checked to be a regular file
+    of this user's. OSError when it cannot be (then there is no background compiler)."""
+    fd = os.open(lock_path(), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise OSError("the compilation lock is not a regular file of this user's")
+    return fd
 
 
 def python_child(module: str, function: str, arg: str, **popen: object) -> subprocess.Popen:
@@ -59,7 +101,7 @@ class Compiling:
         process that outlives this one (or join the compilation already running); None
         when no process can be started (then the caller compiles them itself)."""
         try:
-            fd = os.open(lock_path(), os.O_RDWR | os.O_CREAT, 0o666)
+            fd = open_lock()
         except OSError:
             return None
         try:
@@ -79,7 +121,7 @@ class Compiling:
     def finished(self) -> bool:
         """Whether the compilation has ended (well or not): its lock is free."""
         try:
-            fd = os.open(lock_path(), os.O_RDWR | os.O_CREAT, 0o666)
+            fd = open_lock()
         except OSError:
             return True
         try:

@@ -17,6 +17,8 @@ import numpy as np
 from ..gguf.errors import MetadataError
 
 _REQUIRED = object()
+MIN_SOFTCAP = 1e-3  # soft caps below this are refused (see Meta.softcap)
+MAX_F32 = float(np.finfo(np.float32).max)
 
 
 class Meta:
@@ -89,6 +91,19 @@ class Meta:
         if not math.isfinite(value) or (positive and value <= 0):
             raise MetadataError(f"must be a positive finite number, got {value}",
                                 key=self.key(name))
+        return value
+
+    def softcap(self, name: str, default: Any = _REQUIRED, *, none: bool = True) -> float:
+        """A soft-capping key (``cap * tanh(x / cap)``): a cap of at least MIN_SOFTCAP, or 0
+        for none where ``none``. A smaller cap would squeeze every logit into +-cap, and
+        one under ~1e-38 overflows its float32 reciprocal into NaN logits."""
+        value = self.float(name, default, positive=False)
+        if value == 0 and none:
+            return 0.0
+        if not MIN_SOFTCAP <= value <= MAX_F32:
+            allowed = "0 (none) or " if none else ""
+            raise MetadataError(f"must be {allowed}a cap in {MIN_SOFTCAP:g}..{MAX_F32:.3g}, "
+                                f"got {value:g}", key=self.key(name))
         return value
 
     def str(self, name: str, default: Any = _REQUIRED) -> str:

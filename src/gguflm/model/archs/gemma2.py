@@ -58,8 +58,10 @@ class Gemma2Config(ModelConfig):
             swa_layers=meta.swa_layers(n_layer, DEFAULT_SWA_PERIOD),
             rope_base_swa=meta.float("rope.freq_base_swa", common["rope_base"]),
             attn_scale=scale,
-            attn_softcap=meta.float("attn_logit_softcapping", DEFAULT_ATTN_SOFTCAP),
-            final_softcap=meta.float("final_logit_softcapping", DEFAULT_FINAL_SOFTCAP),
+            attn_softcap=meta.softcap("attn_logit_softcapping", DEFAULT_ATTN_SOFTCAP,
+                                      none=False),
+            final_softcap=meta.softcap("final_logit_softcapping", DEFAULT_FINAL_SOFTCAP,
+                                       none=False),
         )
 
 

@@ -57,7 +57,7 @@ class Gemma3Config(Gemma2Config):
             rope_base_swa=meta.float("rope.freq_base_swa", DEFAULT_ROPE_BASE_SWA),
             attn_scale=scale,
             attn_softcap=0.0,
-            final_softcap=meta.float("final_logit_softcapping", 0.0, positive=False),
+            final_softcap=meta.softcap("final_logit_softcapping", 0.0),
         )
 
 

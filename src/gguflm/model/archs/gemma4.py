@@ -92,7 +92,7 @@ class Gemma4Config(ModelConfig):
             n_kv_shared=meta.int("attention.shared_kv_layers", 0, minimum=0),
             n_embd_per_layer=meta.int("embedding_length_per_layer_input", 0, minimum=0),
             n_ff_exp=meta.int("expert_feed_forward_length", 0, minimum=0),
-            final_softcap=meta.float("final_logit_softcapping", 0.0, positive=False))
+            final_softcap=meta.softcap("final_logit_softcapping", 0.0))
         if any(n_head % h for h in v["n_head_kv_l"]):
             raise MetadataError(f"each must divide attention.head_count ({n_head})",
                                 key=meta.key("attention.head_count_kv"))
