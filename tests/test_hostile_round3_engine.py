@@ -325,3 +325,45 @@ def test_a_zero_soft_cap_means_none(gemma4_path: Path) -> None:
     finally:
         plain.close()
         zero.close()
+
+
+# --- 1, in the library: files it reads as text are bounded too ------------------------------
+
+def _unreadable(tmp_path: Path, size: int) -> list[Path]:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero-link"
+    zero.symlink_to("/dev/zero")
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(size)
+    return [fifo, zero, Path("/dev/urandom"), tmp_path, big]
+
+
+def test_the_library_reads_template_and_schema_files_within_bounds(tmp_path: Path) -> None:
+    from gguflm.engine.errors import ConstraintError
+    from gguflm.engine.schema import schema_from_arg
+    from gguflm.textfile import GRAMMAR_FILES, TEMPLATE_FILES
+    from gguflm.tokenizer.chat import ChatTemplateError, load_template_file
+
+    for path in _unreadable(tmp_path, TEMPLATE_FILES.limit + 1):
+        t0 = time.perf_counter()
+        with pytest.raises(ChatTemplateError, match="not a regular file|over the 8 MiB"):
+            load_template_file(path)
+        assert time.perf_counter() - t0 < 1
+    schemas = tmp_path / "schemas"
+    schemas.mkdir()
+    for path in _unreadable(schemas, GRAMMAR_FILES.limit + 1):
+        with pytest.raises(ConstraintError, match="not a regular file|over the 4 MiB") as e:
+            schema_from_arg(str(path))
+        assert e.value.param == "json_schema"
+
+
+def test_an_llm_with_a_fifo_for_its_chat_template_fails_at_once(smollm2_path: Path,
+                                                                tmp_path: Path) -> None:
+    fifo = tmp_path / "template.jinja"
+    os.mkfifo(fifo)
+    t0 = time.perf_counter()
+    with pytest.raises(Exception, match="not a regular file"):
+        gguflm.LLM(str(smollm2_path), parallel=1, n_ctx=64, chat_template=str(fifo))
+    assert time.perf_counter() - t0 < 60

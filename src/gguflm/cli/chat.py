@@ -95,14 +95,16 @@ def default_args() -> argparse.Namespace:
 class Chat:
     """The conversation and its settings."""
 
-    def __init__(self, llm: Any, args: argparse.Namespace) -> None:
+    def __init__(self, llm: Any, args: argparse.Namespace,
+                 constraint: dict[str, Any] | None = None) -> None:
         from ..engine.params import cli_stops, cli_values
 
         self.llm = llm
         self.system = args.system
         self.sampling: dict[str, Any] = cli_values(args)
         self.stop = cli_stops(args)
-        self.constraint = constraint_spec(args)  # every reply kept valid
+        # every reply kept valid (``constraint_spec``, read before the model loads)
+        self.constraint = constraint_spec(args) if constraint is None else constraint
         self.max_tokens = args.n_predict
         self.verbose = args.verbose
         self.color = color_on(args, sys.stdout) if isinstance(args.color, str) \
@@ -128,8 +130,9 @@ def chat(args: argparse.Namespace) -> int:
         args.n_predict = -1
     if args.n_predict < -1:
         raise UsageError(f"-n must be -1 (unlimited) or at least 0, got {args.n_predict}")
+    constraint = constraint_spec(args)  # its files and syntax: refused before the model loads
     llm = load_llm(args, parallel=1, generate=True)
-    state = Chat(llm, args)
+    state = Chat(llm, args, constraint)
     try:  # bad sampling values or a template failing fail here, once
         state.messages.append({"role": "user", "content": "hi"})
         state.request(0)

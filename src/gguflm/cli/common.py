@@ -253,18 +253,14 @@ def add_threads_argument(p: argparse.ArgumentParser) -> None:
                    help="threads (default: the cores available)")
 
 
-def read_text(path: str | Path, errors: str = "strict") -> str:
-    """A UTF-8 text file ('-': standard input), or a CLIError that says why not.
-    ``errors="surrogateescape"`` keeps invalid bytes instead of refusing the file."""
-    try:
-        if str(path) == "-":
-            return sys.stdin.read()
-        with open(path, encoding="utf-8", errors=errors) as f:
-            return f.read()
-    except OSError as e:
-        raise CLIError(f"cannot read {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise CLIError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+def read_text(path: str | Path, errors: str = "strict", option: str = "-f") -> str:
+    """A UTF-8 text file ('-': standard input) named by ``option`` (a key of
+    ``textfiles.TEXT_FILE_OPTIONS``), or a CLIError that says why not (textfiles.py: not a
+    regular file, over the option's cap, not UTF-8). ``errors="surrogateescape"`` keeps
+    invalid bytes instead of refusing the file."""
+    from .textfiles import read_text_file
+
+    return read_text_file(path, option, errors)
 
 
 class Loaded(NamedTuple):
@@ -544,29 +540,62 @@ def add_constraint_options(p: argparse.ArgumentParser) -> None:
 
 
 def constraint_spec(args: argparse.Namespace) -> dict[str, Any]:
-    """The API's constraint keywords from ``add_constraint_options``' options (files read
-    here); a CLIError naming the problem for an unreadable file or bad schema text."""
-    from ..engine.errors import InvalidRequestError
-    from ..engine.schema import schema_from_arg
+    """The API's constraint keywords from ``add_constraint_options``' options, files read
+    here (textfiles.py's caps), checked as far as they can be without the model (syntax,
+    size: ``check_constraint``) so that a bad one is refused before the model loads; a
+    CLIError naming the option and the problem."""
+    from .textfiles import is_existing_path
 
-    spec: dict[str, Any] = {}
-    schemas = [a for a in (args.json_schema, args.json_schema_file) if a is not None]
-    try:
-        for schema in schemas:
-            spec["json_schema"] = schema_from_arg(schema)  # JSON text, or a file
-    except InvalidRequestError as e:
-        raise CLIError(f"--json-schema: {e}") from None
-    grammars = [a for a in (args.grammar, args.grammar_file) if a is not None]
-    for grammar in grammars:
-        is_file = grammar is args.grammar_file or Path(grammar).is_file()
-        spec["grammar"] = read_text(grammar) if is_file else grammar
-    if len(schemas) + len(grammars) > 1:
+    schemas = [(opt, v) for opt, v in (("--json-schema", args.json_schema),
+                                       ("--json-schema-file", args.json_schema_file))
+               if v is not None]
+    grammars = [(opt, v) for opt, v in (("--grammar", args.grammar),
+                                        ("--grammar-file", args.grammar_file))
+                if v is not None]
+    if len(schemas) + len(grammars) + (args.regex is not None) > 1:
         raise CLIError("give at most one of --json-schema, --grammar and --regex")
+    spec: dict[str, Any] = {}
+    given = "--regex"  # the option (and file) the constraint came from, for errors
+    for option, value in schemas:
+        is_file = not value.strip().startswith("{")  # else JSON text
+        given = f"{option} {value}" if is_file else option
+        text = read_text(value, option=option) if is_file else value
+        spec["json_schema"] = _schema(text, given)
+    for option, value in grammars:
+        # --grammar: a file if something exists at that path (read, or refused, as one)
+        is_file = option == "--grammar-file" or is_existing_path(value)
+        spec["grammar"] = read_text(value, option=option) if is_file else value
+        given = f"{option} {value}" if is_file else option
     if args.regex is not None:
         spec["regex"] = args.regex
-    if len(spec) > 1:
-        raise CLIError("give at most one of --json-schema, --grammar and --regex")
+    check_constraint(spec, given)
     return spec
+
+
+def _schema(text: str, given: str) -> Any:
+    """A schema from its JSON text (``given``: the option and file, for errors)."""
+    from ..engine.errors import InvalidRequestError
+    from ..engine.schema import load_schema
+
+    try:
+        return load_schema(text, "json_schema")
+    except InvalidRequestError as e:
+        raise CLIError(f"{given}: {e}") from None
+
+
+def check_constraint(spec: dict[str, Any], given: str | None = None) -> None:
+    """Check ``constraint_spec``'s keywords without a vocabulary (the grammar's syntax and
+    size, the schema's keywords), before any model loads: a CLIError naming the option
+    (``given``: the option and file it came from)."""
+    if not spec:
+        return
+    from ..engine.errors import InvalidRequestError
+    from ..engine.grammar import constraint_from_request
+
+    try:
+        constraint_from_request(**spec)
+    except InvalidRequestError as e:
+        raise _constraint_error(e, given) from None
 
 
 def make_constraint(spec: dict[str, Any], tokenizer: Any) -> Any:
@@ -581,5 +610,11 @@ def make_constraint(spec: dict[str, Any], tokenizer: Any) -> Any:
     try:
         return Constraint(constraint_from_request(**spec, tokenizer=tokenizer), tokenizer)
     except InvalidRequestError as e:
-        raise CLIError(f"--{(e.param or 'grammar').split('.')[0].replace('_', '-')}: {e}") \
-            from None
+        raise _constraint_error(e) from None
+
+
+def _constraint_error(e: Any, given: str | None = None) -> CLIError:
+    """An engine error about a constraint, naming the option (``--json-schema``) or
+    ``given``."""
+    option = given or f"--{(e.param or 'grammar').split('.')[0].replace('_', '-')}"
+    return CLIError(f"{option}: {e}")

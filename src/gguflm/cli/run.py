@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from typing import NamedTuple
 
 from . import CLIError, UsageError
 from .common import (
@@ -41,6 +42,7 @@ from .common import (
     use_kv_cache_type,
     warm_up,
 )
+from .serve import check_chat_template
 
 DEFAULT_N_PREDICT = 128
 PROGRESS_TOKENS = 512   # prompts longer than this show their evaluation's progress
@@ -167,9 +169,21 @@ def stop_description(stopped_by: str | None, n_predict: int, n_ctx: int) -> str:
             "context": f"context full (n_ctx {n_ctx})"}.get(stopped_by or "", str(stopped_by))
 
 
-def _checked(args: argparse.Namespace) -> tuple[int, object, list[str], dict, str]:
-    """-n, the sampling parameters, the stops, the constraint and the prompt text, checked
-    before the model is loaded (UsageError / CLIError)."""
+class Checked(NamedTuple):
+    """What ``run`` takes from its options, checked before the model loads."""
+
+    n_predict: int
+    params: object      # engine.sampling.SamplerParams
+    stops: list[str]
+    spec: dict          # constraint_spec's keywords
+    text: str           # the prompt (-p, or -f's file)
+    system: str | None  # -sys, or -sysf's file
+
+
+def _checked(args: argparse.Namespace) -> Checked:
+    """-n, the sampling parameters, the stops, the constraint, the prompt and system texts
+    (their files read) and the chat template file, checked before the model is loaded
+    (UsageError / CLIError)."""
     from ..engine.params import cli_sampler_params, cli_stops
     from ..engine.sampling import SamplingError
     from ..engine.stops import StopError, check_stops
@@ -198,20 +212,20 @@ def _checked(args: argparse.Namespace) -> tuple[int, object, list[str], dict, st
     text = args.prompt if args.prompt is not None else read_text(args.file)
     if args.escape:
         text = process_escapes(text)
-    return n_predict, params, stops, spec, text
+    check_chat_template(args)
+    return Checked(n_predict, params, stops, spec, text, _system_text(args))
 
 
 def _system_text(args: argparse.Namespace) -> str | None:
     if args.system_file is not None:
-        return read_text(args.system_file)
+        return read_text(args.system_file, option="--system-prompt-file")
     return args.system
 
 
-def _prompt_ids(args: argparse.Namespace, text: str, model: object, tokenizer: object
-                ) -> list[int]:
+def _prompt_ids(args: argparse.Namespace, text: str, system: str | None, model: object,
+                tokenizer: object) -> list[int]:
     """The prompt's tokens: as written, or (-sys / -st) one user turn through the chat
     template, with the system message if any."""
-    system = _system_text(args)
     if system is None and not args.single_turn:
         return tokenizer.encode(text, add_special=True, parse_special=args.special)
     from ..tokenizer.chat import ChatTemplate, ChatTemplateError, encode_prompt
@@ -236,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     if args.interactive or args.conversation or (
             args.prompt is None and args.file is None and args.conversation is None):
         return _to_chat(args)  # llama-cli without a prompt: a conversation
-    n_predict, params, stops, spec, text = _checked(args)
+    n_predict, params, stops, spec, text, system = _checked(args)
 
     from ..engine.scheduler import Engine
     from ..engine.sequence import Request
@@ -245,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
     path, model, tokenizer, load_seconds = load_model(args.model, args.threads,
                                                       load_options(args))
     use_kv_cache_type(model, kv_cache_type(args))
-    prompt = _prompt_ids(args, text, model, tokenizer)
+    prompt = _prompt_ids(args, text, system, model, tokenizer)
     if not prompt:
         raise CLIError("the prompt is empty (and the model adds no BOS token)")
     if args.verbose:

@@ -25,6 +25,7 @@ from .common import (
     say_if_larger_than_memory,
     say_if_not_compiled,
 )
+from .textfiles import read_text_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -129,6 +130,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="accepted: gguflm always renders chat templates with Jinja")
 
 
+def check_chat_template(args: argparse.Namespace) -> None:
+    """``--chat-template FILE``: UTF-8 text in a regular file within its cap (textfiles.py),
+    checked before the model loads (the template module reads it again then)."""
+    if getattr(args, "chat_template", None) is not None:
+        read_text_file(args.chat_template, "--chat-template")
+
+
 def load_llm(args: argparse.Namespace, parallel: int | None = None,  # noqa: ANN201 - an LLM
              max_queue: int | None = None, generate: bool = False):
     """The LLM for ``args`` (model, -c, -t, --chat-template) with ``parallel`` slots, errors
@@ -138,6 +146,7 @@ def load_llm(args: argparse.Namespace, parallel: int | None = None,  # noqa: ANN
     from ..hub import KNOWN_MODELS
     from .pull import resolve
 
+    check_chat_template(args)
     path = resolve(args.model)  # pulls a known model with progress shown
     try:
         llm = LLM(path, n_ctx=args.ctx_size, threads=args.threads,

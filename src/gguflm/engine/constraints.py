@@ -24,7 +24,8 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +35,14 @@ import numpy as np
 from ..tokenizer.unicode_data import UNICODE_TO_BYTE
 from ..tokenizer.vocab import Attr
 from .errors import ConstraintError, ConstraintFailure
-from .grammar import limits_for, one_line, release_memory
+from .grammar import (
+    TOO_COMPLEX,
+    client_message,
+    is_panic,
+    limits_for,
+    llguidance_errors,
+    release_memory,
+)
 
 if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
@@ -162,9 +170,10 @@ def _matcher(entry: _TokEntry, grammar: Grammar) -> llguidance.LLMatcher:
             before = _resident_bytes()
             accepted = False
             try:
-                template = llguidance.LLMatcher(entry.ll, grammar.ll_grammar, log_level=0,
-                                                limits=limits_for(grammar.ll_grammar))
-                _probe(template, grammar, entry.eos_ids, entry.ll.vocab_size)
+                with llguidance_errors(grammar.param, f"{grammar.kind} grammar"):
+                    template = llguidance.LLMatcher(entry.ll, grammar.ll_grammar, log_level=0,
+                                                    limits=limits_for(grammar.ll_grammar))
+                    _probe(template, grammar, entry.eos_ids, entry.ll.vocab_size)
                 accepted = True
             finally:
                 cost = max(_resident_bytes() - before, 4 * len(grammar.ll_grammar), 2**16)
@@ -183,7 +192,8 @@ def _matcher(entry: _TokEntry, grammar: Grammar) -> llguidance.LLMatcher:
                 release_memory()
         else:
             entry.matchers.move_to_end(grammar.ll_grammar)
-        return cached[0].deep_copy()
+        with llguidance_errors(grammar.param, f"{grammar.kind} grammar"):
+            return cached[0].deep_copy()
 
 
 def _probe(template: llguidance.LLMatcher, grammar: Grammar, eos_ids: tuple[int, ...],
@@ -216,11 +226,30 @@ def _probe(template: llguidance.LLMatcher, grammar: Grammar, eos_ids: tuple[int,
 
 
 def _short_error(m: llguidance.LLMatcher) -> str:
-    """llguidance's error for the client: its first line, shortened (no parser state)."""
-    msg = one_line(m.get_error().split("\n<state>")[0].split("<non-verbose")[0]).rstrip("; ")
+    """llguidance's error for the client: shortened, without parser state or a panic's
+    text (``grammar.client_message``)."""
+    try:
+        error = m.get_error()
+    except BaseException as e:
+        if not is_panic(e):
+            raise
+        return TOO_COMPLEX
+    msg = client_message(error.split("\n<state>")[0].split("<non-verbose")[0]).rstrip("; ")
     if "NoExtensionBias" in msg or not msg:
         return "it allows no output here (such as a rule that only refers to itself)"
-    return msg[:300]
+    return msg
+
+
+@contextmanager
+def _failure_on_panic() -> Iterator[None]:
+    """A Rust panic in llguidance while generating (pyo3's PanicException, a BaseException
+    that would otherwise end the engine's thread) as this sequence's ConstraintFailure."""
+    try:
+        yield
+    except BaseException as e:
+        if not is_panic(e):
+            raise
+        raise ConstraintFailure(f"constrained decoding failed: {TOO_COMPLEX}") from None
 
 
 def _resident_bytes() -> int:
@@ -262,7 +291,8 @@ class Constraint:
         if out.dtype != np.int32 or out.ndim != 1 or not out.flags["C_CONTIGUOUS"] \
                 or out.size != self._bits.size:
             raise ValueError(f"the bitmask must be {self._bits.size} contiguous int32 words")
-        self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)  # GIL released
+        with _failure_on_panic():
+            self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)  # no GIL
         self._check()
         if out is self._bits:
             self._fresh = True
@@ -292,38 +322,48 @@ class Constraint:
         """Advance past ``token`` (a generated one). Raises ``ConstraintFailure`` if the
         grammar does not allow it."""
         self._fresh = False
-        if not self._matcher.consume_token(int(token)):
+        with _failure_on_panic():
+            fits = self._matcher.consume_token(int(token))
+        if not fits:
             raise ConstraintFailure(f"token {token} does not fit the grammar: "
                                     f"{_short_error(self._matcher)}")
 
     def is_done(self) -> bool:
         """The output is complete and cannot be extended: only EOS may come next (or came)."""
-        return self._matcher.is_stopped() and not self._matcher.is_error()
+        with _failure_on_panic():
+            return self._matcher.is_stopped() and not self._matcher.is_error()
 
     def is_accepting(self) -> bool:
         """The output so far is a complete match (it may still be extended)."""
-        return self._matcher.is_accepting()
+        with _failure_on_panic():
+            return self._matcher.is_accepting()
 
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar forces next (may be empty): an engine may evaluate them in one
         batch instead of sampling them one by one."""
-        return list(self._matcher.compute_ff_tokens())
+        with _failure_on_panic():
+            return list(self._matcher.compute_ff_tokens())
 
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` accepted tokens."""
         self._fresh = False
-        if n and not self._matcher.rollback(n):
+        with _failure_on_panic():
+            done = not n or self._matcher.rollback(n)
+        if not done:
             raise ConstraintFailure(f"cannot roll back {n} tokens: "
                                     f"{_short_error(self._matcher)}")
 
     def reset(self) -> None:
         """Back to the start of the grammar (and the timing counters to zero)."""
         self._fresh = False
-        self._matcher.reset()
+        with _failure_on_panic():
+            self._matcher.reset()
         self.mask_seconds, self.compute_seconds, self.masks = 0.0, 0.0, 0
 
     def _check(self) -> None:
-        if self._matcher.is_error():
+        with _failure_on_panic():
+            failed = self._matcher.is_error()
+        if failed:
             raise ConstraintFailure(f"constrained decoding failed: "
                                     f"{_short_error(self._matcher)}")
 
@@ -364,9 +404,10 @@ def fill_bitmasks(constraints: Sequence[Constraint], bitmask: np.ndarray) -> Non
         raise ValueError("bitmask must be a C-contiguous (batch, words) int32 array")
     if not constraints:
         return
-    _EXECUTOR.unsafe_compute_mask_ptr([(c.matcher, i) for i, c in enumerate(constraints)],
-                                      bitmask.ctypes.data, bitmask.shape[1] * 4,
-                                      bitmask.shape[0])
+    with _failure_on_panic():
+        _EXECUTOR.unsafe_compute_mask_ptr([(c.matcher, i) for i, c in enumerate(constraints)],
+                                          bitmask.ctypes.data, bitmask.shape[1] * 4,
+                                          bitmask.shape[0])
     for c in constraints:
         c._fresh = False  # their own buffers were not filled
         c._check()

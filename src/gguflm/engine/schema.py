@@ -49,13 +49,14 @@ def load_schema(schema: Any, param: str) -> Any:
 def schema_from_arg(value: str) -> dict[str, Any]:
     """A JSON schema from a command-line argument: JSON text if it starts with ``{``, else
     the path of a file holding it. Errors name the file."""
+    from ..textfile import GRAMMAR_FILES, TextFileError, read_limited
+
     text = value.strip()
     if not text.startswith("{"):
         try:
-            with open(os.path.expanduser(value), encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConstraintError(f"cannot read the JSON schema file {value}: {e}",
+            text = read_limited(os.path.expanduser(value), *GRAMMAR_FILES)
+        except TextFileError as e:
+            raise ConstraintError(e.say(f"the JSON schema file {value}"),
                                   param="json_schema") from None
     schema = load_schema(text, "json_schema")
     return dict(schema)

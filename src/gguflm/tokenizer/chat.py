@@ -295,11 +295,12 @@ def special_token_strings(tokenizer: Any) -> dict[str, str]:
 def load_template_file(path: str | os.PathLike[str]) -> str:
     """A template from a file: Jinja text, or a Hugging Face ``tokenizer_config.json`` (its
     ``chat_template``: a string, or a list of named templates, of which ``default``)."""
+    from ..textfile import TEMPLATE_FILES, TextFileError, read_limited
+
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ChatTemplateError(f"cannot read the chat template {path}: {e}") from None
+        text = read_limited(path, *TEMPLATE_FILES)
+    except TextFileError as e:  # not a regular file, over the cap, not UTF-8
+        raise ChatTemplateError(e.say(f"the chat template {path}")) from None
     if str(path).endswith(".json"):
         try:
             data = json.loads(text)
