@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .errors import ConvertError
-from .params import block_count
+from .params import Config, block_count, check_attention
 
 REGISTRY: dict[str, type[ModelConverter]] = {}
 Keys = list[tuple[str, Any, Any]]
@@ -28,23 +28,25 @@ class ModelConverter:
 
     gguf_arch: ClassVar[str]
 
-    def __init__(self, folder: Path, hparams: dict, file_type: int) -> None:
-        self.folder, self.hparams, self.file_type = folder, hparams, file_type
-        self.n_layers = block_count(hparams)
+    def __init__(self, folder: Path, config: Config, file_type: int) -> None:
+        self.folder, self.config, self.file_type = folder, config, file_type
+        self.n_layers = block_count(config)
+        check_attention(config)
 
     def tensor_name(self, name: str) -> str | None:
         raise NotImplementedError
 
     def unmapped(self, name: str) -> None:
-        raise ConvertError(f"cannot map tensor {name!r} to a {self.gguf_arch} tensor",
-                           path=str(self.folder))
+        """(The caller adds the file the tensor is in.)"""
+        raise ConvertError(f"cannot map it to a {self.gguf_arch} tensor", tensor=name)
 
     def modify(self, gguf_name: str, data: np.ndarray) -> np.ndarray:
         """The tensor as written (of shape ``out_shape``); most write it unchanged."""
         return data
 
     def out_shape(self, gguf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The numpy shape ``modify`` gives a tensor of checkpoint shape ``shape``."""
+        """The numpy shape ``modify`` gives a tensor of checkpoint shape ``shape`` (a
+        ConvertError when the config and the shape disagree, found before writing)."""
         return shape
 
     def forced_f32(self, gguf_name: str) -> bool:

@@ -5,6 +5,7 @@ sentence-transformers ``modules.json``, no pooler or masked-LM head."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,8 +13,18 @@ import numpy as np
 from ..gguf.types import ArrayType, ValueType
 from .base import ModelConverter, register
 from .errors import ConvertError
-from .params import text_parameters
-from .vocab import CONTROL, K, base_vocab, check_ids, pre_name, read_json, special_vocab
+from .files import read_json
+from .params import Config, text_parameters
+from .schema import Flag, ListOf, Obj, Text, show
+from .vocab import (
+    CONTROL,
+    K,
+    base_vocab,
+    check_ids,
+    pre_name,
+    special_vocab,
+    tokenizer_errors,
+)
 
 POOLING = {"mean": 1, "cls": 2, "lasttoken": 3}  # llama.cpp's enum llama_pooling_type
 _LAYER = {
@@ -28,6 +39,11 @@ _GLOBAL = {
 }
 _DROPPED = ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias")
 _BLOCK = re.compile(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias)")
+# what is read of sentence-transformers' files (schema.py)
+MODULES_JSON = ListOf(Obj({"type": Text(), "path": Text()}))
+_POOLING_FLAGS = (("pooling_mode_mean_tokens", "mean"), ("pooling_mode_cls_token", "cls"),
+                  ("pooling_mode_lasttoken", "lasttoken"))
+POOLING_CONFIG = Obj({**{flag: Flag() for flag, _ in _POOLING_FLAGS}, "pooling_mode": Text()})
 
 
 @register("BertModel", "BertForMaskedLM", "CamembertModel")
@@ -54,7 +70,7 @@ class BertConverter(ModelConverter):
         return gguf_name in ("position_embd.weight", "token_types.weight")
 
     def parameters(self) -> list[tuple[str, Any, Any]]:
-        keys = text_parameters(self.gguf_arch, self.hparams, self.file_type)
+        keys = text_parameters(self.gguf_arch, self.config, self.file_type)
         keys.append((f"{self.gguf_arch}.attention.causal", False, ValueType.BOOL))
         if (pooling := self.pooling_type()) is not None:
             keys.append((f"{self.gguf_arch}.pooling_type", pooling, ValueType.UINT32))
@@ -62,31 +78,35 @@ class BertConverter(ModelConverter):
 
     def pooling_type(self) -> int | None:
         """From the sentence-transformers Pooling module's config, if there is one."""
-        modules = read_json(self.folder / "modules.json", required=False)
-        path = next((m.get("path") for m in modules or [] if isinstance(m, dict)
-                     and str(m.get("type", "")).endswith("Pooling")), None)
-        if not isinstance(path, str):
+        modules_path = self.folder / "modules.json"
+        modules = read_json(modules_path, required=False, schema=MODULES_JSON) or []
+        i, path = next(((i, m.get("path")) for i, m in enumerate(modules)
+                        if (m.get("type") or "").endswith("Pooling")), (0, None))
+        if path is None:
             return None
+        if Path(path).is_absolute() or ".." in Path(path).parts:
+            raise ConvertError(f"{path!r} is not a folder inside the checkpoint",
+                               path=str(modules_path), key=f"[{i}].path")
         config_path = self.folder / path / "config.json"
-        cfg = read_json(config_path)
-        for flag, mode in (("pooling_mode_mean_tokens", "mean"), ("pooling_mode_cls_token", "cls"),
-                           ("pooling_mode_lasttoken", "lasttoken")):
-            if isinstance(cfg, dict) and cfg.get(flag):
+        cfg = read_json(config_path, schema=POOLING_CONFIG)
+        for flag, mode in _POOLING_FLAGS:
+            if cfg.get(flag):
                 return POOLING[mode]
-        if isinstance(cfg, dict) and cfg.get("pooling_mode") in POOLING:
+        if cfg.get("pooling_mode") in POOLING:
             return POOLING[cfg["pooling_mode"]]
         raise ConvertError("only mean, CLS and last-token pooling are supported",
                            path=str(config_path))
 
     def vocabulary(self) -> list[tuple[str, Any, Any]]:
-        tokens, types, tj = base_vocab(self.folder, self.hparams.get("vocab_size"))
+        tokens, types, tj = base_vocab(self.folder, self.config.get("vocab_size"))
         tokens = [t if ty == CONTROL else t[2:] if t.startswith("##") else "\u2581" + t
                   for t, ty in zip(tokens, types)]
-        keys = [(K + "token_type_count", self.hparams.get("type_vocab_size", 1),
+        keys = [(K + "token_type_count", self.config.get("type_vocab_size", 1),
                  ValueType.UINT32), (K + "model", "bert", ValueType.STRING)]
         specials = special_vocab(self.folder, len(tokens))
-        pre = pre_name(check_ids(_wordpiece(tokens, types, specials, tj)),
-                       self.folder / "tokenizer.json")
+        with tokenizer_errors(self.folder):
+            pre = pre_name(check_ids(_wordpiece(tokens, types, specials, tj)),
+                           self.folder / "tokenizer.json")
         keys += [(K + "pre", pre, ValueType.STRING),
                  (K + "tokens", tokens, ArrayType(ValueType.STRING)),
                  (K + "token_type", np.asarray(types, np.int32), ArrayType(ValueType.INT32))]
@@ -100,7 +120,7 @@ def _wordpiece(tokens: list[str], types: list[int], specials: list, tj: dict) ->
 
     meta: dict[str, Any] = {K + "model": "bert", K + "tokens": tokens, K + "token_type": types}
     meta.update({k: v for k, v, _ in specials})
-    norm = tj.get("normalizer") if isinstance(tj.get("normalizer"), dict) else {}
+    norm = tj.get("normalizer") or {}
     if norm.get("type") == "BertNormalizer":
         meta[K + "normalizer.lowercase"] = bool(norm.get("lowercase", True))
         if norm.get("strip_accents") is not None:
@@ -126,20 +146,19 @@ class NomicBertConverter(BertConverter):
 
     gguf_arch = "nomic-bert"
 
-    def __init__(self, folder: Any, hparams: dict, file_type: int) -> None:
-        where = str(folder / "config.json")
-        if hparams.get("moe_every_n_layers"):
-            raise ConvertError("nomic-bert-moe is not supported", path=where)
+    def __init__(self, folder: Any, config: Config, file_type: int) -> None:
+        if config.get("moe_every_n_layers"):
+            raise config.error("set: nomic-bert-moe is not supported", "moe_every_n_layers")
         for key, want in _NOMIC_CONFIG.items():
-            if hparams.get(key, "absent") != want:
-                raise ConvertError(f"{key} is {hparams.get(key, 'absent')!r}; the converter "
-                                   f"supports {want!r}", path=where)
-        npos, mtp = hparams.get("n_positions"), hparams.get("max_trained_positions", 2048)
+            got = config.get(key) if config.has(key) else "absent"
+            if got != want:
+                raise config.error(f"is {show(got)}; the converter supports {want!r}", key)
+        npos, mtp = config.get("n_positions"), config.get("max_trained_positions", 2048)
         if (npos, mtp) not in ((8192, 2048), (2048, 2048)):
-            raise ConvertError(f"unrecognized n_positions {npos} / max_trained_positions "
-                               f"{mtp}", path=where)
-        hparams["n_positions"] = 2048 if npos == 8192 else 512  # what they were trained for
-        super().__init__(folder, hparams, file_type)
+            raise config.error(f"unrecognized n_positions {npos} / max_trained_positions "
+                               f"{mtp}", "n_positions")
+        config.set("n_positions", 2048 if npos == 8192 else 512)  # what they were trained for
+        super().__init__(folder, config, file_type)
 
     def tensor_name(self, name: str) -> str | None:
         if name == "emb_ln.weight" or name == "emb_ln.bias":

@@ -17,8 +17,16 @@ import numpy as np
 from ..gguf.types import ArrayType, ValueType
 from .base import ModelConverter, register
 from .errors import ConvertError
-from .params import find, rope_parameters, text_parameters
-from .vocab import K, base_vocab, check_ids, pre_name, special_vocab
+from .params import EMBED, HEADS, rope_parameters, text_parameters
+from .vocab import (
+    K,
+    base_vocab,
+    check_ids,
+    n_vocab_real,
+    pre_name,
+    special_vocab,
+    tokenizer_errors,
+)
 
 _GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _LAYER = {
@@ -31,13 +39,13 @@ _LAYER = {
 _BLOCK = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
 
 
-def permute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """HF's rotate-half Q/K rows -> llama.cpp's interleaved pairs: per head, rows
-    (0..d/2, d/2..d) become (0, d/2, 1, d/2+1, ...). (llama.cpp's ``LlamaModel.permute``.)"""
-    if n_head_kv is not None and n_head != n_head_kv:
-        n_head = n_head_kv
-    if w.shape[0] % (2 * n_head):
-        raise ConvertError(f"{w.shape[0]} rows do not split into {n_head} heads of pairs")
+    (0..d/2, d/2..d) become (0, d/2, 1, d/2+1, ...). (llama.cpp's ``LlamaModel.permute``;
+    ``LlamaConverter.out_shape`` has checked that the rows split so.)"""
+    if w.ndim == 0 or w.shape[0] % (2 * n_head):
+        raise ConvertError(f"its {w.shape[0] if w.ndim else 0} rows do not split into "
+                           f"{n_head} heads of pairs")  # (the caller names the tensor)
     return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
             .swapaxes(1, 2).reshape(w.shape))
 
@@ -56,7 +64,7 @@ class DecoderConverter(ModelConverter):
         return self.unmapped(name)
 
     def parameters(self) -> list[tuple[str, Any, Any]]:
-        return text_parameters(self.gguf_arch, self.hparams, self.file_type)
+        return text_parameters(self.gguf_arch, self.config, self.file_type)
 
     def vocabulary(self) -> list[tuple[str, Any, Any]]:
         if (self.folder / "tokenizer.model").is_file():  # llama.cpp would prefer it
@@ -65,9 +73,10 @@ class DecoderConverter(ModelConverter):
                                "reads this file first, so using tokenizer.json instead would "
                                "make a different file)",
                                path=str(self.folder / "tokenizer.model"))
-        tokens, types, _ = base_vocab(self.folder, self.hparams.get("vocab_size"))
+        tokens, types, _ = base_vocab(self.folder, self.config.get("vocab_size"))
         specials = special_vocab(self.folder, len(tokens), load_merges=True)
-        pre = _bpe_pre(tokens, types, specials, self.folder)
+        with tokenizer_errors(self.folder):
+            pre = _bpe_pre(tokens, types, specials, self.folder)
         return [(K + "model", "gpt2", ValueType.STRING), (K + "pre", pre, ValueType.STRING),
                 (K + "tokens", tokens, ArrayType(ValueType.STRING)),
                 (K + "token_type", np.asarray(types, np.int32), ArrayType(ValueType.INT32)),
@@ -103,23 +112,44 @@ def _bpe_pre(tokens: list[str], types: list[int], specials: list, folder: Any) -
 class LlamaConverter(DecoderConverter):
     gguf_arch = "llama"
 
+    def __init__(self, folder: Any, config: Any, file_type: int) -> None:
+        super().__init__(folder, config, file_type)
+        config.find(HEADS, optional=False)  # the Q/K permutation splits rows by it
+
     def parameters(self) -> list[tuple[str, Any, Any]]:
-        hp = self.hparams
+        config = self.config
         keys = super().parameters()
-        if not isinstance(hp.get("vocab_size"), int):
-            raise ConvertError("config.json has no vocab_size", path=str(self.folder))
-        keys.append(("llama.vocab_size", hp["vocab_size"], ValueType.UINT32))
-        head_dim = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
+        keys.append(("llama.vocab_size", config.find(["vocab_size"], optional=False),
+                     ValueType.UINT32))
+        head_dim = config.get("head_dim") or \
+            config.find(EMBED, optional=False) // config.find(HEADS, optional=False)
         keys.append(("llama.rope.dimension_count", head_dim, ValueType.UINT32))
         return keys
 
+    def _permuted_heads(self, gguf_name: str) -> tuple[int, str] | None:
+        """The heads the Q/K permutation splits this tensor's rows into, and the key that
+        says so (the converter's lookups: Q by the heads, K by the key/value heads)."""
+        heads_keys, kv_keys = ["n_heads", "num_attention_heads"], ["n_kv_heads",
+                                                                   "num_key_value_heads"]
+        if not gguf_name.endswith((".attn_q.weight", ".attn_q.bias", ".attn_k.weight",
+                                   ".attn_k.bias")):
+            return None
+        if ".attn_k." in gguf_name and self.config.find(kv_keys) is not None:
+            return self.config.find(kv_keys), self.config.which(kv_keys)
+        return self.config.find(heads_keys, optional=False), self.config.which(heads_keys)
+
+    def out_shape(self, gguf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if (split := self._permuted_heads(gguf_name)) is not None:
+            heads, key = split
+            if not shape or shape[0] % (2 * heads):
+                raise self.config.error(f"its {shape[0] if shape else 0} rows do not split "
+                                        f"into {heads} heads of pairs (the Q/K permutation)",
+                                        key)
+        return shape
+
     def modify(self, gguf_name: str, data: np.ndarray) -> np.ndarray:
-        n_head = find(self.hparams, ["n_heads", "num_attention_heads"])
-        n_kv = find(self.hparams, ["n_kv_heads", "num_key_value_heads"])
-        if gguf_name.endswith(("attn_q.weight", "attn_q.bias")):
-            return permute(data, n_head, n_head)
-        if gguf_name.endswith(("attn_k.weight", "attn_k.bias")):
-            return permute(data, n_head, n_kv)
+        if (split := self._permuted_heads(gguf_name)) is not None:
+            return permute(data, split[0])
         return data
 
 
@@ -144,44 +174,41 @@ class Gemma3Converter(DecoderConverter):
                    "post_feedforward_layernorm": "post_ffw_norm"}
 
     def parameters(self) -> list[tuple[str, Any, Any]]:
-        hp, a = self.hparams, self.gguf_arch
+        config, a = self.config, self.gguf_arch
         keys = {k: (v, t) for k, v, t in super().parameters()}  # later values replace
-        theta = rope_parameters(hp)
-        theta = theta.get("full_attention", theta).get("rope_theta", 1_000_000.0)
+        rp = rope_parameters(config)
+        full = rp["full_attention"] if rp.get("full_attention") is not None else rp
+        theta = 1_000_000.0 if full.get("rope_theta") is None else full["rope_theta"]
         u32, f32 = ValueType.UINT32, ValueType.FLOAT32
-        extra = [(f"{a}.context_length", hp.get("max_position_embeddings", 131072), u32),
-                 (f"{a}.attention.head_count", hp.get("num_attention_heads", 8), u32),
-                 (f"{a}.attention.layer_norm_rms_epsilon", hp.get("rms_norm_eps", 1e-6), f32),
-                 (f"{a}.attention.key_length", hp.get("head_dim", 256), u32),
-                 (f"{a}.attention.value_length", hp.get("head_dim", 256), u32),
+        extra = [(f"{a}.context_length", config.get("max_position_embeddings", 131072), u32),
+                 (f"{a}.attention.head_count", config.get("num_attention_heads", 8), u32),
+                 (f"{a}.attention.layer_norm_rms_epsilon", config.get("rms_norm_eps", 1e-6),
+                  f32),
+                 (f"{a}.attention.key_length", config.get("head_dim", 256), u32),
+                 (f"{a}.attention.value_length", config.get("head_dim", 256), u32),
                  (f"{a}.rope.freq_base", theta, f32)]
-        if hp.get("attn_logit_softcapping") is not None:
-            raise ConvertError("attn_logit_softcapping is set: not a Gemma 3 config",
-                               path=str(self.folder / "config.json"))
-        if hp.get("final_logit_softcapping"):
-            extra.append((f"{a}.final_logit_softcapping", hp["final_logit_softcapping"], f32))
-        if hp.get("sliding_window_pattern") != 1:
-            extra.append((f"{a}.attention.sliding_window", hp.get("sliding_window"), u32))
-        extra.append((f"{a}.attention.head_count_kv", hp.get("num_key_value_heads", 4), u32))
+        if config.get("attn_logit_softcapping") is not None:
+            raise config.error("set: not a Gemma 3 config", "attn_logit_softcapping")
+        if config.get("final_logit_softcapping"):
+            extra.append((f"{a}.final_logit_softcapping",
+                          config.get("final_logit_softcapping"), f32))
+        if config.get("sliding_window_pattern") != 1:
+            extra.append((f"{a}.attention.sliding_window",
+                          config.find(["sliding_window"], optional=False), u32))
+        extra.append((f"{a}.attention.head_count_kv", config.get("num_key_value_heads", 4),
+                      u32))
         for key, value, vtype in extra:
             keys[key] = (value, vtype)
         return [(k, v, t) for k, (v, t) in keys.items()]
 
     def out_shape(self, gguf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-        if gguf_name == "token_embd.weight":
-            return (min(shape[0], self._n_vocab_real()), *shape[1:])
+        if gguf_name == "token_embd.weight" and shape:
+            return (min(shape[0], n_vocab_real(self.folder)), *shape[1:])
         return shape
 
-    def _n_vocab_real(self) -> int:
-        """The converter's count: the vocab plus the added tokens (even those it repeats)."""
-        from .vocab import read_json
-
-        tj = read_json(self.folder / "tokenizer.json")
-        return len(tj.get("model", {}).get("vocab", {})) + len(tj.get("added_tokens", []))
-
     def modify(self, gguf_name: str, data: np.ndarray) -> np.ndarray:
-        if gguf_name == "token_embd.weight":
-            data = data[:self._n_vocab_real()]
+        if gguf_name == "token_embd.weight" and data.ndim:
+            data = data[:n_vocab_real(self.folder)]
         if gguf_name.endswith("norm.weight"):  # Gemma3RMSNorm scales by 1 + w
             data = data + np.asarray(1.0, data.dtype)
         return data

@@ -7,67 +7,86 @@ chat template, normaliser flags), in the converter's key order.
 from __future__ import annotations
 
 import hashlib
-import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..gguf.errors import GGUFError
 from ..gguf.types import ArrayType, ValueType
 from .errors import ConvertError
+from .files import read_json
+from .params import MAX_VOCAB
 from .pretok_hashes import CHECK_TEXT, PRE_BY_HASH
+from .schema import I64_MAX, Anything, Flag, Int, Later, ListOf, MapOf, Obj, OneOf, Text
 
 K = "tokenizer.ggml."
 CONTROL, NORMAL, USER_DEFINED, UNUSED = 3, 1, 4, 5
-MAX_JSON_BYTES = 256 << 20
-MAX_VOCAB = 1 << 22  # tokens; the largest real vocabularies have about 260k
 _ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id",
             "sep": "seperator_token_id", "pad": "padding_token_id",
             "mask": "mask_token_id", "eot": "eot_token_id", "eom": "eom_token_id"}
 Keys = list[tuple[str, Any, Any]]  # (key, value, GGUF type)
 
-
-def read_json(path: Path, required: bool = True) -> Any:
-    """A JSON file of the checkpoint, or None when it is absent and not ``required``."""
-    if not path.is_file():
-        if required:
-            raise ConvertError("missing: the checkpoint has no such file", path=str(path))
-        return None
-    try:
-        if path.stat().st_size > MAX_JSON_BYTES:
-            raise ConvertError(f"over {MAX_JSON_BYTES >> 20} MiB of JSON", path=str(path))
-        return json.loads(path.read_text("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise ConvertError(f"cannot read as JSON: {e}", path=str(path)) from None
+# -- what is read of the tokenizer files (schema.py: null counts as absent) ------------------
+TOKEN_ID = Int(0, I64_MAX)
+_PIECE = Obj({"SpecialToken": Obj({"id": Text()}), "Sequence": Obj({"id": Text()})})
+_PROCESSOR = {"type": Text(), "single": ListOf(_PIECE), "pair": ListOf(_PIECE),
+              "cls": ListOf(OneOf((Text(), TOKEN_ID))), "sep": ListOf(OneOf((Text(), TOKEN_ID)))}
+NORMALIZER = Obj({"type": Text(), "lowercase": Flag(), "strip_accents": Flag(),
+                  "normalizers": ListOf(Later(lambda: NORMALIZER))})
+TOKENIZER_JSON = Obj({
+    "model": Obj({"vocab": MapOf(TOKEN_ID),
+                  "merges": ListOf(OneOf((Text(), ListOf(Text(), min_len=2, max_len=2))))}),
+    "added_tokens": ListOf(Obj({"id": TOKEN_ID, "content": Text(), "special": Flag()},
+                               required=("id", "content"))),
+    "normalizer": NORMALIZER,
+    "post_processor": Obj({**_PROCESSOR, "processors": ListOf(Obj(_PROCESSOR))}),
+})
+_SPECIAL_TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask", "eot", "eom")
+TOKENIZER_CONFIG = Obj({
+    "chat_template": OneOf((Text(), ListOf(Anything()))),  # a list of named templates: unused
+    **{f"add_{t}_token": Flag() for t in _SPECIAL_TYPES},
+    **{f"{t}_token": OneOf((Text(), Obj({"content": Text()}))) for t in _SPECIAL_TYPES},
+})
 
 
 def _dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def tokenizer_json(folder: Path, required: bool = True) -> dict | None:
+    """``tokenizer.json``, its fields checked (an error names the file and the field)."""
+    return read_json(folder / "tokenizer.json", required, schema=TOKENIZER_JSON)
+
+
+def n_vocab_real(folder: Path) -> int:
+    """The tokens of ``tokenizer.json``: its vocab plus the added tokens (even those it
+    repeats), as Gemma 3's converter counts them."""
+    tj = tokenizer_json(folder)
+    return len((tj.get("model") or {}).get("vocab") or {}) + len(tj.get("added_tokens") or [])
+
+
 def base_vocab(folder: Path, vocab_size: int | None) -> tuple[list[str], list[int], dict]:
-    """Tokens and types from ``tokenizer.json`` (``get_vocab_base``) and the parsed JSON."""
+    """Tokens and types from ``tokenizer.json`` (``get_vocab_base``) and the parsed JSON.
+    ``vocab_size`` is config.json's (checked there), else the tokenizer's own count."""
     path = folder / "tokenizer.json"
-    tj = read_json(path)
-    vocab = _dict(_dict(tj).get("model")).get("vocab")
-    if not isinstance(vocab, dict) or not vocab:
-        raise ConvertError("model.vocab is missing or not an object of token ids",
-                           path=str(path))
-    by_id: dict[int, str] = {}
-    for text, tid in vocab.items():
-        if not isinstance(tid, int) or tid < 0:
-            raise ConvertError(f"token {text!r} has id {tid!r}", path=str(path))
-        by_id[tid] = text
+    tj = tokenizer_json(folder)
+    vocab = (tj.get("model") or {}).get("vocab")
+    if not vocab:
+        raise ConvertError("missing or empty: the token ids", path=str(path), key="model.vocab")
+    by_id: dict[int, str] = {tid: text for text, tid in vocab.items()}
     added: dict[int, dict] = {}
     for entry in tj.get("added_tokens") or []:
-        if isinstance(entry, dict) and isinstance(entry.get("id"), int) and \
-                isinstance(entry.get("content"), str) and entry["id"] >= 0:
-            by_id[entry["id"]] = entry["content"]
-            added[entry["id"]] = entry
+        by_id[entry["id"]] = entry["content"]
+        added[entry["id"]] = entry
     n = vocab_size if vocab_size is not None else len(by_id)
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_VOCAB:
-        raise ConvertError(f"vocab_size {n!r} is not a vocabulary size (1..{MAX_VOCAB})",
-                           path=str(folder / "config.json"))
+    if not 0 < n <= MAX_VOCAB:
+        raise ConvertError(f"{n} tokens; at most {MAX_VOCAB} are supported", path=str(path),
+                           key="model.vocab")
     if max(by_id) >= n:
-        raise ConvertError(f"token id {max(by_id)} is beyond vocab_size {n}", path=str(path))
+        raise ConvertError(f"token id {max(by_id)} is beyond vocab_size {n}", path=str(path),
+                           key="model.vocab" if max(by_id) in vocab.values() else
+                           "added_tokens")
     tokens, types = [], []
     for i in range(n):
         text = by_id.get(i)
@@ -103,6 +122,20 @@ def pre_name(ids: list[int], path: Path) -> str:
     return name
 
 
+@contextmanager
+def tokenizer_errors(folder: Path) -> Iterator[None]:
+    """gguflm's tokenizer refusing the vocabulary it was given (to find ``pre``): an error
+    of ``tokenizer.json``, where the vocabulary came from."""
+    try:
+        yield
+    except ConvertError:
+        raise
+    except GGUFError as e:
+        where = f" (as GGUF {e.key})" if e.key else ""
+        raise ConvertError(f"gguflm's tokenizer cannot use this vocabulary{where}: "
+                           f"{e.reason}", path=str(folder / "tokenizer.json")) from None
+
+
 def check_ids(tokenizer: Any) -> list[int]:
     return tokenizer.encode(CHECK_TEXT, add_special=True)
 
@@ -110,9 +143,11 @@ def check_ids(tokenizer: Any) -> list[int]:
 def special_vocab(folder: Path, n_vocab: int, load_merges: bool = False) -> Keys:
     """gguf-py's ``SpecialVocab(...).add_to_gguf``: the keys it writes, in its order."""
     sv = _SpecialVocab(n_vocab)
-    tj = read_json(folder / "tokenizer.json", required=False)
-    tc = read_json(folder / "tokenizer_config.json", required=False)
-    sv.load_tokenizer(_dict(tj), dict(_dict(tc)) if tc is not None else None, load_merges)
+    tj = tokenizer_json(folder, required=False)
+    tc = read_json(folder / "tokenizer_config.json", required=False, schema=TOKENIZER_CONFIG)
+    sv.load_tokenizer(tj or {}, dict(tc) if tc is not None else None, load_merges)
+    # only the special ids, taken when they are in-range integers (gguf-py's leniency:
+    # Llama 3's eos_token_id is a list, skipped as there)
     sv.load_config(_dict(read_json(folder / "config.json", required=False)))
     return sv.keys()
 
@@ -150,7 +185,7 @@ class _SpecialVocab:
     def load_tokenizer(self, tj: dict, tc: dict | None, load_merges: bool) -> None:
         if load_merges:
             self.merges = _merges(_dict(tj.get("model")).get("merges"))
-        if isinstance(tj.get("normalizer"), dict):
+        if tj.get("normalizer") is not None:
             self.normalizer(tj["normalizer"])
         added = [a for a in tj.get("added_tokens") or [] if isinstance(a, dict)]
         if tj:

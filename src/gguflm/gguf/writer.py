@@ -360,7 +360,7 @@ def _check_value(value: Any, mtype: MetaType) -> Any:
         if isinstance(value, bytes):
             b = value
         elif isinstance(value, str):
-            b = value.encode("utf-8", "surrogateescape")
+            b = _encode_string(value)
         else:
             raise WriteError(f"string value expected, got {type(value).__name__}")
         if len(b) > MAX_STRING_BYTES:
@@ -373,7 +373,7 @@ def _check_value(value: Any, mtype: MetaType) -> Any:
     if mtype in (ValueType.FLOAT32, ValueType.FLOAT64):
         if isinstance(value, (int, float, np.integer, np.floating)) and \
                 not isinstance(value, (bool, np.bool_)):
-            return float(value)
+            return _checked_float(value, mtype)
         raise WriteError(f"{mtype.name.lower()} value expected, got {value!r}")
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise WriteError(f"{mtype.name.lower()} value expected, got {value!r}")
@@ -381,6 +381,28 @@ def _check_value(value: Any, mtype: MetaType) -> Any:
     if not lo <= int(value) <= hi:
         raise WriteError(f"{value} does not fit in {mtype.name.lower()} [{lo}, {hi}]")
     return int(value)
+
+
+def _encode_string(value: str) -> bytes:
+    """UTF-8 (surrogate escapes, as os.fsdecode makes them, back to their bytes)."""
+    try:
+        return value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as e:
+        raise WriteError(f"string is not valid UTF-8 (a lone surrogate at {e.start}: "
+                         f"{value[max(0, e.start - 10):e.start + 10]!r})") from None
+
+
+def _checked_float(value: Any, mtype: ValueType) -> float:
+    """``value`` as the float the encoder packs, refused now if it cannot be packed: the
+    packing at write time would raise OverflowError (inf and nan are packable)."""
+    try:
+        x = float(value)
+        struct.pack("<" + SCALAR_FORMATS[mtype][0], x)
+    except OverflowError:
+        shown = f"an integer of {value.bit_length()} bits" if isinstance(value, int) else \
+            repr(value)  # (repr fails past 4300 digits)
+        raise WriteError(f"{shown} does not fit in {mtype.name.lower()}") from None
+    return x
 
 
 def _check_array(value: Any, mtype: ArrayType) -> Any:
@@ -397,9 +419,14 @@ def _check_array(value: Any, mtype: ArrayType) -> Any:
         if isinstance(value, StringArray):
             return value
         items = list(value)
-        for s in items:
+        for i, s in enumerate(items):
             if not isinstance(s, (str, bytes)):
                 raise WriteError(f"array[string] holds a {type(s).__name__}")
+            if isinstance(s, str) and not s.isascii():
+                try:
+                    _encode_string(s)
+                except WriteError as e:
+                    raise WriteError(f"element {i}: {e.reason}") from None
         return items
     target = np.dtype(SCALAR_DTYPES[elem])
     try:
@@ -420,6 +447,11 @@ def _check_array(value: Any, mtype: ArrayType) -> Any:
     if target.kind == "f":
         if kind not in "biuf":
             raise WriteError(f"{mtype} values must be numbers, got {arr.dtype}")
+        if kind == "f" and arr.dtype.itemsize > target.itemsize:
+            big = np.abs(arr[np.isfinite(arr)]) > np.finfo(target).max
+            if big.any():  # the cast at write time would make them inf
+                raise WriteError(f"{mtype} values must fit in {target}: "
+                                 f"{arr[np.isfinite(arr)][big][0]!r} does not")
         return arr
     if kind not in "iu":
         raise WriteError(f"{mtype} values must be integers, got {arr.dtype}")
