@@ -162,7 +162,7 @@ def test_unexpected_tensor_is_named(tmp_path) -> None:
     ({"attention__layer_norm_rms_epsilon": -1.0}, "llama.attention.layer_norm_rms_epsilon",
      "positive"),
     ({"rope__dimension_count": 8}, "llama.rope.dimension_count", "head size"),
-    ({"rope__scaling__type": "yarn"}, "llama.rope.scaling.type", "not supported"),
+    ({"rope__scaling__type": "longrope"}, "llama.rope.scaling.type", "not supported"),
     ({"context_length": "long"}, "llama.context_length", "integer"),
 ])
 def test_bad_config_names_key(tmp_path, overrides, key, what) -> None:

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from ..gguf.reader import GGUFFile
-from . import executor, ops
+from . import bidirectional, executor, ops
 from .batch import ALL, LAST, NONE, Batch, Part, Pause
 from .config import ModelConfig
 from .kv_cache import KVArena, KVCache, KVShape, check_kv_type
@@ -58,7 +58,8 @@ class Model:
     # converted for the other pairing: ``load_model(..., rope_style=...)``)
     rope_style: str = "norm"
     # an encoder (bert) computes embeddings only, with ``embed_batch(id lists)``; it has no
-    # logits, and the generation routes refuse it
+    # logits, and the generation routes refuse it. So does any model whose file says
+    # attention.causal = false (``from_gguf``: bidirectional.py)
     is_encoder: bool = False
 
     def __init__(self, gguf: GGUFFile, config: ModelConfig) -> None:
@@ -79,7 +80,10 @@ class Model:
         weights = Weights(gguf, config.arch)
         model.load_tensors(weights)
         weights.check_all_used()
-        model.plan = (executor.plan(model.blocks) if model.blocks
+        if not config.causal and not model.is_encoder:
+            bidirectional.check_layers(model.blocks, config.arch)
+            model.is_encoder = True  # embeddings only: no next-token logits
+        model.plan = (executor.plan(model.blocks, config.causal) if model.blocks
                       else executor.Plan(None, model.forward_path or "no layer specs"))
         return model
 
@@ -138,7 +142,13 @@ class Model:
 
     def new_arena(self, n_ctx: int, n_slots: int = 1) -> KVArena:
         """KV cache memory for ``n_slots`` sequences of up to ``n_ctx`` positions each
-        (``arena.slots``); sequences batched together must come from one arena."""
+        (``arena.slots``); sequences batched together must come from one arena. An
+        embedding model's slots get one position each, for the engine's bookkeeping:
+        ``embed_batch`` makes the arena each pass needs."""
+        return self.kv_arena(1 if self.is_encoder else n_ctx, n_slots)
+
+    def kv_arena(self, n_ctx: int, n_slots: int) -> KVArena:
+        """``new_arena``'s memory, whatever the model's attention."""
         c = self.config
         return KVArena(c.n_layer, n_slots, n_ctx, c.n_head_kv, c.head_dim, c.head_dim_v,
                        kv_type=self.kv_type, layers=self.kv_shapes())
@@ -175,6 +185,7 @@ class Model:
 
         ``pause``, if given, lets other batches of the arena run before the output product
         and, when asked, between two layers (``batch.Pause``)."""
+        self._require_causal()
         for p in parts:
             p.ids = self._check_ids(p.ids)
         for p in parts:  # a truncated recurrent state: first the ids from its snapshot on
@@ -202,6 +213,7 @@ class Model:
         Returns float32 logits (len(ids), n_vocab) if ``all_logits``, else (n_vocab,) for
         the last id. The ids are one causal batch (split only past MAX_BATCH tokens).
         """
+        self._require_causal()
         ids = self._check_ids(ids)
         cache.check_room(len(ids))
         outs = []
@@ -235,6 +247,9 @@ class Model:
         and this one runs on the reference path until they are ready."""
         from ..quant import kernels
 
+        if self.is_encoder:  # an embedding model: its one path
+            self.embed_batch([[0, min(1, self.config.n_vocab - 1)]])
+            return
         say = report or (lambda *_: None)
         kinds = self.kernel_types()
         blocks = prompts or not compiled()
@@ -293,11 +308,26 @@ class Model:
             self.plan.defer(pending)
         return pending is not None
 
+    def embed_batch(self, seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """The final hidden states (len(ids), n_embd) of each id sequence, each evaluated
+        whole in one pass, with bidirectional attention where the file says so
+        (``bidirectional.embed_sequences``)."""
+        return bidirectional.embed_sequences(self, seqs)
+
     def kernel_types(self) -> set[int]:
         """The ggml type ids of this model's tensors that have integer kernels."""
         from ..quant.kerneltypes import KERNEL_TYPES
 
         return {int(t.type) for t in self.gguf.tensors.values() if t.type in KERNEL_TYPES}
+
+    def _require_causal(self) -> None:
+        """A ValueError for next-token logits from a bidirectional model."""
+        if not self.config.causal:
+            arch = self.config.arch
+            raise ValueError(f"this {arch} model's attention is bidirectional "
+                             f"({arch}.attention.causal = false): it computes embeddings "
+                             "(embed_batch), not next-token logits, so it cannot generate "
+                             "text")
 
     def _check_ids(self, ids: list[int] | np.ndarray) -> np.ndarray:
         arr = np.asarray(ids)

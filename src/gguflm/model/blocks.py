@@ -49,22 +49,33 @@ def _products(kinds, ws, x, tbl, outs, count, parallel, threads):  # noqa: ANN00
 
 @njit(cache=True, nogil=True)
 def qk_heads(q, k, q_norm, k_norm, eps, rot, neox, heads):  # noqa: ANN001, ANN201
-    """Q (T, H d) and K (T, H_kv d) f32 in place: each head RMS-normalized times
-    ``q_norm``/``k_norm`` (d,) when not empty, then rotated by ``rot`` (``rope_rows``);
-    returned as (T, H, d) and (T, H_kv, d)."""
+    """Q (T, H d) and K (T, H_kv d) f32 in place: RMS-normalized times ``q_norm``/
+    ``k_norm`` when not empty, each head (a norm of d) or each row's heads at once (of H d
+    and H_kv d: OLMo 2), then rotated by ``rot`` (``rope_rows``); returned as (T, H, d)
+    and (T, H_kv, d)."""
     n = q.shape[0]
     n_head, n_kv, d, _ = heads
     if q_norm.shape[0]:
-        qh = q.reshape((n * n_head, d))
+        qh = q.reshape((q.size // q_norm.shape[0], q_norm.shape[0]))
         rmsnorm_rows(qh, q_norm, eps, qh)
     if k_norm.shape[0]:
-        kh = k.reshape((n * n_kv, d))
+        kh = k.reshape((k.size // k_norm.shape[0], k_norm.shape[0]))
         rmsnorm_rows(kh, k_norm, eps, kh)
     q3 = q.reshape((n, n_head, d))
     k3 = k.reshape((n, n_kv, d))
     rope_rows(q3, rot, neox)
     rope_rows(k3, rot, neox)
     return q3, k3
+
+
+@njit(cache=True, nogil=True, inline="always")
+def pre_norm(x, w, eps, h):  # noqa: ANN001, ANN201
+    """h (T, n) f32 = x RMS-normalized times w (n,) f32, or x itself for w empty (a
+    block without its pre-norm: OLMo 2, EXAONE 4)."""
+    if w.shape[0]:
+        rmsnorm_rows(x, w, eps, h)
+    else:
+        h[:] = x
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -80,15 +91,16 @@ def add_bias(y, b):  # noqa: ANN001, ANN201
 def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, gelu, post_norm, par_gu,  # noqa: ANN001, ANN201, PLR0913
               par_d, threads, b_gate, b_up, b_down):
     """x (T, n_embd) f32 -> (T, n_embd) f32: ``down(glu(gate(h), up(h)))`` with
-    ``h = rmsnorm(x) * norm_w``. ``ws_gu``/``kinds_gu``: the gate and up weights (R, row
-    bytes) u8 and ggml type ids, padded as ``kernels.pad_products`` pads them; ``ws_d``/
-    ``kinds_d`` the down weight likewise; ``gelu``: GeGLU, else SwiGLU; ``post_norm``
+    ``h = rmsnorm(x) * norm_w`` (x itself for ``norm_w`` empty: ``pre_norm``).
+    ``ws_gu``/``kinds_gu``: the gate and up weights (R, row bytes) u8 and ggml type ids,
+    padded as ``kernels.pad_products`` pads them; ``ws_d``/``kinds_d`` the down weight
+    likewise; ``gelu``: GeGLU, else SwiGLU; ``post_norm``
     (n_embd,) f32 or empty: the output RMS-normalized times it (Gemma's post-FFN norm);
     ``par_*``: whether each product runs on ``threads`` threads; ``b_*`` each product's
     bias (its rows,) f32, or empty."""
     n = x.shape[0]
     h = np.empty_like(x)
-    rmsnorm_rows(x, norm_w, eps, h)
+    pre_norm(x, norm_w, eps, h)
     n_ff = ws_gu[0].shape[0]
     g = np.empty((n, n_ff), np.float32)
     u = np.empty((n, n_ff), np.float32)
@@ -114,17 +126,18 @@ def attention_block(x, norm_w, eps, kinds_qkv, ws_qkv, kinds_o, ws_o, tbl, heads
                     post_norm, par, threads, b_q, b_k, b_v, b_o, sinks):
     """x (T, n_embd) f32 -> (T, n_embd) f32: ``reference.attention``'s steps behind the
     norm. ``ws_qkv``/``kinds_qkv`` the Q, K, V weights and type ids, ``ws_o``/``kinds_o``
-    the output's (padded as ``kernels.pad_products`` pads them); ``heads`` (H, H_kv, d,
-    d_v); ``q_norm``/``k_norm`` (d,) f32 or empty (none); ``rot`` (T, n_rot/2) c64; ``kt``,
-    ``v``, ``slot``, ``pos``, ``window``, ``scale``, ``cap``, ``f16``, ``flash`` as
-    ``attention.attend`` takes them; ``post_norm`` (n_embd,) f32 or empty: the output
-    RMS-normalized times it (Gemma's post-attention norm); ``par`` whether the QKV
-    products, the attention and the output product run on ``threads`` threads; ``b_*``
-    each product's bias, or empty (added before the Q/K norms and RoPE, as llama.cpp)."""
+    the output's (padded as ``kernels.pad_products`` pads them); ``norm_w`` as
+    ``pre_norm`` takes it; ``heads`` (H, H_kv, d, d_v); ``q_norm``/``k_norm`` as
+    ``qk_heads`` takes them; ``rot`` (T, n_rot/2) c64; ``kt``, ``v``, ``slot``, ``pos``,
+    ``window``, ``scale``, ``cap``, ``f16``, ``flash`` as ``attention.attend`` takes them;
+    ``post_norm`` (n_embd,) f32 or empty: the output RMS-normalized times it (Gemma's
+    post-attention norm); ``par`` whether the QKV products, the attention and the output
+    product run on ``threads`` threads; ``b_*`` each product's bias, or empty (added
+    before the Q/K norms and RoPE, as llama.cpp)."""
     n = x.shape[0]
     n_head, n_kv, d, dv = heads
     h = np.empty_like(x)
-    rmsnorm_rows(x, norm_w, eps, h)
+    pre_norm(x, norm_w, eps, h)
     q = np.empty((n, n_head * d), np.float32)
     k = np.empty((n, n_kv * d), np.float32)
     vv = np.empty((n, n_kv * dv), np.float32)
@@ -249,12 +262,14 @@ def ffn(x: np.ndarray, b: Block, la: LayerArgs) -> np.ndarray:
 def layer(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int, rot: np.ndarray,
           rows: np.ndarray | None = None) -> np.ndarray:
     """``reference.block`` with its attention and (dense) FFN as one compiled call each;
-    an expert FFN runs as ``reference.ffn_part`` (each expert's products compiled)."""
+    an expert FFN runs as ``reference.ffn_part`` (each expert's products compiled); the
+    branches join the residual as ``reference.residual`` scales them."""
     a = attention(x, b, la, batch, il, rot)
     if rows is not None:
         a, x = a[rows], x[rows]
-    x = x + a
-    return x + (ffn(x, b, la) if la.gate_up is not None else reference.ffn_part(x, b))
+    x = x + reference.residual(a, b)
+    f = ffn(x, b, la) if la.gate_up is not None else reference.ffn_part(x, b)
+    return x + reference.residual(f, b)
 
 
 # the stamp jitcache gives this file's kernels (its sources and all they import)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..gguf.errors import MetadataError
+from .ops import RopeScaling
 
 _REQUIRED = object()
 MIN_SOFTCAP = 1e-3  # soft caps below this are refused (see Meta.softcap)
@@ -115,6 +116,15 @@ class Meta:
                                 key=self.key(name))
         return value
 
+    def bool(self, name: str, default: Any = _REQUIRED) -> bool:
+        if not self.has(name):
+            return self._missing(name, default)
+        value = self.raw(name)
+        if not isinstance(value, bool | np.bool_):
+            raise MetadataError(f"expected a boolean, got {type(value).__name__} {value!r}",
+                                key=self.key(name))
+        return bool(value)
+
     def swa_layers(self, n_layer: int, default_period: int) -> tuple[bool, ...]:
         """Which layers use the sliding window, as llama.cpp's load_swa_pattern (dense
         last): ``attention.sliding_window_pattern`` as per-layer flags, or a period p
@@ -150,10 +160,15 @@ class ModelConfig:
     norm_eps: float      # {arch}.attention.layer_norm_rms_epsilon
     rope_base: float     # {arch}.rope.freq_base (default 10000)
     rope_dim: int        # {arch}.rope.dimension_count (default: head_dim): dims RoPE rotates
-    rope_freq_scale: float  # 1 / {arch}.rope.scaling.factor for linear scaling, else 1
+    # 1 / {arch}.rope.scaling.factor (linear or YaRN), else 1; a float carrying the rest of
+    # the rope.scaling keys, which ops.rope_table applies (``rope_scaling``)
+    rope_freq_scale: RopeScaling
     sliding_window: int  # {arch}.attention.sliding_window (0: none)
     n_expert: int        # {arch}.expert_count (0: a dense FFN)
     n_expert_used: int   # {arch}.expert_used_count: experts per token (0 when dense)
+    # {arch}.attention.causal (default true): false makes every attention bidirectional
+    # within a sequence (an embedding model: it computes no next-token logits)
+    causal: bool = field(default=True, kw_only=True)
 
     @property
     def n_embd_q(self) -> int:
@@ -181,7 +196,7 @@ class ModelConfig:
                                 f"got {self.rope_dim}", key=f"{self.arch}.rope.dimension_count")
 
     # the rope.scaling.type values besides "none" this config's architecture applies
-    rope_scalings: ClassVar[tuple[str, ...]] = ("linear",)
+    rope_scalings: ClassVar[tuple[str, ...]] = ("linear", "yarn")
     # whether feed_forward_length is required (an all-experts model sizes them apart)
     needs_n_ff: ClassVar[bool] = True
     # keys that may hold one value per layer (``Meta.layers``; read as one value: the
@@ -232,8 +247,9 @@ class ModelConfig:
             norm_eps=m.float("attention.layer_norm_rms_epsilon"),
             rope_base=m.float("rope.freq_base", 10000.0),
             rope_dim=rope_dim,
-            rope_freq_scale=_rope_freq_scale(m, cls.rope_scalings),
+            rope_freq_scale=rope_scaling(m, cls.rope_scalings, m.int("context_length")),
             sliding_window=m.int("attention.sliding_window", 0, minimum=0),
+            causal=m.bool("attention.causal", True),
             **_experts(m),
         )
         values.update(cls.extra(m, values))
@@ -266,12 +282,54 @@ def _n_vocab(m: Meta, fallback: int) -> int:
                         key=m.key("vocab_size"))
 
 
-def _rope_freq_scale(m: Meta, supported: tuple[str, ...]) -> float:
-    kind = m.str("rope.scaling.type", "none")
-    if kind == "none":
-        return 1.0
-    if kind in supported:  # linear, and yarn where the architecture applies it
-        return 1.0 / m.float("rope.scaling.factor", 1.0)
-    # yarn/longrope change RoPE beyond a frequency scale; refusing beats being subtly wrong
-    raise MetadataError(f"RoPE scaling {kind!r} is not supported (supported: none, "
-                        f"{', '.join(supported)})", key=m.key("rope.scaling.type"))
+def rope_scaling(m: Meta, supported: tuple[str, ...], n_ctx_train: int) -> RopeScaling:
+    """The file's RoPE scaling as llama.cpp derives it (llama_model::load_hparams and
+    llama_context's yarn parameters), each key's default llama.cpp's: ``rope.scaling.type``
+    (default linear: a ``rope.scaling.factor`` without a type scales linearly; none: no
+    scaling), ``factor`` (0 or absent: 1), ``original_context_length`` (default the
+    training context), ``yarn_ext_factor`` (default 1 for yarn, else 0), ``yarn_beta_fast``
+    / ``yarn_beta_slow`` (32 / 1), and the magnitude on cos and sin (``_magnitude``)."""
+    kind = m.str("rope.scaling.type", "linear")
+    if kind != "none" and kind not in supported:
+        # longrope (its per-frequency factors are phi3's own) changes RoPE beyond these
+        # tables; refusing beats being subtly wrong
+        raise MetadataError(f"RoPE scaling {kind!r} is not supported (supported: none, "
+                            f"{', '.join(supported)})", key=m.key("rope.scaling.type"))
+    factor = m.float("rope.scaling.factor", 0.0, positive=False)
+    if factor < 0:
+        raise MetadataError(f"must be 0 (none) or positive, got {factor:g}",
+                            key=m.key("rope.scaling.factor"))
+    freq_scale = 1.0 if kind == "none" or factor == 0 else 1.0 / factor
+    ext = m.float("rope.scaling.yarn_ext_factor", -1.0, positive=False)
+    if ext < 0:  # negative: not set (llama.cpp's -1)
+        ext = 1.0 if kind == "yarn" else 0.0
+    n_orig = m.int("rope.scaling.original_context_length", 0, minimum=0) or n_ctx_train
+    return RopeScaling(freq_scale, kind, ext, n_orig,
+                       m.float("rope.scaling.yarn_beta_fast", 32.0),
+                       m.float("rope.scaling.yarn_beta_slow", 1.0),
+                       _magnitude(m, freq_scale, ext))
+
+
+def _mscale(factor: float, mscale: float) -> float:
+    """YaRN's attention magnitude for a context ``factor`` (HF's get_mscale)."""
+    return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _magnitude(m: Meta, freq_scale: float, ext: float) -> float:
+    """What ggml's rope multiplies cos and sin by. With YaRN (ext != 0) the net is
+    ``rope.scaling.attn_factor`` x mscale(f) (f the factor): 1 + 0.1 ln f, or with a
+    ``yarn_log_multiplier`` m, mscale(f, 1) / mscale(f, m) (1 for m = 1: Mistral 3).
+    Without YaRN: ``yarn_attn_factor`` (default 1); ``rope.scaling.attn_factor`` is then
+    left to the architecture that carries it (phi3's LongRoPE applies it itself)."""
+    if ext == 0:
+        return m.float("rope.scaling.yarn_attn_factor", 1.0)
+    factor = 1.0 / freq_scale
+    log_mul = m.float("rope.scaling.yarn_log_multiplier", 0.0, positive=False)
+    net = _mscale(factor, 1.0) / _mscale(factor, log_mul) if log_mul else _mscale(factor, 1.0)
+    attn_factor = m.float("rope.scaling.attn_factor", 1.0)
+    if factor <= 1.0:
+        return net * attn_factor
+    # llama.cpp hands ggml net / (1 + 0.1 ln f) and ggml multiplies by 1 + 0.1 ln f again;
+    # dividing by mscale(f, 1), the same number, first leaves exactly 1 without a log
+    # multiplier, so those tables are the ones YaRN always had here (gpt-oss)
+    return net / _mscale(factor, 1.0) * attn_factor * (1.0 + 0.1 * np.log(1.0 / freq_scale))

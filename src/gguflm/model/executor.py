@@ -46,6 +46,10 @@ class Plan:
         self._lock = threading.Lock()
         self._pending: Any = None  # a background.Compiling while the layers compile
         self.gave_up = False  # that compilation ended without them: reference for good
+        # (keys' table, queries' table) of the layers whose queries have their own RoPE
+        # table: a batch where the two differ runs on the reference path (``run``)
+        self.query_tables = tuple(sorted({(b.attn.rope, b.attn.q_rope) for b in blocks or ()
+                                          if getattr(b.attn, "q_rope", None) is not None}))
 
     def defer(self, pending: Any) -> None:
         """Run on the reference path until ``pending`` (a ``background.Compiling``) has the
@@ -95,8 +99,15 @@ class Plan:
                    "are ready")
             return f"reference (numpy, op by op) {why}"
         if self.team_reason:
-            return f"compiled (blocks for every batch; no team: {self.team_reason})"
-        return "compiled (team for decoding and short prompts, blocks for longer batches)"
+            return (f"compiled (blocks for every batch; no team: {self.team_reason})"
+                    + self._query_note())
+        return ("compiled (team for decoding and short prompts, blocks for longer batches)"
+                + self._query_note())
+
+    def _query_note(self) -> str:
+        return ("; a batch whose queries' RoPE table differs from the keys' (an attention "
+                "temperature other than 1) runs on the reference path"
+                if self.query_tables else "")
 
 
 # the product groups a layer shares calls over, by name, as the executor runs them
@@ -153,6 +164,9 @@ def _not_compilable(blocks: list[Block]) -> str:
 def _team_differs(blocks: list[Block]) -> str:
     """Why the team (one table for every layer) cannot take these layers, or ''."""
     for il, b in enumerate(blocks):
+        if b.residual_scale != 1.0:
+            return (f"layer {il} scales its branches before the residual adds (Granite's "
+                    f"residual_scale), which the team does not take")
         if isinstance(b.ffn, Experts):
             e = b.ffn
             slow = next((m for m in (*e.gate, *e.up, *e.down)
@@ -177,9 +191,16 @@ def _team_differs(blocks: list[Block]) -> str:
     return ""
 
 
-def plan(blocks: list[Block]) -> Plan:
-    """The plan for these layers (see the module docstring)."""
-    why = _not_compilable(blocks)
+# why a model whose attention.causal is false runs on the reference path
+BIDIRECTIONAL = ("its attention is bidirectional (attention.causal = false: an embedding "
+                 "model), which the compiled layers, causal, do not take; the reference "
+                 "path attends over each whole sequence")
+
+
+def plan(blocks: list[Block], causal: bool = True) -> Plan:
+    """The plan for these layers (see the module docstring); ``causal`` False: attention
+    within each whole sequence, which only the reference path computes."""
+    why = ("" if causal else BIDIRECTIONAL) or _not_compilable(blocks)
     return Plan(blocks, why, "" if why else _team_differs(blocks))
 
 
@@ -189,7 +210,8 @@ def run(p: Plan, blocks: list[Block], x: np.ndarray, batch: Any,
     """Every layer over x (T, n_embd) -> (T', n_embd), as ``p`` says; ``ropes`` the RoPE
     tables the layers' ``attn.rope`` index; only ``rows`` leave the last layer; ``inputs``
     the per-layer inputs (only layers on the reference path take them: the plan says)."""
-    if not p.compiled or p.waiting():
+    if not p.compiled or p.waiting() or any(ropes[k] is not ropes[q]
+                                            for k, q in p.query_tables):
         return reference.stack(x, blocks, batch, ropes, rows, inputs)
     from . import blocks as compiled_blocks
     from . import team

@@ -37,9 +37,10 @@ class Linear:
 
 @dataclass(frozen=True, eq=False)
 class Attention:
-    """llama.cpp's build_attn with its projections: Q/K/V of the normed input, per-head
-    RMS norms of Q and K when given (before RoPE), RoPE table ``rope`` (an index into the
-    tables the architecture's forward makes) paired NEOX-style or NORM-style, causal
+    """llama.cpp's build_attn with its projections: Q/K/V of the normed input, RMS norms
+    of Q and K when given (before RoPE), RoPE table ``rope`` (an index into the tables the
+    architecture's forward makes; a layer without RoPE indexes a table of ones, which
+    changes no value: ``no_rope_table``) paired NEOX-style or NORM-style, causal
     attention over ``window`` positions (0: all), scores times ``scale`` and soft-capped at
     ``softcap`` (0: none), each head's softmax with its ``sinks`` logit when given, then the
     output product. ``v`` may be ``k`` itself (Gemma 4's full layers without ``attn_v``:
@@ -60,6 +61,8 @@ class Attention:
     rope: int = 0
     window: int = 0
     softcap: float = 0.0
+    # Q's and K's RMS norms: (head_dim,) per head, or one norm over all the heads'
+    # values ((n_head * head_dim,) and (n_head_kv * head_dim,): OLMo 2)
     q_norm: np.ndarray | None = None
     k_norm: np.ndarray | None = None
     sinks: np.ndarray | None = None  # (n_head,) attention-sink logits (gpt-oss)
@@ -70,10 +73,18 @@ class Attention:
     # weightless rms_norm: Gemma 4), before they are stored
     v_norm: np.ndarray | None = None
     kv_layer: int | None = None  # the layer whose keys and values this one reads
+    # the queries' own RoPE table (an index as ``rope``), where it differs from the keys':
+    # Mistral 3's attention temperature, a per-position factor on the rotated queries
+    q_rope: int | None = None
 
     def __post_init__(self) -> None:
         if self.kv_layer is None and (self.k is None or self.v is None):
             raise ValueError("an attention layer with its own keys and values needs K and V")
+        for name, w, heads in (("q_norm", self.q_norm, self.n_head),
+                               ("k_norm", self.k_norm, self.n_head_kv)):
+            if w is not None and len(w) not in (self.head_dim, heads * self.head_dim):
+                raise ValueError(f"{name} of {len(w)}: neither a head ({self.head_dim}) "
+                                 f"nor all {heads} heads")
 
 
 @dataclass(frozen=True, eq=False)
@@ -215,17 +226,27 @@ class Block:
     the post norms (Gemma's) optional; all norms RMS norms with ``eps``. The mixer
     ``attn`` is attention or a recurrent ``DeltaNet``. Then, when given, the per-layer
     input is added (``per_layer``) and x is multiplied by ``out_scale`` (Gemma 4's
-    ``layer_output_scale``; 1: none)."""
+    ``layer_output_scale``; 1: none). A pre-norm of None is none: the attention or FFN
+    reads x itself (OLMo 2, EXAONE 4: their outputs are post-normed instead)."""
 
-    attn_norm: np.ndarray
+    attn_norm: np.ndarray | None
     attn: Attention | DeltaNet
-    ffn_norm: np.ndarray
+    ffn_norm: np.ndarray | None
     ffn: GLU | Experts | DenseAndExperts
     eps: float
     attn_post_norm: np.ndarray | None = None
     ffn_post_norm: np.ndarray | None = None
     per_layer: PerLayerInput | None = None
     out_scale: float = 1.0
+    residual_scale: float = 1.0
+
+
+def no_rope_table(n_rows: int, n_rot: int) -> np.ndarray:
+    """The RoPE table (n_rows, n_rot/2) c64 of layers without RoPE (llama.cpp's NoPE
+    layers: SmolLM3's every 4th, EXAONE 4's full-attention ones): rotations by angle 0,
+    x * 1 - y * 0, which give every value back unchanged. Such a layer indexes this table
+    (``Attention.rope``) and runs on every path the rotating layers run on."""
+    return np.ones((n_rows, n_rot // 2), np.complex64)
 
 
 # -- building specs from a layer's tensors ---------------------------------------------------

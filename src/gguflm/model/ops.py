@@ -56,39 +56,85 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 # -- rotary position embeddings -------------------------------------------------------------
 
 
+class RopeScaling(float):
+    """A RoPE frequency scale (1 / ``rope.scaling.factor``; 1 without scaling) that also
+    carries the rest of the file's RoPE scaling, as llama.cpp derives its rope parameters
+    (``config.rope_scaling``). It is a float so that every architecture passes it on as
+    ``ModelConfig.rope_freq_scale`` to ``rope_table``, which applies all of it: YaRN's
+    frequency mix where ``ext_factor`` is not 0, and ``magnitude`` on cos and sin.
+
+    ``n_ctx_orig``, ``beta_fast`` and ``beta_slow``: YaRN's correction range (ggml's
+    ``ggml_rope_yarn_corr_dims``); ``magnitude``: the net factor on cos and sin."""
+
+    kind: str
+    ext_factor: float
+    n_ctx_orig: int
+    beta_fast: float
+    beta_slow: float
+    magnitude: float
+
+    def __new__(cls, freq_scale: float, kind: str = "none", ext_factor: float = 0.0,
+                n_ctx_orig: int = 0, beta_fast: float = 32.0, beta_slow: float = 1.0,
+                magnitude: float = 1.0) -> RopeScaling:
+        self = super().__new__(cls, freq_scale)
+        self.kind, self.ext_factor, self.n_ctx_orig = kind, ext_factor, n_ctx_orig
+        self.beta_fast, self.beta_slow, self.magnitude = beta_fast, beta_slow, magnitude
+        return self
+
+    def __repr__(self) -> str:
+        return (f"RopeScaling({float(self)!r}, {self.kind!r}, ext_factor={self.ext_factor}, "
+                f"n_ctx_orig={self.n_ctx_orig}, beta={self.beta_fast}/{self.beta_slow}, "
+                f"magnitude={self.magnitude})")
+
+    def __reduce__(self) -> tuple:
+        return (RopeScaling, (float(self), self.kind, self.ext_factor, self.n_ctx_orig,
+                              self.beta_fast, self.beta_slow, self.magnitude))
+
+
 def rope_table(pos: np.ndarray, n_rot: int, base: float, freq_scale: float = 1.0,
                freq_factors: np.ndarray | None = None) -> np.ndarray:
     """exp(i * theta) (T, n_rot/2) complex64, theta = pos * freq_scale * base^(-2i/n_rot) / ff_i.
 
     Angles in float64 (llama.cpp uses float32 running products; the two agree to ~1e-6
     relative), then rounded. ``freq_factors`` (n_rot/2,) is Llama 3's ``rope_freqs.weight``,
-    dividing each frequency's angle.
+    dividing each frequency's angle. A ``RopeScaling`` freq_scale with an ``ext_factor``
+    makes YaRN's table (``yarn_table``); its ``magnitude`` scales cos and sin.
     """
+    if isinstance(freq_scale, RopeScaling) and freq_scale.ext_factor != 0:
+        return yarn_table(pos, n_rot, base, freq_scale, freq_factors)
     inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors.astype(np.float64)
     theta = np.outer(np.asarray(pos, np.float64) * freq_scale, inv_freq)
-    return (np.cos(theta) + 1j * np.sin(theta)).astype(np.complex64)
+    rot = (np.cos(theta) + 1j * np.sin(theta)).astype(np.complex64)
+    if isinstance(freq_scale, RopeScaling) and freq_scale.magnitude != 1.0:
+        rot *= np.float32(freq_scale.magnitude)  # ggml's rope: cos and sin times it
+    return rot
 
 
-def yarn_table(pos: np.ndarray, n_rot: int, base: float, freq_scale: float, n_ctx_orig: int,
-               beta_fast: float, beta_slow: float, attn_factor: float = 1.0) -> np.ndarray:
-    """``rope_table`` with YaRN's frequency mix and magnitude scale, as ggml's rope_yarn
-    (ext_factor 1): dimension pair i's angle blends the interpolated (``freq_scale``) and
-    the extrapolated angle by a ramp between the correction dimensions of ``beta_fast`` and
-    ``beta_slow`` turns over ``n_ctx_orig`` positions; cos and sin are scaled by
-    ``attn_factor * (1 + 0.1 ln(1 / freq_scale))``. (T, n_rot/2) complex64."""
+def yarn_table(pos: np.ndarray, n_rot: int, base: float, scaling: RopeScaling,
+               freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """``rope_table`` with YaRN's frequency mix, as ggml's rope_yarn: dimension pair i's
+    angle blends the interpolated (times the frequency scale) and the extrapolated angle
+    by ``ext_factor`` times a ramp between the correction dimensions of ``beta_fast`` and
+    ``beta_slow`` turns over ``n_ctx_orig`` positions (``freq_factors`` dividing the
+    extrapolated angle first); cos and sin are scaled by ``magnitude``. (T, n_rot/2)
+    complex64."""
+    freq_scale = float(scaling)
+
     def corr_dim(turns: float) -> float:
-        return n_rot * np.log(n_ctx_orig / (turns * 2 * np.pi)) / (2 * np.log(base))
+        return n_rot * np.log(scaling.n_ctx_orig / (turns * 2 * np.pi)) / (2 * np.log(base))
 
-    lo = max(0.0, np.floor(corr_dim(beta_fast)))
-    hi = min(n_rot - 1.0, np.ceil(corr_dim(beta_slow)))
+    lo = max(0.0, np.floor(corr_dim(scaling.beta_fast)))
+    hi = min(n_rot - 1.0, np.ceil(corr_dim(scaling.beta_slow)))
     i = np.arange(0, n_rot, 2, dtype=np.float64)
-    ramp = 1.0 - np.clip((i / 2 - lo) / max(0.001, hi - lo), 0.0, 1.0)
-    extrap = np.outer(np.asarray(pos, np.float64), base ** (-i / n_rot))
+    ramp = (1.0 - np.clip((i / 2 - lo) / max(0.001, hi - lo), 0.0, 1.0)) * scaling.ext_factor
+    inv_freq = base ** (-i / n_rot)
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors.astype(np.float64)
+    extrap = np.outer(np.asarray(pos, np.float64), inv_freq)
     theta = extrap * freq_scale * (1.0 - ramp) + extrap * ramp
-    mscale = attn_factor * (1.0 + 0.1 * np.log(1.0 / freq_scale))
-    return (mscale * (np.cos(theta) + 1j * np.sin(theta))).astype(np.complex64)
+    return (scaling.magnitude * (np.cos(theta) + 1j * np.sin(theta))).astype(np.complex64)
 
 
 def rope_norm(x: np.ndarray, rot: np.ndarray) -> np.ndarray:

@@ -22,10 +22,11 @@ def product(x: np.ndarray, lin: Linear) -> np.ndarray:
 
 
 def attention(h: np.ndarray, a: Attention, batch: object, il: int, rot: np.ndarray,
-              eps: float) -> np.ndarray:
+              eps: float, rot_q: np.ndarray | None = None) -> np.ndarray:
     """Normed input h (T, n_embd) -> (T, n_embd), storing this batch's keys and values in
     layer ``il`` of each row's cache (``Batch.attention``), or, for a layer that shares
-    another's (``kv_layer``), reading that layer's; ``eps`` the Q/K/V norms'."""
+    another's (``kv_layer``), reading that layer's; ``eps`` the Q/K/V norms'; ``rot_q``
+    the queries' RoPE table where it is not ``rot`` (``Attention.q_rope``)."""
     n = len(h)
     own_kv = a.kv_layer is None
     lins = (a.q,) if not own_kv else (a.q, a.k) if a.v is a.k else (a.q, a.k, a.v)
@@ -34,22 +35,36 @@ def attention(h: np.ndarray, a: Attention, batch: object, il: int, rot: np.ndarr
     if a.q_gate:  # per head: head_dim query rows, then head_dim gate rows
         q, gate = q[:, :, :a.head_dim], q[:, :, a.head_dim:]
     if a.q_norm is not None:
-        q = ops.rmsnorm(q, a.q_norm, eps)
+        q = qk_norm(q, a.q_norm, eps)
     rope = ops.rope_neox if a.neox else ops.rope_norm
     k = v = None
     if own_kv:
         k = fused[1].reshape(n, a.n_head_kv, a.head_dim)
         v = fused[-1].reshape(n, a.n_head_kv, a.head_dim_v)  # K itself (Gemma 4's V = K)
         if a.k_norm is not None:
-            k = ops.rmsnorm(k, a.k_norm, eps)
+            k = qk_norm(k, a.k_norm, eps)
         if a.v_norm is not None:
             v = ops.rmsnorm(v, a.v_norm, eps)
         k = rope(k, rot)
-    out = batch.attention(il if a.kv_layer is None else a.kv_layer, rope(q, rot), k, v,
+    q = rope(q, rot if rot_q is None else rot_q)
+    out = batch.attention(il if a.kv_layer is None else a.kv_layer, q, k, v,
                           a.scale, a.softcap, a.window, a.sinks)
     if a.q_gate:
         out = out * ops.sigmoid(np.ascontiguousarray(gate).reshape(n, -1))
     return product(out, a.o)
+
+
+def qk_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """Heads x (T, H, d) RMS-normed times w: per head (w of d), or over each row's H
+    heads at once (w of H d: OLMo 2) -> (T, H, d)."""
+    if len(w) == x.shape[2]:
+        return ops.rmsnorm(x, w, eps)
+    return ops.rmsnorm(x.reshape(len(x), -1), w, eps).reshape(x.shape)
+
+
+def pre_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
+    """A block's pre-norm of x (T, n_embd): RMS-normed times w, or x itself for none."""
+    return x if w is None else ops.rmsnorm(x, w, eps)
 
 
 # the GLUs' gated activations by name (layer.GLU_ACTS)
@@ -181,25 +196,27 @@ def experts(h: np.ndarray, e: Experts, x: np.ndarray | None = None, eps: float =
 
 
 def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray | None,
-          rows: np.ndarray | None = None, inp: np.ndarray | None = None) -> np.ndarray:
+          rows: np.ndarray | None = None, inp: np.ndarray | None = None,
+          rot_q: np.ndarray | None = None) -> np.ndarray:
     """One layer: x (T, n_embd) -> (T', n_embd); only ``rows`` go on past the attention
     (or recurrent mixer) when given (llama.cpp's inp_out_ids in the last layer: T' =
-    len(rows)); ``rot`` the attention's RoPE table (None for a recurrent layer); ``inp``
-    (T, d) the layer's per-layer input when it takes one."""
-    h = ops.rmsnorm(x, b.attn_norm, b.eps)
+    len(rows)); ``rot`` the attention's RoPE table (None for a recurrent layer), ``rot_q``
+    its queries' where they have their own; ``inp`` (T, d) the layer's per-layer input
+    when it takes one."""
+    h = pre_norm(x, b.attn_norm, b.eps)
     if isinstance(b.attn, DeltaNet):
         from . import deltanet  # numba: compiled or loaded on first use
 
         a = deltanet.forward(h, b.attn, batch, b.eps)
     else:
-        a = attention(h, b.attn, batch, il, rot, b.eps)
+        a = attention(h, b.attn, batch, il, rot, b.eps, rot_q)
     if b.attn_post_norm is not None:
         a = ops.rmsnorm(a, b.attn_post_norm, b.eps)
     if rows is not None:
         a, x = a[rows], x[rows]
         inp = None if inp is None else inp[rows]
-    x = x + a
-    x = x + ffn_part(x, b)
+    x = x + residual(a, b)
+    x = x + residual(ffn_part(x, b), b)
     if b.per_layer is not None:
         p = b.per_layer
         g = ops.gelu_f16(product(x, p.gate)) * inp
@@ -207,10 +224,16 @@ def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray | Non
     return x if b.out_scale == 1.0 else x * np.float32(b.out_scale)
 
 
+def residual(y: np.ndarray, b: Block) -> np.ndarray:
+    """A branch's output as it joins the residual: times ``b.residual_scale`` (ggml_scale,
+    float32) where that is not 1."""
+    return y if b.residual_scale == 1.0 else y * np.float32(b.residual_scale)
+
+
 def ffn_part(x: np.ndarray, b: Block) -> np.ndarray:
     """What the FFN adds to x (T, n_embd): its norm, the FFN (dense, experts, or both)
     and its post norm."""
-    h = ops.rmsnorm(x, b.ffn_norm, b.eps)
+    h = pre_norm(x, b.ffn_norm, b.eps)
     f = b.ffn
     if isinstance(f, DenseAndExperts):
         e = experts(ops.rmsnorm(x, f.experts_norm, b.eps), f.experts, x, b.eps)
@@ -227,9 +250,12 @@ def stack(x: np.ndarray, blocks: list[Block], batch: object, ropes: tuple[np.nda
     ``inputs`` (T, n_layer, d): the per-layer inputs of layers that take one."""
     last = len(blocks) - 1
     for il, b in enumerate(blocks):
-        rot = None if isinstance(b.attn, DeltaNet) else ropes[b.attn.rope]
+        rot = rot_q = None
+        if not isinstance(b.attn, DeltaNet):
+            rot = ropes[b.attn.rope]
+            rot_q = None if b.attn.q_rope is None else ropes[b.attn.q_rope]
         inp = None if b.per_layer is None else inputs[:, b.per_layer.index]
-        x = block(x, b, batch, il, rot, rows if il == last else None, inp)
+        x = block(x, b, batch, il, rot, rows if il == last else None, inp, rot_q)
         between_layers(batch, il, last)
     return x
 

@@ -52,7 +52,7 @@ from gguflm.quant.kernels import work_items as _work_items
 
 from . import blocks
 from .attention import _attend_one, store_rows
-from .blocks import add_bias, qk_heads
+from .blocks import add_bias, pre_norm, qk_heads
 from .layer import Block, Linear
 from .rowkernels import rmsnorm_rows
 
@@ -283,7 +283,7 @@ def _member(m, x0, out, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, r
                 break
         kt, v, rot, window = k_cache[il], v_cache[il], rots[rot_sel[il]], windows[il]
         # attention: norm, Q K V, (one member) per-head norms, RoPE, storing K V; attention
-        rmsnorm_rows(x, _norm(ntab, il, 0), eps, h)
+        pre_norm(x, _norm(ntab, il, 0), eps, h)
         kinds = ktab[4 * il]
         _products(kinds, _weights(wtab, il, 0), activation_sets(kinds, 3, h), tbl, (q, k, vv),
                   itab[4 * il], icount[4 * il], s, _QKV)
@@ -313,7 +313,7 @@ def _member(m, x0, out, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, r
                   itab[4 * il + 1], icount[4 * il + 1], s, _OUT)
         _residual(x, o, _norm(btab, il, 3), _norm(ntab, il, 3), eps, p, x1)
         # feed-forward: norm, gate and up, the gated activation, down
-        rmsnorm_rows(x1, _norm(ntab, il, 4), eps, h)
+        pre_norm(x1, _norm(ntab, il, 4), eps, h)
         kinds = ktab[4 * il + 2]
         _products(kinds, _weights(wtab, il, 2), activation_sets(kinds, 2, h), tbl, (g, u, g),
                   itab[4 * il + 2], icount[4 * il + 2], s, _GATE_UP)

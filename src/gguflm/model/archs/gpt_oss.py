@@ -2,9 +2,10 @@
 src/models/openai-moe.cpp runs it.
 
 Pre-norm layers alternating a sliding window (even layers, ``attention.sliding_window``)
-and full attention, both with NEOX RoPE under YaRN scaling (``rope.scaling.*``), Q/K/V/O
-biases and a learned attention sink per head (``attn_sinks``: a logit in each head's
-softmax that weights no value). The FFN is a mixture of experts with biases everywhere:
+and full attention, both with NEOX RoPE under YaRN scaling (``rope.scaling.*``, read and
+applied by the shared tables: ``config.rope_scaling``), Q/K/V/O biases and a learned
+attention sink per head (``attn_sinks``: a logit in each head's softmax that weights no
+value). The FFN is a mixture of experts with biases everywhere:
 the router's biased logits pick the ``expert_used_count`` best, their weights a softmax
 over those logits alone (not renormalised further), each expert a clamped SwiGLU
 (``reference.swiglu_oai``). ``post_attention_norm`` is the FFN's pre-norm; the output is
@@ -31,19 +32,13 @@ from . import register
 
 @dataclass(frozen=True)
 class GptOssConfig(ModelConfig):
-    """Adds the experts' size, the window pattern and YaRN (GGUF key in each comment)."""
+    """Adds the experts' size and the window pattern (GGUF key in each comment)."""
 
-    rope_scalings: ClassVar[tuple[str, ...]] = ("linear", "yarn")
     needs_n_ff: ClassVar[bool] = False
 
     n_ff_exp: int            # {arch}.expert_feed_forward_length
     swa_layers: tuple[bool, ...]  # {arch}.attention.sliding_window_pattern (period 2)
     rope_base_swa: float     # {arch}.rope.freq_base_swa (default: rope.freq_base)
-    yarn: bool               # {arch}.rope.scaling.type == "yarn"
-    n_ctx_orig: int          # {arch}.rope.scaling.original_context_length
-    beta_fast: float         # {arch}.rope.scaling.yarn_beta_fast (default 32)
-    beta_slow: float         # {arch}.rope.scaling.yarn_beta_slow (default 1)
-    rope_attn_factor: float  # {arch}.rope.scaling.attn_factor (default 1)
 
     @classmethod
     def extra(cls, meta: Meta, common: dict[str, Any]) -> dict[str, Any]:
@@ -51,12 +46,6 @@ class GptOssConfig(ModelConfig):
             n_ff_exp=meta.int("expert_feed_forward_length"),
             swa_layers=meta.swa_layers(common["n_layer"], 2),
             rope_base_swa=meta.float("rope.freq_base_swa", common["rope_base"]),
-            yarn=meta.str("rope.scaling.type", "none") == "yarn",
-            n_ctx_orig=meta.int("rope.scaling.original_context_length",
-                                common["n_ctx_train"]),
-            beta_fast=meta.float("rope.scaling.yarn_beta_fast", 32.0),
-            beta_slow=meta.float("rope.scaling.yarn_beta_slow", 1.0),
-            rope_attn_factor=meta.float("rope.scaling.attn_factor", 1.0),
         )
 
 
@@ -103,13 +92,10 @@ class GptOss(Model):
         return Block(layer.attn_norm, attn, layer.post_attention_norm, ffn, c.norm_eps)
 
     def rope_tables(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The full and the sliding layers' RoPE tables (YaRN when the file says so)."""
+        """The full and the sliding layers' RoPE tables, both scaled as the file says
+        (YaRN in gpt-oss's files)."""
         c = self.config
-        if not c.yarn:
-            return tuple(ops.rope_table(pos, c.rope_dim, base, c.rope_freq_scale)
-                         for base in (c.rope_base, c.rope_base_swa))
-        return tuple(ops.yarn_table(pos, c.rope_dim, base, c.rope_freq_scale, c.n_ctx_orig,
-                                    c.beta_fast, c.beta_slow, c.rope_attn_factor)
+        return tuple(ops.rope_table(pos, c.rope_dim, base, c.rope_freq_scale)
                      for base in (c.rope_base, c.rope_base_swa))
 
     def _forward(self, batch: Batch) -> np.ndarray:

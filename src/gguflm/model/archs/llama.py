@@ -66,3 +66,20 @@ class Llama(Model):
                               self.rope_freqs)
         x = self.run_layers(self.token_embd.rows(batch.ids), batch, (rope,))
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd); head: output
+
+
+@register("llama-embed")
+class LlamaEmbed(Llama):
+    """llama.cpp's ``llama-embed`` (llama-embed-nemotron): Llama's layers as an embedding
+    model, usually with ``attention.causal`` false (bidirectional: ``model/bidirectional.py``)
+    and no LM head (the tied fallback is loaded and unused). llama.cpp builds its graph
+    without logits, whatever the attention, and without a KV cache: keys and values stay
+    float32, so they do here whatever cache type is asked for."""
+
+    is_encoder = True
+    kv_type = "f32"
+
+    def use_kv_type(self, kv_type: str) -> None:
+        """Check ``kv_type`` as any model does, and keep float32 (see the class)."""
+        super().use_kv_type(kv_type)
+        self.kv_type = "f32"
