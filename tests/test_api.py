@@ -90,10 +90,10 @@ def test_warm_up_loads_every_path_a_first_request_takes(smollm2_path: Path) -> N
     where nothing else has."""
     code = ("import sys, gguflm; from gguflm.model import blocks\n"
             "llm = gguflm.LLM(sys.argv[1], parallel=2, threads=1)\n"
-            "assert not blocks.attention_block.overloads and llm._max_token_bytes is None\n"
+            "assert not blocks.attention_block.overloads and llm.intake._max_token_bytes is None\n"
             "llm.warm_up()\n"
             "print(len(blocks.attention_block.overloads), len(blocks.ffn_block.overloads),"
-            " llm._max_token_bytes)\n")
+            " llm.intake._max_token_bytes)\n")
     out = subprocess.run([sys.executable, "-c", code, str(smollm2_path)], capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr

@@ -38,10 +38,12 @@ from starlette.routing import Route
 
 from . import webui as webui_page
 from .access import AccessPolicy
-from .api import LLM, ChatReply, InvalidRequestError, QueueFullError, Shapes
+from .api import LLM, InvalidRequestError, QueueFullError
 from .engine.errors import ConstraintFailure, NoTokenAllowed
-from .engine.params import SAMPLING_FIELDS
 from .http_protocol import hardened_protocol
+from .replies import ChatShaper, CompletionShaper
+from .server_metrics import ServerMetrics
+from .wire.openai import parse_chat, parse_completion, parse_embeddings
 
 __all__ = ["APIServer", "make_server"]
 
@@ -52,42 +54,6 @@ MAX_CONNECTIONS = 1000      # open connections at most (fewer if the fd limit is
 ACCEPT_BURST = 64           # connections accepted per wake-up (the listen backlog too)
 SHUTDOWN_SECONDS = 5        # answers in progress get this long to end after a stop signal
 
-# Field checks: name -> (allowed Python types, description for the error). None is always
-# allowed (it means "default"); bool is never a number here even though it is an int.
-_COMMON_FIELDS: dict[str, tuple[tuple[type, ...], str]] = SAMPLING_FIELDS | {
-    "model": ((str,), "a string"),
-    "max_tokens": ((int,), "an integer"),
-    "stop": ((str, list), "a string or a list of strings"),
-    "stream": ((bool,), "a boolean"),
-    "stream_options": ((dict,), "an object"),
-    "n": ((int,), "an integer"),
-    "user": ((str,), "a string"),
-    "lookup": ((int,), "an integer"),  # prompt-lookup drafts (engine/lookup.py)
-    "logit_bias": ((dict, list), "an object mapping token ids to biases"),
-}
-# structured output (engine/grammar.py): OpenAI's response_format, llama-server's fields
-_COMMON_FIELDS |= {
-    "response_format": ((dict,), "an object"),
-    "json_schema": ((dict, str), "a JSON schema (an object, or its JSON text)"),
-    "grammar": ((str,), "a string (a GBNF or Lark grammar)"),
-    "regex": ((str,), "a string (a regular expression)"),
-}
-_CONSTRAINT_FIELDS = ("response_format", "json_schema", "grammar", "regex")
-_COMPLETION_FIELDS = _COMMON_FIELDS | {
-    "prompt": ((str, list), "a string or a list of token ids"),
-    "echo": ((bool,), "a boolean"),
-    "suffix": ((str,), "a string"),
-}
-_CHAT_FIELDS = _COMMON_FIELDS | {
-    "messages": ((list,), "a list of messages"),
-    "max_completion_tokens": ((int,), "an integer"),
-    "tools": ((list,), "a list of tools"),
-    "tool_choice": ((str, dict), "\"none\", \"auto\", \"required\" or a named function"),
-    "parallel_tool_calls": ((bool,), "a boolean"),
-}
-_SAMPLING = tuple(SAMPLING_FIELDS)
-# latency histogram buckets (seconds) for /metrics
-_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 def _log_config() -> dict[str, Any]:
@@ -123,45 +89,50 @@ class RequestError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
-def _check_fields(body: dict[str, Any], spec: dict[str, tuple[tuple[type, ...], str]]) -> None:
-    for name, (types, what) in spec.items():
-        value = body.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-            raise RequestError(400, f"'{name}' must be {what}, got {_short(value)}",
-                               param=name)
-    stop = body.get("stop")
-    if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
-        raise RequestError(400, "'stop' must be a string or a list of strings", param="stop")
-    if body.get("n") not in (None, 1):
-        raise RequestError(400, "only n = 1 is supported", param="n")
-    if body.get("logprobs") not in (None, False, 0):
-        raise RequestError(400, "logprobs are not supported", param="logprobs")
-    if body.get("suffix"):
-        raise RequestError(400, "suffix (insertion) is not supported", param="suffix")
-
-
-def _short(value: Any) -> str:
+async def read_json_body(request: Request) -> dict[str, Any]:
+    """A request's JSON object body, read within MAX_BODY; a RequestError otherwise."""
+    if "transfer-encoding" in request.headers and "content-length" in request.headers:
+        # h11 frames by Transfer-Encoding, as RFC 9112 says; but a client sending both
+        # is confused or hostile: answer and close (RFC 9112 6.3)
+        raise RequestError(400, "both Transfer-Encoding and Content-Length were sent",
+                           close=True)
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
+        raise RequestError(413 if length.isdigit() else 400,
+                           f"the request body is over {MAX_BODY} bytes"
+                           if length.isdigit() else "invalid Content-Length")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise RequestError(413, f"the request body is over {MAX_BODY} bytes")
+        chunks.append(chunk)
     try:
-        return json.dumps(value)[:40]
-    except (ValueError, TypeError):
-        return type(value).__name__
+        body = json.loads(b"".join(chunks).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:  # incl. over-long integer literals
+        raise RequestError(400, f"the request body is not valid JSON: {e}",
+                           close=True) from None
+    except RecursionError:
+        raise RequestError(400, "the request body is nested too deeply",
+                           close=True) from None
+    if not isinstance(body, dict):
+        raise RequestError(400, "the request body must be a JSON object")
+    return body
 
 
-def _options(body: dict[str, Any], max_tokens: Any) -> dict[str, Any]:
-    """LLM keyword arguments from a checked request body."""
-    opts: dict[str, Any] = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
-    opts.update(max_tokens=max_tokens, stop=body.get("stop"), seed=body.get("seed"))
-    if body.get("lookup") is not None:  # else the server's --lookup
-        opts["lookup"] = body["lookup"]
-    if body.get("logit_bias") is not None:
-        opts["logit_bias"] = body["logit_bias"]
-    return opts
-
-
-def _include_usage(body: dict[str, Any]) -> bool:
-    return bool((body.get("stream_options") or {}).get("include_usage"))
+def sequence_error(seq: Any) -> RequestError:
+    """The answer to a sequence that ended in an error: a constraint that broke down is the
+    grammar's (or logit_bias's) doing, a 400 naming its field; anything else is ours: 500."""
+    if isinstance(seq.error, NoTokenAllowed):
+        return RequestError(400, str(seq.error), param=seq.error.param,
+                            code="no_token_allowed")
+    if isinstance(seq.error, ConstraintFailure):
+        param = getattr(seq.request.constraint, "grammar", None)
+        param = getattr(param, "param", None)
+        return RequestError(400, f"the constraint ({param}) failed during generation: "
+                            f"{str(seq.error)[:300]}", param=param, code="constraint_failed")
+    return RequestError(500, f"generation failed: {type(seq.error).__name__}",
+                        type="server_error")
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
@@ -206,10 +177,8 @@ class APIServer:
             self.engine.max_queue = max_queue
         self.verbose = verbose
         self.started = int(time.time())
-        self.stats = {"requests": 0, "errors": 0, "disconnects": 0, "busy_rejections": 0}
-        self._latency: dict[str, list[int]] = {"ttft": [0] * (len(_BUCKETS) + 1),
-                                               "duration": [0] * (len(_BUCKETS) + 1)}
-        self._latency_sum = {"ttft": 0.0, "duration": 0.0}
+        self.counters = ServerMetrics()
+        self.count, self.observe = self.counters.count, self.counters.observe
         self.sock = socket.create_server((host, port), backlog=ACCEPT_BURST)
         self.server_address = self.sock.getsockname()[:2]
         # stay under the file-descriptor limit: past it accept() fails, asyncio stops
@@ -259,15 +228,6 @@ class APIServer:
         sys.stderr.write(f"gguflm serve: {message}\n")
         sys.stderr.flush()
 
-    def count(self, what: str) -> None:
-        self.stats[what] += 1
-
-    def observe(self, what: str, seconds: float) -> None:
-        hist = self._latency[what]
-        i = next((i for i, b in enumerate(_BUCKETS) if seconds <= b), len(_BUCKETS))
-        hist[i] += 1
-        self._latency_sum[what] += seconds
-
     # --- the application -----------------------------------------------------------------
 
     def app(self) -> Any:
@@ -315,35 +275,6 @@ class APIServer:
         return RequestError(500, f"internal error: {type(exc).__name__}", type="server_error"
                             ).response()
 
-    async def _read_json(self, request: Request) -> dict[str, Any]:
-        if "transfer-encoding" in request.headers and "content-length" in request.headers:
-            # h11 frames by Transfer-Encoding, as RFC 9112 says; but a client sending both
-            # is confused or hostile: answer and close (RFC 9112 6.3)
-            raise RequestError(400, "both Transfer-Encoding and Content-Length were sent",
-                               close=True)
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
-            raise RequestError(413 if length.isdigit() else 400,
-                               f"the request body is over {MAX_BODY} bytes"
-                               if length.isdigit() else "invalid Content-Length")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY:
-                raise RequestError(413, f"the request body is over {MAX_BODY} bytes")
-            chunks.append(chunk)
-        try:
-            body = json.loads(b"".join(chunks).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:  # incl. over-long integer literals
-            raise RequestError(400, f"the request body is not valid JSON: {e}",
-                               close=True) from None
-        except RecursionError:
-            raise RequestError(400, "the request body is nested too deeply",
-                               close=True) from None
-        if not isinstance(body, dict):
-            raise RequestError(400, "the request body must be a JSON object")
-        return body
-
     async def health(self, request: Request) -> Response:
         e = self.engine
         busy = e.n_running
@@ -363,165 +294,57 @@ class APIServer:
                                            "parallel": self.engine.n_slots}}]})
 
     async def metrics(self, request: Request) -> Response:
-        e, st = self.engine, self.engine.stats
-        uptime = max(time.time() - e.started, 1e-9)
-        lines = [
-            "# HELP gguflm_requests_total Requests accepted by the engine.",
-            "# TYPE gguflm_requests_total counter",
-            f"gguflm_requests_total {st.requests}",
-            "# HELP gguflm_requests_finished_total Requests ended, by finish reason.",
-            "# TYPE gguflm_requests_finished_total counter",
-            *(f'gguflm_requests_finished_total{{reason="{k}"}} {v}'
-              for k, v in sorted(st.finished.items())),
-            "# HELP gguflm_requests_rejected_total Requests refused with 503 (queue full).",
-            "# TYPE gguflm_requests_rejected_total counter",
-            f"gguflm_requests_rejected_total {st.rejected}",
-            "# HELP gguflm_prompt_tokens_total Prompt tokens evaluated.",
-            "# TYPE gguflm_prompt_tokens_total counter",
-            f"gguflm_prompt_tokens_total {st.prompt_tokens}",
-            "# HELP gguflm_cached_tokens_total Prompt tokens reused from a slot's cache.",
-            "# TYPE gguflm_cached_tokens_total counter",
-            f"gguflm_cached_tokens_total {st.cached_tokens}",
-            "# HELP gguflm_tokens_predicted_total Tokens generated.",
-            "# TYPE gguflm_tokens_predicted_total counter",
-            f"gguflm_tokens_predicted_total {st.generated_tokens}",
-            "# HELP gguflm_draft_tokens_total Prompt-lookup draft tokens verified.",
-            "# TYPE gguflm_draft_tokens_total counter",
-            f"gguflm_draft_tokens_total {st.drafted_tokens}",
-            "# HELP gguflm_draft_tokens_accepted_total Draft tokens kept.",
-            "# TYPE gguflm_draft_tokens_accepted_total counter",
-            f"gguflm_draft_tokens_accepted_total {st.accepted_tokens}",
-            "# HELP gguflm_tokens_predicted_per_second Generated tokens per second of uptime.",
-            "# TYPE gguflm_tokens_predicted_per_second gauge",
-            f"gguflm_tokens_predicted_per_second {st.generated_tokens / uptime:.3f}",
-            "# HELP gguflm_requests_processing Sequences in a slot.",
-            "# TYPE gguflm_requests_processing gauge",
-            f"gguflm_requests_processing {e.n_running}",
-            "# HELP gguflm_requests_deferred Requests waiting for a slot.",
-            "# TYPE gguflm_requests_deferred gauge",
-            f"gguflm_requests_deferred {e.n_waiting}",
-            "# HELP gguflm_slots Slots (sequences computed together).",
-            "# TYPE gguflm_slots gauge",
-            f"gguflm_slots {e.n_slots}",
-        ]
-        for what, help_ in (("ttft", "Seconds from request to first token."),
-                            ("duration", "Seconds from request to its end.")):
-            name = f"gguflm_{'time_to_first_token' if what == 'ttft' else 'request_duration'}"
-            lines += [f"# HELP {name}_seconds {help_}", f"# TYPE {name}_seconds histogram"]
-            cum = 0
-            for b, n in zip((*_BUCKETS, "+Inf"), self._latency[what], strict=True):
-                cum += n
-                lines.append(f'{name}_seconds_bucket{{le="{b}"}} {cum}')
-            lines += [f"{name}_seconds_sum {self._latency_sum[what]:.6f}",
-                      f"{name}_seconds_count {cum}"]
-        return Response("\n".join(lines) + "\n",
+        return Response(self.counters.text(self.engine),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # --- generation ----------------------------------------------------------------------
 
     async def completions(self, request: Request) -> Response:
         try:
-            body = await self._read_json(request)
-            _check_fields(body, _COMPLETION_FIELDS)
-            prompt = body.get("prompt")
-            if prompt is None:
-                raise RequestError(400, "'prompt' is required", param="prompt")
-            if isinstance(prompt, list):
-                if len(prompt) == 1 and isinstance(prompt[0], str):
-                    prompt = prompt[0]
-                elif prompt and all(isinstance(p, str) for p in prompt):
-                    raise RequestError(400, "only one prompt per request is supported",
-                                       param="prompt")
-                elif not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-                    raise RequestError(400, "'prompt' must be a string or a list of token "
-                                       "ids", param="prompt")
-            # OpenAI's default for completions is 16 tokens (chat: until the turn ends)
-            opts = _options(body, 16 if body.get("max_tokens") is None else body["max_tokens"])
-            echo = bool(body.get("echo"))
-            req, ptext = await asyncio.to_thread(
-                self._call, lambda: self.llm.completion_request(
-                    prompt, opts.pop("max_tokens"), opts.pop("stop"), opts.pop("seed"), echo,
-                    opts, **{k: body.get(k) for k in _CONSTRAINT_FIELDS}))
+            body = await read_json_body(request)
+            call = self._call(lambda: parse_completion(body))
+            req, ptext = await asyncio.to_thread(self._call, lambda: self.llm.completion_request(
+                call.prompt, call.spec, call.echo))
         except RequestError as e:
             return self._error(e)
-        shape = Shapes("text_completion", self.llm.model_id)
-
-        async def chunks(running: tuple[Any, asyncio.Event]) -> AsyncIterator[dict[str, Any]]:
-            if echo and ptext:
-                yield shape.completion_chunk(ptext, None)
-            async for piece, seq in self._generate(*running):
-                if seq is None:
-                    yield shape.completion_chunk(piece, None)
-                else:
-                    yield shape.completion_chunk("", seq.finish_reason)
-                    if _include_usage(body):
-                        yield shape.usage_chunk(seq.usage())
-
-        def result(seq: Any) -> Response:
-            text = seq.text if not (echo and ptext) else ptext + seq.text
-            return JSONResponse(shape.completion_result(
-                [{"text": text, "index": 0, "logprobs": None,
-                  "finish_reason": seq.finish_reason}], seq.usage()))
-        return await self._answer(request, req, bool(body.get("stream")), chunks, result)
+        shaper = CompletionShaper(self.llm.model_id, ptext if call.echo else None,
+                                  call.include_usage)
+        return await self._answer(request, req, call.stream, shaper)
 
     async def chat(self, request: Request) -> Response:
         try:
-            body = await self._read_json(request)
-            _check_fields(body, _CHAT_FIELDS)
-            messages = body.get("messages")
-            if not messages:
-                raise RequestError(400, "'messages' must be a non-empty list",
-                                   param="messages")
-            opts = _options(body, body.get("max_completion_tokens", body.get("max_tokens")))
+            body = await read_json_body(request)
+            call = self._call(lambda: parse_chat(body))
             req, plan = await asyncio.to_thread(self._call, lambda: self.llm.chat_request(
-                messages, opts.pop("max_tokens"), opts.pop("stop"), opts.pop("seed"), opts,
-                tools=body.get("tools"), tool_choice=body.get("tool_choice"),
-                parallel_tool_calls=body.get("parallel_tool_calls"),
-                **{k: body.get(k) for k in _CONSTRAINT_FIELDS}))
+                call.messages, call.spec))
         except RequestError as e:
             return self._error(e)
-        reply = ChatReply(plan)
-
-        async def chunks(running: tuple[Any, asyncio.Event]) -> AsyncIterator[dict[str, Any]]:
-            shape = Shapes("chat.completion.chunk", self.llm.model_id)
-            yield shape.chat_chunk({"role": "assistant", "content": ""}, None)
-            async for piece, seq in self._generate(*running):
-                if seq is None:
-                    for delta in reply.feed(piece):
-                        yield shape.chat_chunk(delta, None)
-                else:
-                    for delta in reply.finish():
-                        yield shape.chat_chunk(delta, None)
-                    yield shape.chat_chunk({}, reply.finish_reason(seq.finish_reason),
-                                           reply.detail())
-                    if _include_usage(body):
-                        yield shape.usage_chunk(seq.usage())
-
-        def result(seq: Any) -> Response:
-            reply.feed(seq.text)
-            reply.finish()
-            return JSONResponse(Shapes("chat.completion", self.llm.model_id).chat_result(
-                reply.message(), reply.finish_reason(seq.finish_reason), seq.usage(),
-                reply.detail()))
-        return await self._answer(request, req, bool(body.get("stream")), chunks, result)
+        shaper = ChatShaper(self.llm.model_id, plan, call.include_usage)
+        return await self._answer(request, req, call.stream, shaper)
 
     async def _answer(self, request: Request, req: Any, stream: bool,
-                      chunks: Callable[[tuple[Any, asyncio.Event]],
-                                       AsyncIterator[dict[str, Any]]],
-                      result: Callable[[Any], Response]) -> Response:
-        """Run ``req``: streamed as ``chunks(running)`` makes them, or to its end and
-        answered with ``result(seq)``; an engine refusal as an error object."""
+                      shaper: CompletionShaper | ChatShaper) -> Response:
+        """Run ``req``: streamed as ``shaper`` shapes its chunks, or to its end and answered
+        with ``shaper``'s whole object; an engine refusal as an error object."""
         if stream:
             try:
                 running = self._submit(req)
             except RequestError as e:
                 return self._error(e)
-            return self._stream(chunks(running))
+            return self._stream(self._chunks(shaper, running))
         try:
             seq = await self._complete(request, req)
         except RequestError as e:
             return self._error(e)
-        return result(seq)
+        return JSONResponse(shaper.whole(seq, seq.text))
+
+    async def _chunks(self, shaper: CompletionShaper | ChatShaper,
+                      running: tuple[Any, asyncio.Event]) -> AsyncIterator[dict[str, Any]]:
+        for chunk in shaper.opening():
+            yield chunk
+        async for piece, seq in self._generate(*running):
+            for chunk in shaper.piece(piece) if seq is None else shaper.closing(seq):
+                yield chunk
 
     def _error(self, e: RequestError) -> Response:
         self.count("errors")
@@ -559,23 +382,11 @@ class APIServer:
         return seq, wake
 
     def _ended(self, seq: Any) -> None:
-        """Bookkeeping at a sequence's end; its error as an answer (a constraint that broke
-        down is the grammar's doing: 400 naming its field; anything else is ours: 500)."""
+        """Bookkeeping at a sequence's end; its error, if any, as an answer."""
         self._cancels.discard(seq.cancel)
         self._observe(seq)
-        if seq.finish_reason != "error":
-            return
-        if isinstance(seq.error, NoTokenAllowed):
-            raise RequestError(400, str(seq.error), param=seq.error.param,
-                               code="no_token_allowed")
-        if isinstance(seq.error, ConstraintFailure):
-            param = getattr(seq.request.constraint, "grammar", None)
-            param = getattr(param, "param", None)
-            raise RequestError(400, f"the constraint ({param}) failed during generation: "
-                               f"{str(seq.error)[:300]}", param=param,
-                               code="constraint_failed")
-        raise RequestError(500, f"generation failed: {type(seq.error).__name__}",
-                           type="server_error")
+        if seq.finish_reason == "error":
+            raise sequence_error(seq)
 
     def _observe(self, seq: Any) -> None:
         t = seq.timings
@@ -657,23 +468,16 @@ class APIServer:
     async def embeddings(self, request: Request) -> Response:
         """``POST /v1/embeddings``: OpenAI's request and response (``encoding_format``
         float or base64), computed by the engine beside the running generations."""
-        fields: dict[str, tuple[tuple[type, ...], str]] = {
-            "input": ((str, list), "a string, a list of strings, or token ids"),
-            "model": ((str,), "a string"), "encoding_format": ((str,), "a string"),
-            "dimensions": ((int,), "an integer"), "user": ((str,), "a string")}
         try:
-            body = await self._read_json(request)
-            _check_fields(body, fields)
-            if body.get("input") is None:
-                raise RequestError(400, "'input' is required", param="input")
-            extra = {"dimensions": body["dimensions"]} if body.get("dimensions") else {}
+            body = await read_json_body(request)
+            call = self._call(lambda: parse_embeddings(body))
             gone = threading.Event()  # set when the client leaves or the server stops
             self._cancels.add(gone.set)
             watch = asyncio.ensure_future(self._watch_disconnect(request, gone))
             try:
                 result = await asyncio.to_thread(self._call, lambda: self.llm.create_embedding(
-                    body["input"], encoding_format=body.get("encoding_format") or "float",
-                    cancel=gone.is_set, **extra))
+                    call.input, encoding_format=call.encoding_format, cancel=gone.is_set,
+                    **call.extra))
             finally:
                 watch.cancel()
                 self._cancels.discard(gone.set)

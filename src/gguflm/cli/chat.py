@@ -116,10 +116,11 @@ class Chat:
 
     def request(self, max_tokens: int | None) -> Any:
         """The engine request for the conversation (InvalidRequestError if it cannot be)."""
-        seed = self.sampling.get("seed")
-        opts = {k: v for k, v in self.sampling.items() if k != "seed"}
-        req, _ = self.llm.chat_request(self.messages, max_tokens, self.stop or None, seed, opts,
-                                       **self.constraint)
+        from ..engine.spec import GenerationSpec
+
+        spec = GenerationSpec.from_kwargs("chat", self.sampling | self.constraint | {
+            "max_tokens": max_tokens, "stop": self.stop or None})
+        req, _ = self.llm.chat_request(self.messages, spec)
         return req
 
 

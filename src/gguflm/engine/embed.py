@@ -131,7 +131,7 @@ class EmbedSequence(Sequence):
             return ALL if self.n_prompt_done == 0 else NONE
         return ALL
 
-    def _on_hidden(self, hidden: np.ndarray | None, last_chunk: bool) -> None:
+    def on_hidden(self, hidden: np.ndarray | None, last_chunk: bool) -> None:
         """Keep a chunk's hidden states; after the last chunk, pool them (engine thread)."""
         if hidden is not None and len(hidden):
             self._hidden.append(hidden)

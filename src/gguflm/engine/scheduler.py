@@ -266,7 +266,7 @@ class Engine:
         for s in self.slots:
             s.seq = None
         for seq in seqs:
-            seq._finish("error", "error", error)
+            seq.finish("error", "error", error)
         for _, box, done in tasks:
             box.append(self._stopped())
             done.set()
@@ -288,7 +288,7 @@ class Engine:
                 self._tasks.clear()
                 if self._closed and self.n_running == 0:
                     for seq in self._waiting:
-                        seq._finish("cancelled", "cancelled")
+                        seq.finish("cancelled", "cancelled")
                     self._waiting.clear()
                     for _, box, done in tasks:
                         box.append(RuntimeError("the engine is closed"))
@@ -318,13 +318,13 @@ class Engine:
             seq = self._waiting[0]
             if seq.cancelled:
                 self._waiting.popleft()
-                seq._finish("cancelled", "cancelled")
+                seq.finish("cancelled", "cancelled")
                 continue
             embedding = isinstance(seq, EmbedSequence)
             if seq.request.max_tokens == 0 and not embedding:  # nothing to generate
                 self._waiting.popleft()
-                seq.timings.started = time.perf_counter()
-                seq._finish("length", "max_tokens")
+                seq.start()
+                seq.finish("length", "max_tokens")
                 continue
             free = [s for s in self.slots if s.seq is None]
             if not free:
@@ -351,10 +351,7 @@ class Engine:
             slot.tokens = slot.tokens[:keep]
             slot.flash = flash
             slot.seq = seq
-            seq.slot = slot
-            seq.n_cached = seq.n_prompt_done = keep
-            seq.state = PREFILL
-            seq.timings.started = time.perf_counter()
+            seq.admit(slot, keep)
             self.stats.cached_tokens += keep
 
     def _chunk(self) -> int:
@@ -444,19 +441,16 @@ class Engine:
             if seq.state == PREFILL:
                 n = len(part.ids)
                 s.tokens.extend(seq.prompt_ids[seq.n_prompt_done:seq.n_prompt_done + n])
-                seq.n_prompt_done += n
-                seq.timings.prompt_evaluated += n
+                done = seq.evaluated(n)
                 self.stats.prompt_tokens += n
                 if isinstance(seq, EmbedSequence):
-                    done = seq.n_prompt_done == len(seq.prompt_ids)
-                    seq._on_hidden(part.hidden_states, done)
-                    if done:
-                        seq.timings.prompt_done = time.perf_counter()
+                    seq.on_hidden(part.hidden_states, done)
+                    if done:  # (finishing marks the prompt done)
                         self._end(s, "stop", "embedded")
                     continue
                 if not wants:
                     continue
-                seq.state = DECODE
+                seq.start_decoding()
             else:
                 s.tokens.append(seq.tokens[-1])
             self._sample(s, logits[row:row + 1 + len(draft)], draft)
@@ -512,7 +506,7 @@ class Engine:
         i = 0
         for i, lg in enumerate(logits):
             try:
-                seq._on_logits(lg, self.n_ctx, n_cache + i)
+                seq.on_logits(lg, self.n_ctx, n_cache + i)
             except Exception as e:  # noqa: BLE001 - e.g. a constraint failing: this one only
                 self._end(slot, "error", "error", e)
                 break
@@ -524,7 +518,7 @@ class Engine:
                 break
         slot.cache.truncate(n_cache + i)
         slot.tokens.extend(draft[:i])
-        seq._drafted(len(draft), i)
+        seq.drafted(len(draft), i)
         self.stats.drafted_tokens += len(draft)
         self.stats.accepted_tokens += i
 
@@ -536,7 +530,7 @@ class Engine:
         slot.last_used = time.perf_counter()
         if seq is None:
             return
-        seq._finish(reason, stopped_by, error)
+        seq.finish(reason, stopped_by, error)
         st = self.stats
         st.finished[seq.finish_reason] = st.finished.get(seq.finish_reason, 0) + 1
         if seq.timings.first_token:

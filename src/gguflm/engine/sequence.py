@@ -265,6 +265,27 @@ class Sequence:
 
     # --- the engine's side (called from the engine thread only) ------------------------------
 
+    def start(self) -> None:
+        """The engine has taken the request up (into a slot, or ended it at once)."""
+        self.timings.started = time.perf_counter()
+
+    def admit(self, slot: Any, n_cached: int) -> None:
+        """Into ``slot``, whose cache already holds the first ``n_cached`` prompt tokens."""
+        self.slot = slot
+        self.n_cached = self.n_prompt_done = n_cached
+        self.state = PREFILL
+        self.start()
+
+    def evaluated(self, n: int) -> bool:
+        """``n`` more prompt tokens are in the cache; whether the whole prompt is now."""
+        self.n_prompt_done += n
+        self.timings.prompt_evaluated += n
+        return self.n_prompt_done == len(self.prompt_ids)
+
+    def start_decoding(self) -> None:
+        """The prompt is in; the next logits are the first token's."""
+        self.state = DECODE
+
     def draft(self, room: int) -> list[int]:
         """Tokens to verify after the last one (prompt lookup), at most ``room``."""
         if self._drafter is None:
@@ -277,7 +298,7 @@ class Sequence:
             room = min(room, self.request.max_tokens - len(self.tokens) - 1)
         return self._drafter.draft(room)
 
-    def _drafted(self, n_draft: int, n_kept: int) -> None:
+    def drafted(self, n_draft: int, n_kept: int) -> None:
         """Adapt the next draft's length: double it after a draft held in full (up to the
         request's ``lookup``), otherwise just past what held (a failing guess costs a row).
         After drafts of which nothing held, draft again only after 1, 2, 4 ... 16 steps:
@@ -299,7 +320,7 @@ class Sequence:
         if self._notify is not None:
             self._notify()
 
-    def _finish(self, reason: str, stopped_by: str,
+    def finish(self, reason: str, stopped_by: str,
                 error: BaseException | None = None) -> None:
         """End the sequence: flush held text (unless cancelled or failed), signal the end."""
         if self.state == DONE:
@@ -318,7 +339,7 @@ class Sequence:
         self._done.set()
         self._emit(None)
 
-    def _on_logits(self, logits: np.ndarray, n_ctx: int, n_cached_now: int) -> None:
+    def on_logits(self, logits: np.ndarray, n_ctx: int, n_cached_now: int) -> None:
         """Sample the next token from ``logits`` (n_vocab,), emit its text, and decide
         whether the sequence ends. ``n_cached_now``: positions in the slot's cache."""
         now = time.perf_counter()
@@ -350,18 +371,18 @@ class Sequence:
         if len(self.tokens) == 1:
             self.timings.first_token = now
         if token in self._eog:
-            self._finish("stop", "eos")
+            self.finish("stop", "eos")
             return
         text = self._scanner.feed(self._decoder.feed(token))
         self._emit(Piece(text, (token,)))
         if self._scanner.hit:
-            self._finish("stop", "stop_string")
+            self.finish("stop", "stop_string")
         elif text and self.request.watch is not None and self.request.watch(text):
-            self._finish("stop", "watch")
+            self.finish("stop", "watch")
         elif 0 <= self.request.max_tokens <= len(self.tokens):
-            self._finish("length", "max_tokens")
+            self.finish("length", "max_tokens")
         elif n_cached_now >= n_ctx:  # no room to evaluate this token
-            self._finish("length", "context")
+            self.finish("length", "context")
 
     def _nothing_allowed(self) -> str:
         which = "every token" + (" the grammar allows" if self.request.constraint else "")
