@@ -171,12 +171,15 @@ class AccessPolicy:
         if self.api_key is None or path in PUBLIC_PATHS:
             return None
         scheme, _, token = headers.get("Authorization", "").strip().partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(
-                token.strip().encode("utf-8", "replace"), self.api_key.encode("utf-8")):
+        if scheme.lower() != "bearer":
+            token = ""
+        token = token.strip() or headers.get("x-api-key", "").strip()  # Anthropic's header
+        if token and hmac.compare_digest(token.encode("utf-8", "replace"),
+                                         self.api_key.encode("utf-8")):
             return None
         what = "wrong" if token else "missing"
-        return _error(f"the API key is {what}: send it as 'Authorization: Bearer KEY'",
-                      "invalid_api_key")
+        return _error(f"the API key is {what}: send it as 'Authorization: Bearer KEY' (or "
+                      "'x-api-key: KEY')", "invalid_api_key")
 
 
 def _error(message: str, code: str) -> dict[str, Any]:

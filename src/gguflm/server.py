@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
@@ -137,6 +138,22 @@ def sequence_error(seq: Any) -> RequestError:
 
 def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n\n"
+
+
+@dataclass(frozen=True)
+class Wire:
+    """How one API frames a stream and shapes an error: ``item`` encodes a streamed item,
+    ``end`` closes the stream, ``error_body`` is the API's own error object for a
+    RequestError (in a stream, encoded as an item)."""
+
+    media_type: str
+    item: Callable[[Any], bytes]
+    error_body: Callable[[RequestError], Any]
+    end: bytes = b""
+
+
+# OpenAI's Server-Sent Events: ``data: {chunk}`` ... ``data: [DONE]``
+OPENAI = Wire("text/event-stream", _sse, RequestError.body, b"data: [DONE]\n\n")
 
 
 def _uvicorn_server(config: Any, on_exit: Callable[[], None]) -> Any:
@@ -250,6 +267,10 @@ class APIServer:
             Route("/v1/embeddings", self.embeddings, methods=["POST"]),
             Route("/embeddings", self.embeddings, methods=["POST"]),
         ]
+        from .routes import anthropic, ollama, responses  # (they import this module)
+
+        for api in (anthropic, ollama, responses):
+            routes += api.routes(self)
         return Starlette(routes=routes, exception_handlers={
             HTTPException: self._http_error, Exception: self._internal_error})
 
@@ -302,65 +323,70 @@ class APIServer:
     async def completions(self, request: Request) -> Response:
         try:
             body = await read_json_body(request)
-            call = self._call(lambda: parse_completion(body))
-            req, ptext = await asyncio.to_thread(self._call, lambda: self.llm.completion_request(
+            call = self.call(lambda: parse_completion(body))
+            req, ptext = await asyncio.to_thread(self.call, lambda: self.llm.completion_request(
                 call.prompt, call.spec, call.echo))
         except RequestError as e:
-            return self._error(e)
+            return self.error(e)
         shaper = CompletionShaper(self.llm.model_id, ptext if call.echo else None,
                                   call.include_usage)
-        return await self._answer(request, req, call.stream, shaper)
+        return await self.answer(request, req, call.stream, shaper)
 
     async def chat(self, request: Request) -> Response:
         try:
             body = await read_json_body(request)
-            call = self._call(lambda: parse_chat(body))
-            req, plan = await asyncio.to_thread(self._call, lambda: self.llm.chat_request(
+            call = self.call(lambda: parse_chat(body))
+            req, plan = await asyncio.to_thread(self.call, lambda: self.llm.chat_request(
                 call.messages, call.spec))
         except RequestError as e:
-            return self._error(e)
+            return self.error(e)
         shaper = ChatShaper(self.llm.model_id, plan, call.include_usage)
-        return await self._answer(request, req, call.stream, shaper)
+        return await self.answer(request, req, call.stream, shaper)
 
-    async def _answer(self, request: Request, req: Any, stream: bool,
-                      shaper: CompletionShaper | ChatShaper) -> Response:
-        """Run ``req``: streamed as ``shaper`` shapes its chunks, or to its end and answered
-        with ``shaper``'s whole object; an engine refusal as an error object."""
+    async def answer(self, request: Request, req: Any, stream: bool, shaper: Any,
+                     wire: Wire = OPENAI) -> Response:
+        """Run ``req``: streamed as ``shaper`` shapes its items (``opening``, ``piece``,
+        ``closing``) and ``wire`` frames them, or to its end and answered with
+        ``shaper.whole``; an engine refusal as ``wire``'s error object."""
         if stream:
             try:
-                running = self._submit(req)
+                running = self.submit(req)
             except RequestError as e:
-                return self._error(e)
-            return self._stream(self._chunks(shaper, running))
+                return self.error(e, wire)
+            return self.stream(self._items(shaper, running), wire)
         try:
-            seq = await self._complete(request, req)
+            seq = await self.complete(request, req)
         except RequestError as e:
-            return self._error(e)
+            return self.error(e, wire)
         return JSONResponse(shaper.whole(seq, seq.text))
 
-    async def _chunks(self, shaper: CompletionShaper | ChatShaper,
-                      running: tuple[Any, asyncio.Event]) -> AsyncIterator[dict[str, Any]]:
-        for chunk in shaper.opening():
-            yield chunk
+    async def _items(self, shaper: Any, running: tuple[Any, asyncio.Event]
+                     ) -> AsyncIterator[Any]:
+        for item in shaper.opening():
+            yield item
         async for piece, seq in self._generate(*running):
-            for chunk in shaper.piece(piece) if seq is None else shaper.closing(seq):
-                yield chunk
+            for item in shaper.piece(piece) if seq is None else shaper.closing(seq):
+                yield item
 
-    def _error(self, e: RequestError) -> Response:
+    def error(self, e: RequestError, wire: Wire = OPENAI) -> Response:
+        """``e`` answered in ``wire``'s error shape (counted)."""
         self.count("errors")
         if e.status == 503:
             self.count("busy_rejections")
-        return e.response()
+        resp = e.response()
+        return JSONResponse(wire.error_body(e), status_code=e.status,
+                            headers={k: v for k, v in resp.headers.items()
+                                     if k.lower() in ("retry-after", "connection")})
 
     @staticmethod
-    def _call(fn: Any) -> Any:
+    def call(fn: Any) -> Any:
         """Run an LLM call (argument checks, chat template), its errors as 4xx."""
         try:
             return fn()
         except InvalidRequestError as e:
             raise RequestError(400, str(e), param=e.param, code=e.code) from None
 
-    def _submit(self, req: Any) -> tuple[Any, asyncio.Event]:
+    def submit(self, req: Any) -> tuple[Any, asyncio.Event]:
         """Queue ``req`` in the engine; its sequence and the event its new text sets."""
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
@@ -417,9 +443,9 @@ class APIServer:
         self._ended(seq)
         yield "", seq
 
-    async def _complete(self, request: Request, req: Any) -> Any:
+    async def complete(self, request: Request, req: Any) -> Any:
         """Run ``req`` to its end; a client that leaves meanwhile cancels it."""
-        seq, wake = self._submit(req)
+        seq, wake = self.submit(req)
         try:
             while not seq.done:
                 wake.clear()
@@ -449,18 +475,18 @@ class APIServer:
                 return
             await asyncio.sleep(0.25)
 
-    def _stream(self, chunks: AsyncIterator[dict[str, Any]]) -> Response:
-        """Server-Sent Events: ``data: {chunk}`` ... ``data: [DONE]``. Errors found once
-        the stream has started are sent as an error object in the stream."""
+    def stream(self, items: AsyncIterator[Any], wire: Wire = OPENAI) -> Response:
+        """``items`` framed as ``wire`` frames them; errors found once the stream has
+        started are sent as ``wire``'s error object in the stream."""
         async def events() -> AsyncIterator[bytes]:
             try:
-                async for chunk in chunks:
-                    yield _sse(chunk)
+                async for item in items:
+                    yield wire.item(item)
             except RequestError as e:
-                yield _sse(e.body())
-            yield b"data: [DONE]\n\n"
+                yield wire.item(wire.error_body(e))
+            yield wire.end
 
-        return StreamingResponse(events(), media_type="text/event-stream",
+        return StreamingResponse(events(), media_type=wire.media_type,
                                  headers={"Cache-Control": "no-cache"})
 
     # --- embeddings ------------------------------------------------------------------------
@@ -470,12 +496,12 @@ class APIServer:
         float or base64), computed by the engine beside the running generations."""
         try:
             body = await read_json_body(request)
-            call = self._call(lambda: parse_embeddings(body))
+            call = self.call(lambda: parse_embeddings(body))
             gone = threading.Event()  # set when the client leaves or the server stops
             self._cancels.add(gone.set)
             watch = asyncio.ensure_future(self._watch_disconnect(request, gone))
             try:
-                result = await asyncio.to_thread(self._call, lambda: self.llm.create_embedding(
+                result = await asyncio.to_thread(self.call, lambda: self.llm.create_embedding(
                     call.input, encoding_format=call.encoding_format, cancel=gone.is_set,
                     **call.extra))
             finally:
@@ -484,9 +510,9 @@ class APIServer:
         except RequestError as e:
             if e.code == "cancelled":
                 self.count("disconnects")
-            return self._error(e)
+            return self.error(e)
         except QueueFullError as e:
-            return self._error(RequestError(503, str(e), type="server_error"))
+            return self.error(RequestError(503, str(e), type="server_error"))
         self.count("requests")
         return JSONResponse(result)
 

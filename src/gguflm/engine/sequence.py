@@ -190,6 +190,11 @@ class Sequence:
         return self.sampler.seed
 
     @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the text (``stopped_by`` ``stop_string``), else None."""
+        return self._scanner.matched
+
+    @property
     def done(self) -> bool:
         return self._done.is_set()
 

@@ -47,6 +47,7 @@ class StopScanner:
         self.stops = [s for s in stops if s]
         self._held = ""
         self.hit = False
+        self.matched: str | None = None  # the stop string found (the earliest in the text)
 
     def feed(self, text: str) -> str:
         if self.hit:
@@ -54,8 +55,9 @@ class StopScanner:
         if not self.stops:
             return text
         buf = self._held + text
-        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self.stops if (i := buf.find(s)) >= 0]
+        if found:
+            cut, self.matched = min(found, key=lambda f: f[0])
             self.hit = True
             self._held = ""
             return buf[:cut]
