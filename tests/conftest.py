@@ -66,6 +66,19 @@ def gemma4_path(reference: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def lfm2_path(reference: Path) -> Path:
+    """The reference data's tiny random-weight LFM2 (short convolutions beside attention)."""
+    return _tiny_arch(reference, "lfm2")
+
+
+@pytest.fixture(scope="session")
+def deepseek2_path(reference: Path) -> Path:
+    """The reference data's tiny random-weight DeepSeek-V3 layout (latent attention: a
+    latent row cached per position; grouped expert routing)."""
+    return _tiny_arch(reference, "deepseek2")
+
+
+@pytest.fixture(scope="session")
 def qwen3moe_path(reference: Path) -> Path:
     """The reference data's tiny random-weight Qwen3-MoE (experts grouped by row)."""
     return _tiny_arch(reference, "qwen3moe")

@@ -1,7 +1,8 @@
 """The standing rule of the serving engine, on both real models, the tiny Qwen3.5 (whose
 recurrent layers' state is restored from a snapshot after a cache hit), the tiny Gemma 4
-(shared KV layers, per-layer inputs) and the tiny Qwen3-MoE and gpt-oss (rows grouped by
-the experts they chose): a sequence's logits do not depend on what else is in the batch
+(shared KV layers, per-layer inputs), the tiny Qwen3-MoE and gpt-oss (rows grouped by
+the experts they chose), the tiny LFM2 (short convolutions' state) and the tiny DeepSeek-V3
+layout (latent attention): a sequence's logits do not depend on what else is in the batch
 or in the cache.
 
 For 20 prompts, each followed by its greedy continuation, the logits of every position are
@@ -37,7 +38,7 @@ N_GEN = 6
 
 
 @pytest.fixture(scope="module", params=["smollm2", "gemma3", "qwen35", "gemma4",
-                                                 "qwen3moe", "gpt_oss"])
+                                                 "qwen3moe", "gpt_oss", "lfm2", "deepseek2"])
 def setup(request: pytest.FixtureRequest):
     path: Path = request.getfixturevalue(f"{request.param}_path")
     model = load_model(path)

@@ -182,8 +182,9 @@ def _layers_path(f: Any) -> dict[str, Any]:
         return {"compiled": None, "detail": f"does not load: {e}"}
     out = {"compiled": model.plan.compiled, "detail": model.plan.describe()}
     kv, state = model.cache_bytes() if model.blocks else (None, 0)
+    if kv is not None:  # what the cache holds (the metadata's count misses latent caches,
+        out["kv_cache_bytes_per_token"] = kv  # layers sharing KV, blocks that do not run)
     if state:  # a hybrid: keys and values for its attention layers only, and a state
-        out["kv_cache_bytes_per_token"] = kv
         out["recurrent_state_bytes"] = state
         out["recurrent_snapshots"] = MAX_CHECKPOINTS
     return out

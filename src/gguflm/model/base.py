@@ -25,7 +25,7 @@ from . import bidirectional, executor, ops
 from .batch import ALL, LAST, NONE, Batch, Part, Pause
 from .config import ModelConfig
 from .kv_cache import KVArena, KVCache, KVShape, check_kv_type
-from .layer import Attention, Block, experts, glu, linear, qkv
+from .layer import Attention, Block, LatentAttention, experts, glu, linear, qkv
 from .weights import Layer, Weights
 
 # Tokens per pass through the layers (``forward``): a longer prompt runs in passes of this
@@ -138,6 +138,8 @@ class Model:
         """Make later caches of type ``kv_type``; a ValueError saying why when this model's
         heads cannot be stored in it (``kv_cache.check_kv_type``)."""
         check_kv_type(kv_type, self.config.head_dim, self.config.head_dim_v)
+        for s in {s for s in map(layer_kv_shape, self.blocks) if s is not None}:
+            check_kv_type(kv_type, s.head_dim, s.head_dim_v, s.latent)
         self.kv_type = kv_type
 
     def new_arena(self, n_ctx: int, n_slots: int = 1) -> KVArena:
@@ -157,9 +159,7 @@ class Model:
         """Each layer's keys and values (None: a layer that reads another's), from the
         layer specs; None when every layer has the config's (one array for all)."""
         c = self.config
-        shapes = tuple(KVShape(b.attn.n_head_kv, b.attn.head_dim, b.attn.head_dim_v)
-                       if isinstance(b.attn, Attention) and b.attn.kv_layer is None else None
-                       for b in self.blocks)
+        shapes = tuple(map(layer_kv_shape, self.blocks))
         same = KVShape(c.n_head_kv, c.head_dim, c.head_dim_v)
         return None if all(s == same for s in shapes) else shapes
 
@@ -167,9 +167,8 @@ class Model:
         """(bytes of keys and values per position in an F16 cache, over the attention
         layers; bytes of recurrent state per sequence, whatever its length, not counting
         its snapshots)."""
-        kv = sum(2 * b.attn.n_head_kv * (b.attn.head_dim + b.attn.head_dim_v)
-                 for b in self.blocks
-                 if isinstance(b.attn, Attention) and b.attn.kv_layer is None)
+        kv = sum(s.f16_position_bytes for s in map(layer_kv_shape, self.blocks)
+                 if s is not None)
         recurrent = self.new_arena(1).recurrent
         return kv, recurrent.slot_bytes if recurrent else 0
 
@@ -346,6 +345,17 @@ class Model:
         c = self.config
         return (f"{type(self).__name__}({c.arch}, {c.n_layer} layers, n_embd {c.n_embd}, "
                 f"{c.n_head}/{c.n_head_kv} heads, vocab {c.n_vocab})")
+
+
+def layer_kv_shape(b: Block) -> KVShape | None:
+    """What layer ``b`` keeps per position in the cache: its keys and values, its latent
+    (multi-head latent attention), or None (a recurrent layer, a layer reading another's)."""
+    a = b.attn
+    if isinstance(a, LatentAttention):
+        return KVShape(1, a.width, a.kv_lora, latent=True)
+    if isinstance(a, Attention) and a.kv_layer is None:
+        return KVShape(a.n_head_kv, a.head_dim, a.head_dim_v)
+    return None
 
 
 def import_kernels() -> None:

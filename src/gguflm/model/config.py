@@ -8,7 +8,7 @@ needs more (a second RoPE base, soft-caps, a window pattern) subclasses it and o
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -247,7 +247,8 @@ class ModelConfig:
             norm_eps=m.float("attention.layer_norm_rms_epsilon"),
             rope_base=m.float("rope.freq_base", 10000.0),
             rope_dim=rope_dim,
-            rope_freq_scale=rope_scaling(m, cls.rope_scalings, m.int("context_length")),
+            rope_freq_scale=rope_scaling(m, cls.rope_scalings, m.int("context_length"),
+                                         cls.yarn_magnitude),
             sliding_window=m.int("attention.sliding_window", 0, minimum=0),
             causal=m.bool("attention.causal", True),
             **_experts(m),
@@ -259,6 +260,15 @@ class ModelConfig:
     def extra(cls, meta: Meta, common: dict[str, Any]) -> dict[str, Any]:
         """Architecture-specific fields (subclasses override); ``common`` is read already."""
         return {}
+
+    @staticmethod
+    def yarn_magnitude(factor: float, log_mul: float) -> float:
+        """YaRN's net factor on cos and sin for a context ``factor`` and the file's
+        ``rope.scaling.yarn_log_multiplier`` m (0: none), as llama.cpp's context derives
+        it: mscale(f, 1) / mscale(f, m), or mscale(f, 1) without m. An architecture whose
+        llama.cpp reads the key its own way overrides this (deepseek2)."""
+        return _mscale(factor, 1.0) / _mscale(factor, log_mul) if log_mul else _mscale(
+            factor, 1.0)
 
 
 def _experts(m: Meta) -> dict[str, int]:
@@ -282,13 +292,16 @@ def _n_vocab(m: Meta, fallback: int) -> int:
                         key=m.key("vocab_size"))
 
 
-def rope_scaling(m: Meta, supported: tuple[str, ...], n_ctx_train: int) -> RopeScaling:
+def rope_scaling(m: Meta, supported: tuple[str, ...], n_ctx_train: int,
+                 yarn_magnitude: Callable[[float, float], float] = ModelConfig.yarn_magnitude
+                 ) -> RopeScaling:
     """The file's RoPE scaling as llama.cpp derives it (llama_model::load_hparams and
     llama_context's yarn parameters), each key's default llama.cpp's: ``rope.scaling.type``
     (default linear: a ``rope.scaling.factor`` without a type scales linearly; none: no
     scaling), ``factor`` (0 or absent: 1), ``original_context_length`` (default the
     training context), ``yarn_ext_factor`` (default 1 for yarn, else 0), ``yarn_beta_fast``
-    / ``yarn_beta_slow`` (32 / 1), and the magnitude on cos and sin (``_magnitude``)."""
+    / ``yarn_beta_slow`` (32 / 1), and the magnitude on cos and sin (``_magnitude``, YaRN's
+    net factor by ``yarn_magnitude``: ``ModelConfig.yarn_magnitude``)."""
     kind = m.str("rope.scaling.type", "linear")
     if kind != "none" and kind not in supported:
         # longrope (its per-frequency factors are phi3's own) changes RoPE beyond these
@@ -307,7 +320,7 @@ def rope_scaling(m: Meta, supported: tuple[str, ...], n_ctx_train: int) -> RopeS
     return RopeScaling(freq_scale, kind, ext, n_orig,
                        m.float("rope.scaling.yarn_beta_fast", 32.0),
                        m.float("rope.scaling.yarn_beta_slow", 1.0),
-                       _magnitude(m, freq_scale, ext))
+                       _magnitude(m, freq_scale, ext, yarn_magnitude))
 
 
 def _mscale(factor: float, mscale: float) -> float:
@@ -315,7 +328,8 @@ def _mscale(factor: float, mscale: float) -> float:
     return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def _magnitude(m: Meta, freq_scale: float, ext: float) -> float:
+def _magnitude(m: Meta, freq_scale: float, ext: float,
+               yarn_magnitude: Callable[[float, float], float]) -> float:
     """What ggml's rope multiplies cos and sin by. With YaRN (ext != 0) the net is
     ``rope.scaling.attn_factor`` x mscale(f) (f the factor): 1 + 0.1 ln f, or with a
     ``yarn_log_multiplier`` m, mscale(f, 1) / mscale(f, m) (1 for m = 1: Mistral 3).
@@ -325,7 +339,7 @@ def _magnitude(m: Meta, freq_scale: float, ext: float) -> float:
         return m.float("rope.scaling.yarn_attn_factor", 1.0)
     factor = 1.0 / freq_scale
     log_mul = m.float("rope.scaling.yarn_log_multiplier", 0.0, positive=False)
-    net = _mscale(factor, 1.0) / _mscale(factor, log_mul) if log_mul else _mscale(factor, 1.0)
+    net = yarn_magnitude(factor, log_mul)
     attn_factor = m.float("rope.scaling.attn_factor", 1.0)
     if factor <= 1.0:
         return net * attn_factor

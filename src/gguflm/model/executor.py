@@ -27,7 +27,15 @@ import numpy as np
 
 from ..quant.kerneltypes import COMPILED_TYPES
 from . import reference
-from .layer import Block, DeltaNet, DenseAndExperts, Experts
+from .layer import (
+    Attention,
+    Block,
+    DeltaNet,
+    DenseAndExperts,
+    Experts,
+    LatentAttention,
+    ShortConv,
+)
 
 
 class Plan:
@@ -141,7 +149,7 @@ def _not_compilable(blocks: list[Block]) -> str:
     if not blocks:
         return "the model has no layers"
     for il, b in enumerate(blocks):
-        parts = [] if isinstance(b.attn, DeltaNet) else _uncompiled_parts(b)
+        parts = _uncompiled_parts(b) if isinstance(b.attn, Attention) else []
         if parts:
             return (f"layer {il} has what the compiled layers do not take yet: "
                     f"{', '.join(parts)}")
@@ -149,6 +157,14 @@ def _not_compilable(blocks: list[Block]) -> str:
             return (f"layer {il} is a gated delta net (a recurrent layer), which has no "
                     f"compiled executor yet: its convolution and delta rule run per "
                     f"sequence in numba, its products op by op")
+        if isinstance(b.attn, ShortConv):
+            return (f"layer {il} is a gated short convolution (a recurrent layer), which "
+                    f"has no compiled executor yet: its convolution runs per sequence in "
+                    f"numba, its products op by op")
+        if isinstance(b.attn, LatentAttention):
+            return (f"layer {il} is multi-head latent attention (MLA: the cache holds each "
+                    f"position's compressed latent), which has no compiled executor yet: "
+                    f"its attention runs over the latent in numba, its products op by op")
         if b.attn.q_gate:
             return (f"layer {il}'s attention has an output gate (joint Q+gate rows), "
                     f"which the compiled layers do not take yet")

@@ -19,7 +19,13 @@ Q8_0 blocks (``kv_q8``): keys and values (n_layer, n_slots, n_head_kv, n_ctx, by
 when written (see ``_lazy_zeros``), so it grows with use.
 Positions are absolute: slot position i holds the sequence's token i.
 
-Recurrent layers (a gated delta net: ``layer.DeltaNet``) keep no positions but a fixed-size
+Layers of multi-head latent attention (``layer.LatentAttention``: DeepSeek-V2/V3) keep
+one row per position instead, the compressed latent and the rotated key part (kv_lora +
+n_rot numbers, shared by every head: ``KVShape.latent``), float16 or float32; their
+values are the rows' first kv_lora numbers, so nothing else is stored.
+
+Recurrent layers (a gated delta net: ``layer.DeltaNet``; a short convolution:
+``layer.ShortConv``, whose state has no matrices) keep no positions but a fixed-size
 state per slot (``RecurrentShape``): the last d_conv - 1 inputs of the convolution
 (``conv``) and the delta rule's matrices (``ssm``), float32, where the attention layers
 keep keys and values. Such a state folds in every position so far and cannot be cut back;
@@ -71,7 +77,7 @@ class RecurrentShape:
     n_layer: int    # recurrent layers
     conv_rows: int  # inputs the convolution keeps (d_conv - 1)
     conv_dim: int   # channels of the convolution
-    n_head: int     # value heads, each with a (head_dim x head_dim) state
+    n_head: int     # value heads, each with a (head_dim x head_dim) state (0: none)
     head_dim: int
 
     @property
@@ -105,11 +111,16 @@ KV_TYPES = ("f16", "f32", "q8_0")
 QK8, BLOCK8 = 32, 34  # a Q8_0 block: 32 numbers in 34 bytes (float16 scale, 32 int8)
 
 
-def check_kv_type(kv_type: str, head_dim: int, head_dim_v: int) -> None:
+def check_kv_type(kv_type: str, head_dim: int, head_dim_v: int, latent: bool = False
+                  ) -> None:
     """A ValueError naming what is wrong, unless ``kv_type`` is a cache type the heads can
-    be stored in (Q8_0 rows need head sizes that are multiples of 32, as in ggml)."""
+    be stored in (Q8_0 rows need head sizes that are multiples of 32, as in ggml; a
+    ``latent`` layer's rows are float16 or float32 only)."""
     if kv_type not in KV_TYPES:
         raise ValueError(f"KV cache type {kv_type!r} is not one of {', '.join(KV_TYPES)}")
+    if latent and kv_type == "q8_0":
+        raise ValueError("a q8_0 KV cache is not supported for multi-head latent attention "
+                         "(its cached latent is f16 or f32)")
     if kv_type == "q8_0" and (head_dim % QK8 or head_dim_v % QK8):
         raise ValueError(f"a q8_0 KV cache needs head sizes that are multiples of {QK8} "
                          f"(ggml's Q8_0 block); this model's are {head_dim} and {head_dim_v}")
@@ -125,11 +136,28 @@ def _position_bytes(kv_type: str, n_ctx: int, head_dim: int, head_dim_v: int) ->
 
 @dataclass(frozen=True)
 class KVShape:
-    """One attention layer's keys and values per position: KV heads and head sizes."""
+    """One attention layer's keys and values per position: KV heads and head sizes. A
+    ``latent`` layer (multi-head latent attention: ``layer.LatentAttention``) keeps one row
+    of head_dim numbers per position, [latent | rotated key], whose first head_dim_v are
+    its values: (n_slots, n_ctx, head_dim) in the arena's ``k``, None in its ``v``."""
 
     n_head_kv: int
     head_dim: int
     head_dim_v: int
+    latent: bool = False
+
+    @property
+    def f16_position_bytes(self) -> int:
+        """Bytes of one position of this layer in an F16 cache."""
+        return 2 * (self.head_dim if self.latent
+                    else self.n_head_kv * (self.head_dim + self.head_dim_v))
+
+    def slot_bytes(self, kv_type: str, n_ctx: int) -> int:
+        """Bytes of one slot's n_ctx positions of this layer."""
+        if self.latent:
+            return n_ctx * self.head_dim * (2 if kv_type == "f16" else 4)
+        return self.n_head_kv * _position_bytes(kv_type, n_ctx, self.head_dim,
+                                                self.head_dim_v)
 
 
 def check_arena_fits(n_slots: int, n_ctx: int, layers: list[KVShape | None],
@@ -139,8 +167,7 @@ def check_arena_fits(n_slots: int, n_ctx: int, layers: list[KVShape | None],
     how many positions per slot, and how many slots, would fit. ``layers``: each layer's
     shape (None: a layer that stores none)."""
     def layer_bytes(n: int) -> int:
-        return sum(s.n_head_kv * _position_bytes(kv_type, n, s.head_dim, s.head_dim_v)
-                   for s in layers if s is not None)
+        return sum(s.slot_bytes(kv_type, n) for s in layers if s is not None)
 
     per_slot = layer_bytes(n_ctx) + extra_slot_bytes
     need, have = per_slot * n_slots, _machine_bytes()
@@ -174,7 +201,7 @@ class KVArena:
         if uniform:
             layers = (KVShape(n_head_kv, head_dim, head_dim_v),) * n_layer
         for s in {s for s in layers if s is not None}:
-            check_kv_type(kv_type, s.head_dim, s.head_dim_v)
+            check_kv_type(kv_type, s.head_dim, s.head_dim_v, s.latent)
         check_arena_fits(n_slots, n_ctx, list(layers), kv_type,
                          (2 + MAX_CHECKPOINTS) * recurrent.slot_bytes if recurrent else 0)
         self.n_ctx = n_ctx
@@ -205,8 +232,13 @@ class KVArena:
         self.states = [_SlotState(None if recurrent is None else np.zeros(n_ctx, np.int64))
                        for _ in range(n_slots)]
 
-    def _keys_values(self, lead: tuple[int, ...], s: KVShape) -> tuple[np.ndarray, np.ndarray]:
-        """Zeroed keys and values of ``lead`` (layers and) slots of shape ``s``."""
+    def _keys_values(self, lead: tuple[int, ...], s: KVShape
+                     ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Zeroed keys and values of ``lead`` (layers and) slots of shape ``s`` (a latent
+        layer's rows, position by position, and no values: they are in the rows)."""
+        if s.latent:
+            return _lazy_zeros((*lead, self.n_ctx, s.head_dim),
+                               np.uint16 if self.f16 else np.float32), None
         lead = (*lead, s.n_head_kv)
         if self.kv_type == "q8_0":  # one row of ggml blocks per position (kv_q8)
             return (_lazy_zeros(lead + (self.n_ctx, s.head_dim // QK8 * BLOCK8), np.int8),

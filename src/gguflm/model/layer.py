@@ -88,6 +88,68 @@ class Attention:
 
 
 @dataclass(frozen=True, eq=False)
+class LatentAttention:
+    """Multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi-K2; llama.cpp's deepseek2
+    graph), run absorbed as llama.cpp runs it: multi-query attention over a compressed
+    latent. Per token ``kv_a`` of the normed input gives rows [c (kv_lora) | k_pe (n_rot)];
+    c is RMS-normed with ``kv_a_norm``, k_pe rotated, and the cache keeps [c | k_pe] (one
+    row of kv_lora + n_rot numbers per position: the latent, for every head). Queries:
+    ``q_b`` of ``q_a`` of the input, RMS-normed with ``q_a_norm`` (a LoRA; or ``q_b``
+    alone, of the input itself, where ``q_a`` is None), n_head heads of [nope | n_rot];
+    each head's nope part is taken into the latent space by its ``k_b`` (kv_lora, nope),
+    its rope part rotated. Scores of [absorbed | q_pe] against the cached rows times
+    ``scale``; each head's weighted sum of the cached c (the values: the keys' first
+    kv_lora numbers) goes out through its ``v_b`` (head_dim_v, kv_lora), then ``o``."""
+
+    q_a: Linear | None
+    q_a_norm: np.ndarray | None  # (q_lora,) f32
+    q_b: Linear
+    kv_a: Linear
+    kv_a_norm: np.ndarray  # (kv_lora,) f32
+    k_b: tuple[QMatrix, ...]  # attn_k_b: a (kv_lora, nope) matrix per head
+    v_b: tuple[QMatrix, ...]  # attn_v_b: a (head_dim_v, kv_lora) matrix per head
+    o: Linear
+    n_head: int
+    n_rot: int
+    scale: float
+    neox: bool = False
+    rope: int = 0  # the RoPE table's index, as ``Attention.rope``
+
+    @property
+    def kv_lora(self) -> int:
+        return len(self.kv_a_norm)
+
+    @property
+    def nope(self) -> int:
+        return self.k_b[0].shape[1]
+
+    @property
+    def head_dim_v(self) -> int:
+        return self.v_b[0].shape[0]
+
+    @property
+    def width(self) -> int:
+        """Numbers cached per position: the latent and the rotated key part."""
+        return self.kv_lora + self.n_rot
+
+    def __post_init__(self) -> None:
+        h, lora = self.n_head, self.kv_lora
+        checks = (
+            (self.kv_a.rows == lora + self.n_rot, f"kv_a of {self.kv_a.rows} rows"),
+            (len(self.k_b) == len(self.v_b) == h, f"k_b/v_b of {len(self.k_b)}/"
+                                                  f"{len(self.v_b)} heads"),
+            (all(m.shape[0] == lora for m in self.k_b)
+             and all(m.shape[1] == lora for m in self.v_b), "k_b/v_b not over the latent"),
+            (self.q_b.rows == h * (self.nope + self.n_rot), f"q_b of {self.q_b.rows} rows"),
+            ((self.q_a is None) == (self.q_a_norm is None), "q_a without its norm"),
+            (self.o.w.shape[1] == h * self.head_dim_v, f"o of {self.o.w.shape[1]} columns"))
+        for ok, what in checks:
+            if not ok:
+                raise ValueError(f"latent attention of {h} heads, latent {lora} and "
+                                 f"{self.n_rot} rotated dims: {what}")
+
+
+@dataclass(frozen=True, eq=False)
 class DeltaNet:
     """A recurrent mixer, the gated delta net of llama.cpp's qwen35 graph
     (build_layer_attn_linear): ``qkv`` of the normed input (rows [q | k | v]: n_k_head
@@ -127,6 +189,34 @@ class DeltaNet:
 
 
 @dataclass(frozen=True, eq=False)
+class ShortConv:
+    """A recurrent mixer, LFM2's gated short convolution (llama.cpp's lfm2 graph,
+    build_shortconv_block): ``in_proj`` of the normed input gives rows [b | c | x] (n_embd
+    each); b * x runs through a causal depthwise convolution of ``conv`` (n_embd, l_cache)
+    taps over the last l_cache inputs (zeros before the sequence), no activation; c times
+    that, then ``out``. The state is the last l_cache - 1 values of b * x; ``index`` is the
+    layer's place among the recurrent layers (its state in the cache arena)."""
+
+    in_proj: Linear
+    conv: np.ndarray  # (n_embd, l_cache) f32: shortconv.conv
+    out: Linear
+    index: int
+
+    def __post_init__(self) -> None:
+        if self.in_proj.rows != 3 * self.conv.shape[0]:
+            raise ValueError(f"in_proj of {self.in_proj.rows} rows: not [b | c | x] of "
+                             f"{self.conv.shape[0]} channels each")
+
+    @property
+    def channels(self) -> int:
+        return self.conv.shape[0]
+
+    @property
+    def d_conv(self) -> int:
+        return self.conv.shape[1]
+
+
+@dataclass(frozen=True, eq=False)
 class GLU:
     """llama.cpp's build_ffn with a parallel gate: ``down(act(gate(x)) * up(x))``."""
 
@@ -151,12 +241,13 @@ EXPERT_ACTS = (*GLU_ACTS, "swiglu_oai")
 @dataclass(frozen=True, eq=False)
 class Experts:
     """llama.cpp's build_moe_ffn: router logits ``router(x)`` (n_expert,), scored by
-    ``gating``; the ``n_used`` best experts (ties: the lower index first), their scores as
+    ``gating``; the ``n_used`` best experts (ties: the lower index first; ranked by the
+    scores plus ``select_bias`` when given), their scores as
     weights, renormalised to sum 1 when ``norm_weights`` (the sum clamped below at 2^-14),
     times ``scale`` unless it is 0 or 1; each expert a GLU (``gate[e]``, ``up[e]``,
     ``down[e]``: row views of the 3-D tensors, each product plus its expert's row of
     ``*_b`` when given); the weighted outputs summed in selection order; then, when given,
-    the gated ``shared`` expert's output added."""
+    the ``shared`` expert's output added (gated where ``shared_gate`` is given)."""
 
     router: Linear
     gate: tuple[QMatrix, ...]
@@ -170,8 +261,8 @@ class Experts:
     gate_b: np.ndarray | None = None  # (n_expert, n_ff) f32
     up_b: np.ndarray | None = None    # (n_expert, n_ff) f32
     down_b: np.ndarray | None = None  # (n_expert, n_embd) f32
-    # a shared expert every token runs (Qwen3.5-MoE, Qwen3-Next): its output times
-    # sigmoid(shared_gate . x) added after the routed experts'
+    # a shared expert every token runs, its output added after the routed experts': times
+    # sigmoid(shared_gate . x) where given (Qwen3.5-MoE, Qwen3-Next), else as it is (GLM-4.5)
     shared: GLU | None = None
     shared_gate: np.ndarray | None = None  # (n_embd,) f32
     # Gemma 4: the router reads rms_norm(x) * router_in_scale * router_in_norm of the FFN's
@@ -179,6 +270,14 @@ class Experts:
     router_in_norm: np.ndarray | None = None  # (n_embd,) f32
     router_in_scale: float = 1.0
     down_scale: np.ndarray | None = None  # (n_expert,) f32: each expert's output times it
+    # (n_expert,) f32 added to the scores to choose the experts, not to their weights
+    # (llama.cpp's exp_probs_b: DeepSeek-V3, LFM2-MoE)
+    select_bias: np.ndarray | None = None
+    # grouped selection (DeepSeek-V3): the experts in ``groups`` consecutive groups, each
+    # ranked by the sum of its two best (biased) scores; only the ``groups_used`` best
+    # groups' experts may be chosen (0 or 1 group: no grouping)
+    groups: int = 0
+    groups_used: int = 0
     # every expert's gate and up, and down, as one call each takes them (``expert_products``)
     gate_up_all: ExpertWeights = field(init=False, repr=False)
     down_all: ExpertWeights = field(init=False, repr=False)
@@ -189,6 +288,12 @@ class Experts:
                              f"{self.gating!r}")
         if not 1 <= self.n_used <= len(self.gate) == len(self.up) == len(self.down):
             raise ValueError(f"{self.n_used} of {len(self.gate)} experts")
+        if self.groups > 1 and not (len(self.gate) % self.groups == 0
+                                    and 0 < self.groups_used < self.groups
+                                    and self.groups_used * (len(self.gate) // self.groups)
+                                    >= self.n_used):
+            raise ValueError(f"{self.n_used} of {len(self.gate)} experts from "
+                             f"{self.groups_used} of {self.groups} groups")
         object.__setattr__(self, "gate_up_all", ExpertWeights(self.gate, self.up))
         object.__setattr__(self, "down_all", ExpertWeights(self.down))
 
@@ -224,13 +329,15 @@ class PerLayerInput:
 class Block:
     """One pre-norm decoder layer: ``x += post(attn(norm(x)))``, ``x += post(ffn(norm(x)))``,
     the post norms (Gemma's) optional; all norms RMS norms with ``eps``. The mixer
-    ``attn`` is attention or a recurrent ``DeltaNet``. Then, when given, the per-layer
-    input is added (``per_layer``) and x is multiplied by ``out_scale`` (Gemma 4's
-    ``layer_output_scale``; 1: none). A pre-norm of None is none: the attention or FFN
-    reads x itself (OLMo 2, EXAONE 4: their outputs are post-normed instead)."""
+    ``attn`` is attention (or ``LatentAttention``) or a recurrent one (``DeltaNet``,
+    ``ShortConv``). Then, when
+    given, the per-layer input is added (``per_layer``) and x is multiplied by
+    ``out_scale`` (Gemma 4's ``layer_output_scale``; 1: none). A pre-norm of None is none:
+    the attention or FFN reads x itself (OLMo 2, EXAONE 4: their outputs are post-normed
+    instead)."""
 
     attn_norm: np.ndarray | None
-    attn: Attention | DeltaNet
+    attn: Attention | LatentAttention | DeltaNet | ShortConv
     ffn_norm: np.ndarray | None
     ffn: GLU | Experts | DenseAndExperts
     eps: float

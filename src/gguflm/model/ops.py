@@ -137,6 +137,45 @@ def yarn_table(pos: np.ndarray, n_rot: int, base: float, scaling: RopeScaling,
     return (scaling.magnitude * (np.cos(theta) + 1j * np.sin(theta))).astype(np.complex64)
 
 
+def rope_table_f32(pos: np.ndarray, n_rot: int, base: float, freq_scale: float = 1.0,
+                   freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """``rope_table`` computed as ggml-cpu's rope cache is (ggml_rope_cache_init and
+    rope_yarn), in float32: each pair's angle the previous pair's times base^(-2/n_rot),
+    starting from the position; YaRN's mix of the interpolated and extrapolated angles and
+    its magnitude in float32; cos and sin of the float32 angle. The float64 angles of
+    ``rope_table`` differ from these by about 1e-6 relative, which decides float16
+    roundings downstream and, through them, near-ties (an architecture whose routing
+    hangs on such ties opts in). (T, n_rot/2) complex64."""
+    f32 = np.float32
+    s = freq_scale if isinstance(freq_scale, RopeScaling) else RopeScaling(freq_scale)
+    step = f32(np.float64(f32(base)) ** np.float64(f32(-2.0 / n_rot)))
+    extrap = np.empty((len(pos), n_rot // 2), np.float32)
+    extrap[:, 0] = np.asarray(pos, np.float32)
+    for i in range(1, n_rot // 2):  # ggml's running product, rounded at every step
+        extrap[:, i] = extrap[:, i - 1] * step
+    if freq_factors is not None:
+        extrap = extrap / freq_factors.astype(np.float32)
+    theta = f32(s) * extrap
+    mscale = f32(s.magnitude)
+    if s.ext_factor != 0:
+        def corr_dim(turns: float) -> float:
+            return n_rot * np.log(s.n_ctx_orig / (turns * 2 * np.pi)) / (2 * np.log(base))
+
+        lo = f32(max(0.0, np.floor(corr_dim(s.beta_fast))))
+        hi = f32(min(n_rot - 1.0, np.ceil(corr_dim(s.beta_slow))))
+        y = (np.arange(n_rot // 2, dtype=np.float32) - lo) / max(f32(0.001), hi - lo)
+        mix = (f32(1) - np.clip(y, f32(0), f32(1))) * f32(s.ext_factor)
+        theta = theta * (f32(1) - mix) + extrap * mix
+        # llama.cpp hands ggml the magnitude over YaRN's 1 + 0.1 ln(1/freq_scale), which
+        # ggml's rope_yarn multiplies back, each in float32
+        yarn = f32(f32(1) + f32(0.1) * f32(np.log(f32(1) / f32(s))))
+        mscale = f32(f32(s.magnitude) * (f32(1) / yarn)) * yarn
+    wide = theta.astype(np.float64)  # cosf/sinf of the float32 angle, rounded once
+    cos = np.cos(wide).astype(np.float32) * mscale
+    sin = np.sin(wide).astype(np.float32) * mscale
+    return (cos + 1j * sin).astype(np.complex64)
+
+
 def rope_norm(x: np.ndarray, rot: np.ndarray) -> np.ndarray:
     """llama.cpp's NORM RoPE: rotate adjacent pairs (0,1), (2,3), ... of each head's first
     n_rot dims. x (T, H, d) f32, rot (T, n_rot/2) from rope_table -> new (T, H, d)."""

@@ -13,7 +13,17 @@ import numpy as np
 
 from ..quant.matrix import matmul_many
 from . import ops
-from .layer import GLU, Attention, Block, DeltaNet, DenseAndExperts, Experts, Linear
+from .layer import (
+    GLU,
+    Attention,
+    Block,
+    DeltaNet,
+    DenseAndExperts,
+    Experts,
+    LatentAttention,
+    Linear,
+    ShortConv,
+)
 
 
 def product(x: np.ndarray, lin: Linear) -> np.ndarray:
@@ -81,11 +91,15 @@ def expert_choice(logits: np.ndarray, e: Experts) -> tuple[np.ndarray, np.ndarra
     """Router logits (T, n_expert) -> (selected experts (T, n_used) i64, their weights (T,
     n_used) f32), as build_moe_ffn: scores (a softmax as ggml's soft_max computes it, or a
     sigmoid; or, for ``softmax_weight``, the logits, and a softmax over the chosen ones),
-    the best first (ties: lower index), renormalised and scaled as ``e`` says."""
+    the best first (ties: lower index; ranked by the scores plus ``e.select_bias`` when
+    given, weighted by the scores alone), renormalised and scaled as ``e`` says."""
     scores = (_softmax(logits) if e.gating == "softmax" else logits
               if e.gating == "softmax_weight" else
               np.float32(1) / (np.float32(1) + np.exp(-logits)))
-    chosen = np.argsort(-scores, axis=1, kind="stable")[:, :e.n_used]
+    ranked = scores if e.select_bias is None else scores + e.select_bias
+    if e.groups > 1:
+        ranked = best_groups(ranked, e.groups, e.groups_used)
+    chosen = np.argsort(-ranked, axis=1, kind="stable")[:, :e.n_used]
     w = np.take_along_axis(scores, chosen, axis=1)
     if e.gating == "softmax_weight":
         w = _softmax(w)
@@ -95,6 +109,20 @@ def expert_choice(logits: np.ndarray, e: Experts) -> tuple[np.ndarray, np.ndarra
         w = w * np.float32(e.scale)
     return chosen, w.astype(np.float32)
 
+
+def best_groups(ranked: np.ndarray, groups: int, used: int) -> np.ndarray:
+    """Ranking scores (T, n_expert) with every expert outside each row's ``used`` best
+    groups set to -inf, as build_moe_ffn's grouped selection: the experts in ``groups``
+    consecutive groups, each group scored by the sum of its two best scores (the best
+    first, in float32), the best groups first (ties: the lower index)."""
+    by_group = ranked.reshape(len(ranked), groups, -1)
+    top2 = -np.sort(-by_group, axis=2)[:, :, :2]
+    score = top2[:, :, 0] + top2[:, :, 1] if top2.shape[2] == 2 else top2[:, :, 0]
+    kept = np.argsort(-score, axis=1, kind="stable")[:, :used]
+    masked = np.full(by_group.shape, -np.inf, np.float32)
+    rows = np.arange(len(ranked))[:, None]
+    masked[rows, kept] = by_group[rows, kept]
+    return masked.reshape(ranked.shape)
 
 def _softmax(x: np.ndarray) -> np.ndarray:
     """Each row's softmax as ggml's soft_max computes it: its exp, a float64 sum."""
@@ -189,10 +217,20 @@ def experts(h: np.ndarray, e: Experts, x: np.ndarray | None = None, eps: float =
     out = ys[:, 0] * w[:, :1]
     for j in range(1, e.n_used):
         out = out + ys[:, j] * w[:, j:j + 1]
-    if e.shared is not None:  # each row's gate logit a sum of its own (batch-invariant)
-        logit = (h * e.shared_gate).astype(np.float64).sum(axis=1).astype(np.float32)
-        out = out + ffn(h, e.shared) * ops.sigmoid(logit)[:, None]
+    if e.shared is not None:
+        out = out + shared_expert(h, e)
     return out
+
+
+def shared_expert(h: np.ndarray, e: Experts) -> np.ndarray:
+    """The shared expert's output for h (T, n_embd), times sigmoid(``shared_gate`` . h)
+    where the layer has that gate."""
+    y = ffn(h, e.shared)
+    if e.shared_gate is None:
+        return y
+    # each row's gate logit a sum of its own (batch-invariant)
+    logit = (h * e.shared_gate).astype(np.float64).sum(axis=1).astype(np.float32)
+    return y * ops.sigmoid(logit)[:, None]
 
 
 def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray | None,
@@ -208,6 +246,14 @@ def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray | Non
         from . import deltanet  # numba: compiled or loaded on first use
 
         a = deltanet.forward(h, b.attn, batch, b.eps)
+    elif isinstance(b.attn, ShortConv):
+        from . import shortconv  # numba: compiled or loaded on first use
+
+        a = shortconv.forward(h, b.attn, batch)
+    elif isinstance(b.attn, LatentAttention):
+        from . import mla  # numba: compiled or loaded on first use
+
+        a = mla.forward(h, b.attn, batch, il, rot, b.eps)
     else:
         a = attention(h, b.attn, batch, il, rot, b.eps, rot_q)
     if b.attn_post_norm is not None:
@@ -251,9 +297,10 @@ def stack(x: np.ndarray, blocks: list[Block], batch: object, ropes: tuple[np.nda
     last = len(blocks) - 1
     for il, b in enumerate(blocks):
         rot = rot_q = None
-        if not isinstance(b.attn, DeltaNet):
+        if isinstance(b.attn, Attention | LatentAttention):
             rot = ropes[b.attn.rope]
-            rot_q = None if b.attn.q_rope is None else ropes[b.attn.q_rope]
+            q_rope = getattr(b.attn, "q_rope", None)
+            rot_q = None if q_rope is None else ropes[q_rope]
         inp = None if b.per_layer is None else inputs[:, b.per_layer.index]
         x = block(x, b, batch, il, rot, rows if il == last else None, inp, rot_q)
         between_layers(batch, il, last)

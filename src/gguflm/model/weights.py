@@ -102,7 +102,7 @@ class Weights:
         file has it, else ``attn_q``/``attn_k``/``attn_v``; biases optional either way.
         ``layer.qkv`` makes the spec's Q, K and V of whichever was loaded."""
         if qkv is not None:
-            qkv_required, qkv_optional = self._qkv_specs(i, qkv)
+            qkv_required, qkv_optional = self.qkv_specs(i, qkv)
             required = {**qkv_required, **required}
             optional = {**qkv_optional, **(optional or {})}
         out = Layer()
@@ -128,7 +128,7 @@ class Weights:
         return {"ffn_gate_inp": (n_expert, n_embd), **gate_up,
                 "ffn_down_exps": (n_expert, n_embd, n_ff)}
 
-    def _qkv_specs(self, i: int, c: ModelConfig) -> tuple[dict[str, Shape], dict[str, Shape]]:
+    def qkv_specs(self, i: int, c: ModelConfig) -> tuple[dict[str, Shape], dict[str, Shape]]:
         """Block i's fused or separate Q/K/V projections as (required, optional) specs."""
         if self.has(f"blk.{i}.attn_qkv.weight"):
             n = c.n_embd_q + c.n_embd_k + c.n_embd_v
