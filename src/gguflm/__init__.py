@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .api import LLM as LLM
     from .api import InvalidRequestError as InvalidRequestError
+    from .chatformat import ChatFormat as ChatFormat
     from .model import Model
     from .tokenizer import Tokenizer as Tokenizer
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "InvalidRequestError", "Tokenizer", "load_model", "__version__"]
+__all__ = ["LLM", "ChatFormat", "InvalidRequestError", "Tokenizer", "load_model",
+           "__version__"]
 
 
 def load_model(path: str | os.PathLike[str], kv_overrides: Mapping[str, Any] | None = None,
@@ -41,6 +43,10 @@ def __getattr__(name: str):
         from .tokenizer import Tokenizer
 
         return Tokenizer
+    if name == "ChatFormat":  # the chat-format layer (chatformat/), also lazily
+        from .chatformat import ChatFormat
+
+        return ChatFormat
     if name in ("LLM", "InvalidRequestError"):  # the Python API (api.py), also lazily
         from . import api
 

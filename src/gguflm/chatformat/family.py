@@ -1,0 +1,40 @@
+"""``Family``: how one model family marks reasoning and writes tool calls."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .calls import Call
+from .reply import Reply, Request, split_reasoning
+
+__all__ = ["Family", "ToolParser"]
+
+ToolParser = Callable[[str, Request], "tuple[str, list[Call]]"]
+
+
+def no_tools(text: str, request: Request) -> tuple[str, list[Call]]:
+    """A family without tool calls: everything is content."""
+    return text, []
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row of the table: ``markers`` (all must appear in the template to recognise
+    it), the thinking tags, and the parser of its tool calls (run on what follows the
+    reasoning, only when the request offered tools)."""
+
+    name: str
+    markers: tuple[str, ...]
+    tools: ToolParser = no_tools
+    think: tuple[str, str] = ("<think>", "</think>")
+    keeps_developer: bool = False  # Harmony has a developer role of its own
+
+    def parse(self, text: str, request: Request) -> Reply:
+        """Reasoning first, then content and tool calls."""
+        reasoning, rest = split_reasoning(text, request, *self.think)
+        if request.tools:
+            content, calls = self.tools(rest, request)
+        else:
+            content, calls = rest, []
+        return Reply(content.lstrip(), reasoning, calls)

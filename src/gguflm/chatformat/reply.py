@@ -1,0 +1,120 @@
+"""What every family's parser shares: the request it parses for, the reply it builds, and
+the steps each format is made of (reasoning blocks, JSON values, argument objects).
+
+Every step scans forward with ``str.find`` or one ``raw_decode`` from a known offset, so
+parsing is linear in the reply's length (a 1 MB ``<think>`` costs one ``find``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Call", "Reply", "Request", "json_value", "split_reasoning"]
+
+_DECODER = json.JSONDecoder()
+
+
+@dataclass
+class Request:
+    """What a reply is parsed for: the generation prompt that came before it (it may open a
+    ``<think>``), the tools offered, whether thinking was on, and whether the reply is
+    cut off (``partial``)."""
+
+    generation_prompt: str = ""
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    thinking: bool = True
+    partial: bool = False
+    extract_reasoning: bool = True
+
+
+@dataclass
+class Call:
+    """One tool call; ``arguments`` is JSON text (a prefix of it in a partial reply)."""
+
+    name: str
+    arguments: str
+    id: str = ""
+
+    def as_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class Reply:
+    """A parsed reply: content, reasoning and calls."""
+
+    content: str = ""
+    reasoning: str = ""
+    calls: list[Call] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"content": self.content, "reasoning_content": self.reasoning,
+                "tool_calls": [c.as_openai() for c in self.calls]}
+
+
+def forced_open(generation_prompt: str, start: str, end: str) -> bool:
+    """The generation prompt opened a thinking block and did not close it, so the reply
+    begins inside it."""
+    at = generation_prompt.rfind(start) if start else -1
+    return at >= 0 and generation_prompt.find(end, at + len(start)) < 0
+
+
+def split_reasoning(text: str, request: Request, start: str, end: str) -> tuple[str, str]:
+    """``(reasoning, rest)``: the thinking block at the start of ``text`` (opened there, or
+    already by the generation prompt) and what follows it. A block that never closes is
+    all reasoning. Leading whitespace of both parts is dropped, as llama.cpp does."""
+    if not start or not request.extract_reasoning:
+        return "", text
+    body = text.lstrip()
+    if forced_open(request.generation_prompt, start, end):
+        if body.startswith(start):  # the model wrote the open tag again
+            body = body[len(start):]
+    elif body.startswith(start):
+        body = body[len(start):]
+    else:
+        return "", text
+    stop = body.find(end)
+    if stop < 0:
+        return body.lstrip(), ""
+    return body[:stop].lstrip(), body[stop + len(end):]
+
+
+def json_value(text: str, pos: int) -> tuple[Any, int] | None:
+    """The JSON value at ``pos`` (whitespace skipped) and where it ends; None if none
+    parses there."""
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    try:
+        return _DECODER.raw_decode(text, pos)
+    except json.JSONDecodeError:
+        return None
+
+
+def dump_arguments(value: Any) -> str:
+    """Arguments as llama.cpp writes what it rebuilt from parameters: compact-ish JSON."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def scalar(text: str, schema: dict[str, Any] | None) -> Any:
+    """A parameter written as bare text (XML-style formats): a string when the tool's
+    schema says so, else the JSON it spells (a number, true, an object), else the text."""
+    if schema and schema.get("type") == "string":
+        return text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def param_schema(tools: list[dict[str, Any]], name: str, param: str) -> dict[str, Any] | None:
+    """The JSON schema of parameter ``param`` of tool ``name``, if the request has it."""
+    for tool in tools:
+        function = tool.get("function") or {}
+        if function.get("name") == name:
+            props = (function.get("parameters") or {}).get("properties") or {}
+            found = props.get(param)
+            return found if isinstance(found, dict) else None
+    return None
