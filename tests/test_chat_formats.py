@@ -16,8 +16,8 @@ REFERENCE = Path("/work/shared/reference/chat")
 CHECKER = Path(__file__).resolve().parents[1] / "benchmarks" / "check_chat_formats.py"
 
 # the rates reached so far; raise them as families are added, never lower them
-RENDER_RATE = 0.955
-PARSE_RATE = 0.51
+RENDER_RATE = 0.98  # issue 47's bar
+PARSE_RATE = 0.53
 
 QWEN3 = (
     "{% for message in messages %}{{ '<|im_start|>' + message.role + '\\n' + message.content"

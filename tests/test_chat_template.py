@@ -229,3 +229,18 @@ def test_template_file_override(tmp_path: Path, smollm2_path: Path) -> None:
     config.write_text("{}")
     with pytest.raises(ChatTemplateError, match="no chat_template"):
         load_template_file(config)
+
+
+def test_llama_cpp_template_idioms_render_as_llama_cpp_renders_them() -> None:
+    """Three idioms of llama.cpp's real templates (functionary, firefunction, the
+    DeepSeek-R1 tool template) that jinja alone renders differently or refuses: ``safe``
+    joined to ``tojson`` text (jinja's Markup would HTML-escape the JSON), an undefined
+    variable added to text (the text), and ``tojson`` of a ``map`` (a generator)."""
+    from gguflm.tokenizer.chat import ChatTemplate
+
+    source = ('{{ "<x>"|safe + {"a": "b"}|tojson }}|{{ functions + "tail" }}|'
+              '{{ tools | map(attribute="name") | tojson }}')
+    out = ChatTemplate(source).render(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=False,
+        tools=[{"name": "f"}, {"name": "g"}])
+    assert out == '<x>{"a": "b"}|tail|["f", "g"]'

@@ -467,6 +467,8 @@ def tojson(x: Any, ensure_ascii: bool = False, indent: int | str | None = None,
     if isinstance(x, str):
         budget.length(12 * len(x) + 2)
         return encoder.encode(x)
+    if isinstance(x, Iterator):  # ``tools | map(...) | tojson``: a generator, as a list
+        x = list(x)
     if indent is None and not separators \
             and 12 * _text_size(x, budget) <= budget.limits.max_length:
         # the usual `tool | tojson`: the JSON text is at most 12x the printed size (an astral
@@ -481,6 +483,16 @@ def tojson(x: Any, ensure_ascii: bool = False, indent: int | str | None = None,
             budget.tick()
         parts.append(chunk)
     return "".join(parts)
+
+
+def _plain(value: Any) -> Any:
+    """``safe`` with autoescape off: the value as it is (a string stays a plain string, so
+    joining it to ``tojson``'s text does not HTML-escape that text)."""
+    return str(value) if isinstance(value, Markup) else value
+
+
+def _undefined_as_text(value: Any, other: Any) -> Any:
+    return "" if isinstance(value, Undefined) and isinstance(other, str) else value
 
 
 def to_text(value: Any) -> str:
@@ -605,6 +617,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         self.filters["join"] = _join
         self.filters["sum"] = _sum
         self.filters["tojson"] = tojson
+        self.filters["safe"] = _plain  # no autoescape: a Markup would escape what joins it
         self.globals["lipsum"] = _lipsum
         self.filters[_GUARD] = _Guarded
 
@@ -619,6 +632,8 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         budget = _current()
         budget.tick()
+        if operator == "+":  # undefined + text is the text (llama.cpp's templates)
+            left, right = _undefined_as_text(left, right), _undefined_as_text(right, left)
         if operator in ("+", "*", "**", "%"):
             _check_binop(budget, operator, left, right)
         result = self.binop_table[operator](left, right)
