@@ -154,5 +154,4 @@ def test_swiglu_is_ggml_silu_times_up() -> None:
 def test_block_build_key_follows_the_sources() -> None:
     """The blocks' cached machine code carries the key of the sources it inlines: after
     the check, the loaded (or rebuilt) code answers the current key."""
-    blocks._check_build()
     assert blocks._built_key() == blocks._SOURCES_KEY

@@ -283,7 +283,7 @@ def _terminate_as_interrupt() -> Iterator[None]:
 def _pip_supports_raw_progress() -> bool:
     # pip >= 24.1 prints "Progress N of M" lines with --progress-bar raw; older pip
     # has no machine-readable progress, so we only report stage starts.
-    import importlib.metadata  # here: it costs ~20 ms at every start of the CLI
+    import importlib.metadata  # here: importing it slows every start of the CLI
 
     try:
         major, minor = (int(x) for x in importlib.metadata.version("pip").split(".")[:2])

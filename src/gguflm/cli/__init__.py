@@ -20,7 +20,7 @@ from typing import Any
 # numpy's OpenBLAS on one thread unless the user chose (set before numpy is imported, so any
 # OpenBLAS build honours it). Our products run in the numba kernels; BLAS only gets the small
 # attention products, and its idle threads spin after each one, taking the kernels' cores
-# (2 cores: Gemma 3 perplexity -c 128 17 s -> 11 s, SmolLM2 prompt 115 -> 325 tokens/s).
+# (figures in docs/performance.md).
 # LLM() lowers it at run time too, for library users (quant.matrix.entry_point_defaults).
 if "OPENBLAS_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OPENBLAS_NUM_THREADS"] = "1"

@@ -51,11 +51,10 @@ _JSON_DEFAULTS = {"whitespace_pattern": JSON_WHITESPACE}
 _JSON_STRICT = {"lenient": False, "coerce_one_of": False}
 
 # llguidance's resource limits, tighter than its defaults where a few bytes of grammar could
-# cost seconds and hundreds of MB (``(c{1000}){1000}``: 8 s and 140 MB with the defaults):
-# the lexer's fuel grows with the grammar's text (the work is in proportion to what the client
-# sent: a 20-byte regex gets 200k, ~4 ms; a grammar of 256 KiB, the most taken, 5M), its
-# states bound its memory (1-2 kB each), and errors never carry llguidance's parser state
-# (which echoed the grammar and internals back to the client).
+# cost seconds and hundreds of MB (``(c{1000}){1000}`` with the defaults): the lexer's fuel
+# grows with the grammar's text (the work is in proportion to what the client sent), its
+# states bound its memory, and errors never carry llguidance's parser state (which echoed
+# the grammar and internals back to the client). Figures: docs/security.md.
 MIN_LEXER_FUEL = 200_000
 LEXER_FUEL_PER_BYTE = 20
 MAX_LEXER_STATES = 50_000

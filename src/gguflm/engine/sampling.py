@@ -195,9 +195,9 @@ class Candidates:
         k = n if k is None else min(k, n)
         if not self.sorted or k < n:
             if k < n:  # partial sort: select the top k, then order just those
-                # the k-th highest logit bounds them (np.partition of values is ~3x faster
-                # than argpartition: 2 vs 6 ms a token on Gemma's 262k vocabulary); ties
-                # with it go in too and the lower ids win the last places
+                # the k-th highest logit bounds them (np.partition of values is several
+                # times faster than argpartition on a large vocabulary); ties with it go in
+                # too and the lower ids win the last places
                 kth = np.partition(self.logits, n - k)[n - k]
                 top = np.flatnonzero(self.logits >= kth)
                 if len(top) < k:  # NaN logits: keep argpartition's choice
@@ -475,8 +475,8 @@ class Sampler:
         p = self.params
         if p.greedy and not p.penalties_on:
             # the chain would keep the first highest logit and draw it: the same token
-            # without copying the logits and numbering the vocabulary (3 MB a token on
-            # Gemma 3's 262k vocabulary, about 0.5 ms)
+            # without copying the logits and numbering the vocabulary (megabytes a token
+            # on a large vocabulary)
             self.uniform()  # drawn even when greedy, keeping the stream aligned
             return int(np.argmax(logits))
         c = self.candidates(logits)

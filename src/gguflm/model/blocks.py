@@ -232,7 +232,6 @@ def attention(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
     n = len(x)
     lim = matrix.PARALLEL_MIN_MACS
     arena = batch.arena
-    _check_build()
     par = (n * la.qkv.macs >= lim,
            _attention.runs_parallel(n, la.heads[1], n * la.head_macs * batch.span),
            n * la.out.macs >= lim)
@@ -251,7 +250,6 @@ def ffn(x: np.ndarray, b: Block, la: LayerArgs) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     n = len(x)
     lim = matrix.PARALLEL_MIN_MACS
-    _check_build()
     bg, bu = la.gate_up.biases
     return ffn_block(x, la.norms[4], la.eps, la.gate_up.kinds, la.gate_up.ws, la.down.kinds,
                      la.down.ws, kernels.F16_TABLE, b.ffn.act == "gelu", la.norms[5],
@@ -279,7 +277,3 @@ _SOURCES_KEY = jitcache.sources_key(__file__)
 @njit(cache=True)
 def _built_key() -> int:
     return _SOURCES_KEY  # frozen into the cached machine code with the blocks'
-
-
-def _check_build() -> None:
-    """Nothing to do: numba rebuilds machine code whose stamp (``jitcache``) is stale."""

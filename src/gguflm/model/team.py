@@ -509,7 +509,6 @@ def run_stack(st: Stack, x: np.ndarray, batch: Any, ropes: tuple) -> np.ndarray 
         x, slot, pos, flash = x[copy], slot[copy], pos[copy], flash[copy]
         rots = np.ascontiguousarray(rots[:, copy])  # (R, T, n_rot/2): each row's RoPE
     arena = batch.arena
-    _check_build()
     threads = matrix.threads()
     n_layer = st.wtab.shape[0]
     attn_macs = st.attn_macs * batch.span
@@ -541,7 +540,3 @@ _SOURCES_KEY = jitcache.sources_key(__file__)
 @njit(cache=True)
 def _built_key() -> int:
     return _SOURCES_KEY  # frozen into the cached machine code with the team's
-
-
-def _check_build() -> None:
-    """Nothing to do: numba rebuilds machine code whose stamp (``jitcache``) is stale."""

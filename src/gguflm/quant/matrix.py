@@ -155,15 +155,15 @@ class QMatrix:
 
 
 # A product that may be paused (``QMatrix.matmul``) runs in two halves from this many
-# weight bytes: Gemma 3's 178 MB output matrix (15-17 ms at 8 rows, 2 threads), where a
-# newcomer arriving during it would wait for all of it. Each half's products are copied
-# into place: 1.04-1.2x the time (in three or six parts, 1.10x and 1.16-1.32x), paid
-# only while a slot is free for a newcomer (``Engine._step``).
+# weight bytes (a big output matrix such as Gemma 3's), where a newcomer arriving during it
+# would wait for all of it. Copying each half's products into place costs a little time,
+# paid only while a slot is free for a newcomer (``Engine._step``); figures in
+# docs/internals.md.
 PAUSE_BYTES = 64 << 20
 
 # Rows past a multiple of 8 from which a product's rows are padded to the next multiple
 # (``QMatrix.matmul``): they then run as 1x8 tiles instead of a 1x4 tile and 1x1 passes,
-# or, for a big matrix, a stream. Gemma 3's output product at 7 rows: 21.7 ms, at 8: 16.2.
+# or, for a big matrix, a stream: 8 rows run faster than 7.
 PAD_ROWS_FROM = 6
 
 
@@ -240,7 +240,7 @@ def _plan(mats: Sequence[QMatrix]) -> Any:
     to MAX_FUSED, rows, count), checked once and kept on the first matrix; None when they
     cannot share a call."""
     first = mats[0]
-    key = tuple(id(m) for m in mats[1:])  # the others: the same layer's, alive as long
+    key = tuple(mats[1:])  # the others themselves: the dict holds them, so no key is reused
     plan = first._plans.get(key, False)
     if plan is not False:
         return plan
