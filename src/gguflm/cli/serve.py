@@ -34,13 +34,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from ..hub import DEFAULT_MODEL
 
     p = subparsers.add_parser(
-        "serve", help="serve an OpenAI-compatible HTTP API",
+        "serve", help="serve an OpenAI-, Anthropic- and Ollama-compatible HTTP API",
         description="Serve MODEL (a GGUF file or a known model name, default "
                     f"{DEFAULT_MODEL}) over HTTP: GET /health and /v1/models, POST "
                     "/v1/completions and /v1/chat/completions (JSON, or Server-Sent Events "
-                    "with \"stream\": true), POST /v1/embeddings, GET /slots and /metrics, "
-                    "and a chat page at GET /. Up to --parallel requests are computed "
-                    "together (continuous batching); the rest wait in arrival order.")
+                    "with \"stream\": true), POST /v1/embeddings, POST /v1/responses "
+                    "(OpenAI's Responses API), POST /v1/messages and "
+                    "/v1/messages/count_tokens (Anthropic's Messages API), Ollama's POST "
+                    "/api/chat, /api/generate, /api/embed, /api/embeddings, /api/show, "
+                    "/api/pull and GET /api/tags, /api/ps, /api/version, GET /slots and "
+                    "/metrics, and a chat page at GET /. Up to --parallel requests are "
+                    "computed together (continuous batching); the rest wait in arrival "
+                    "order.")
     add_model_argument(p, optional=True)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1, this machine only)")
