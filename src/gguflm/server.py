@@ -497,24 +497,32 @@ class APIServer:
         try:
             body = await read_json_body(request)
             call = self.call(lambda: parse_embeddings(body))
-            gone = threading.Event()  # set when the client leaves or the server stops
-            self._cancels.add(gone.set)
-            watch = asyncio.ensure_future(self._watch_disconnect(request, gone))
-            try:
-                result = await asyncio.to_thread(self.call, lambda: self.llm.create_embedding(
-                    call.input, encoding_format=call.encoding_format, cancel=gone.is_set,
-                    **call.extra))
-            finally:
-                watch.cancel()
-                self._cancels.discard(gone.set)
+            result = await self.embed(request, call.input,
+                                      encoding_format=call.encoding_format, **call.extra)
+        except RequestError as e:
+            return self.error(e)
+        return JSONResponse(result)
+
+    async def embed(self, request: Request, inputs: Any, **options: Any) -> dict[str, Any]:
+        """``LLM.create_embedding`` of ``inputs`` in a thread, cancelled when the client
+        leaves or the server stops; a refusal as RequestError (503: the queue is full)."""
+        gone = threading.Event()  # set when the client leaves or the server stops
+        self._cancels.add(gone.set)
+        watch = asyncio.ensure_future(self._watch_disconnect(request, gone))
+        try:
+            result = await asyncio.to_thread(self.call, lambda: self.llm.create_embedding(
+                inputs, cancel=gone.is_set, **options))
         except RequestError as e:
             if e.code == "cancelled":
                 self.count("disconnects")
-            return self.error(e)
+            raise
         except QueueFullError as e:
-            return self.error(RequestError(503, str(e), type="server_error"))
+            raise RequestError(503, str(e), type="server_error") from None
+        finally:
+            watch.cancel()
+            self._cancels.discard(gone.set)
         self.count("requests")
-        return JSONResponse(result)
+        return result
 
 
 class _Access:

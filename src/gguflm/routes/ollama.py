@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -91,12 +90,9 @@ class _Ollama:
         try:
             body = await read_json_body(request)
             value, normalize = s.call(lambda: parse_embed(body, old))
-            gone = threading.Event()
-            result = await asyncio.to_thread(s.call, lambda: self.llm.create_embedding(
-                value, normalize=normalize, cancel=gone.is_set))
+            result = await s.embed(request, value, normalize=normalize)
         except RequestError as e:
             return s.error(e, OLLAMA)
-        s.count("requests")
         vectors = [d["embedding"] for d in result["data"]]
         if old:
             return JSONResponse({"embedding": vectors[0]})
