@@ -55,6 +55,8 @@ def test_every_llama_cpp_option_is_accepted(parsers: dict) -> None:
                     continue
                 if isinstance(action, Ignored):
                     assert action.nargs == nargs, (command, flag)
+                if isinstance(action, Ignored) and action.reason.startswith("refused:"):
+                    continue  # a usage error (test_options_that_choose_the_model_...)
                 args = _parse(command, *BASE.get(command, []), flag, *_value(action, flag))
                 if isinstance(action, Ignored):
                     assert [reason for _, reason in args.ignored_options] == [action.reason]
@@ -151,3 +153,19 @@ def test_the_docs_page_is_the_parsers_table(parsers: dict) -> None:
                  "--log-disable"):
         row = next(line for line in run.splitlines() if line.startswith(f"| `{flag}` |"))
         assert "| works: " in row, row
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "-hf", "bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M", "-p", "hi"],
+    ["run", "--hf-repo", "org/repo", "--hf-file", "x.gguf", "-p", "hi"],
+    ["serve", "-mu", "https://example.com/m.gguf"],
+    ["bench", "-hf", "org/repo"],
+])
+def test_options_that_choose_the_model_elsewhere_are_refused(argv, capsys) -> None:
+    """Ignoring -hf (or a model URL) would run another model than the one asked for: it is
+    a usage error naming the option, before anything is loaded."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "refused" in err and "Hugging Face" in err and argv[1] in err

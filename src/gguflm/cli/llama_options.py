@@ -7,7 +7,9 @@ llama-completion, llama-server, llama-perplexity, llama-embedding, llama-tokeniz
 (flags, values it takes, the tools that have it, gguflm's answer). The answer ``None``: a
 gguflm command standing in for the tool implements it under the same spelling; otherwise a
 key of ``REASONS``: the option is accepted, does nothing, and one ``note:`` line on stderr
-says why (``add_llama_options``). ``benchmarks/check_llama_flags.py`` compares these rows
+says why (``add_llama_options``); or, for the options that choose the model elsewhere
+(``source``: Hugging Face, a URL), refused as a usage error, since ignoring them would run
+another model. ``benchmarks/check_llama_flags.py`` compares these rows
 with a llama.cpp source tree; ``flag_table`` writes docs/llama-cpp-flags.md from the parsers.
 """
 
@@ -35,6 +37,10 @@ REASONS = {
     "numa": "ignored: gguflm does not place memory by NUMA node",
     "mmap": "ignored: gguflm always reads the memory-mapped file",
     "download": "ignored: gguflm downloads only its known models, by name (gguflm pull)",
+    # choosing the model elsewhere: ignoring it would run another model, so it is refused
+    "source": "refused: gguflm does not fetch models from Hugging Face or URLs yet; "
+              "download the .gguf file and give its path (or a known name: gguflm pull "
+              "--list)",
     "multimodal": "ignored: gguflm runs text-only models",
     "draft": "ignored: gguflm has no draft models (--lookup K drafts from the prompt instead)",
     "adapters": "ignored: gguflm loads no LoRA adapters or control vectors",
@@ -235,10 +241,10 @@ ARG_CPP = (
     ('-a --alias', 1, 'server', None),
     ('--tags', 1, 'server', 'unsupported'),
     ('-m --model', 1, '*', None),
-    ('-mu --model-url', 1, '*', 'download'),
-    ('-dr --docker-repo', 1, '*', 'download'),
-    ('-hf -hfr --hf-repo', 1, '*', 'download'),
-    ('-hff --hf-file', 1, '*', 'download'),
+    ('-mu --model-url', 1, '*', 'source'),
+    ('-dr --docker-repo', 1, '*', 'source'),
+    ('-hf -hfr --hf-repo', 1, '*', 'source'),
+    ('-hff --hf-file', 1, '*', 'source'),
     ('-hft --hf-token', 1, '*', 'download'),
     ('-o --output --output-file', 1, 'cli', 'unsupported'),
     ('--ids', 0, 'tokenize', None),
@@ -412,8 +418,8 @@ LLAMA_BENCH = (
     ('-fitc --fit-ctx', 1, 'gpu'),
     ('-rpc --rpc', 1, 'gpu'),
     ('-m --model', 1, None),
-    ('-hf -hfr --hf-repo', 1, 'download'),
-    ('-hff --hf-file', 1, 'download'),
+    ('-hf -hfr --hf-repo', 1, 'source'),
+    ('-hff --hf-file', 1, 'source'),
     ('-hft --hf-token', 1, 'download'),
     ('--offline', 0, 'download'),
     ('-p --n-prompt', 1, None),
@@ -497,6 +503,8 @@ class Ignored(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
+        if self.reason.startswith("refused:"):
+            parser.error(f"{option_string}: {self.reason}")
         seen = list(getattr(namespace, "ignored_options", None) or [])
         shown = option_string if not values else f"{option_string} {' '.join(values)}"
         seen.append((shown, self.reason))
