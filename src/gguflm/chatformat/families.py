@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import harmony
 from . import json_families as js
 from . import xml_families as xml
 from .family import Family
@@ -11,6 +12,9 @@ __all__ = ["FAMILIES", "GENERIC", "Family"]
 GENERIC = Family("generic", ())
 
 FAMILIES: tuple[Family, ...] = (
+    Family("harmony", ("<|channel|>",), keeps_developer=True, reader=harmony.harmony),
+    Family("mistral", ("[TOOL_CALLS]",), js.mistral, think=("[THINK]", "[/THINK]")),
+    Family("kimi-k2", ("<|tool_calls_section_begin|>", "<|tool_call_begin|>"), js.kimi_k2),
     Family("nemotron", ("<TOOLCALL>",), js.tagged_list("<TOOLCALL>", "</TOOLCALL>")),
     Family("apriel", ("<tool_calls>", "[BEGIN FINAL RESPONSE]"),
            js.tagged_list("<tool_calls>", "</tool_calls>"),
@@ -28,6 +32,10 @@ FAMILIES: tuple[Family, ...] = (
     Family("deepseek-dsml", ("DSML",),
            xml.xml_tools("<｜DSML｜invoke ", "</｜DSML｜invoke>", xml.DSML,
                          section="<｜DSML｜tool_calls>")),
+    Family("deepseek-r1", ("<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>", "tools"), js.deepseek_r1,
+           raw_whitespace=True),
+    # the R1 distills write calls only in the history: llama.cpp reads none from replies
+    Family("deepseek-r1-distill", ("<｜Assistant｜>", "<think>"), raw_whitespace=True),
     Family("minicpm", ('<function name="', '<param name="'),
            xml.xml_tools("<function ", "</function>", xml.MINICPM)),
     Family("hermes", ("<tool_call>",), js.hermes),

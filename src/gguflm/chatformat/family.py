@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from .calls import Call
 from .reply import Reply, Request, split_reasoning
 
-__all__ = ["Family", "ToolParser"]
+__all__ = ["Family", "ReplyReader", "ToolParser"]
 
 ToolParser = Callable[[str, Request], "tuple[str, list[Call]]"]
+ReplyReader = Callable[[str, Request], Reply]
 
 
 def no_tools(text: str, request: Request) -> tuple[str, list[Call]]:
@@ -29,12 +30,18 @@ class Family:
     tools: ToolParser = no_tools
     think: tuple[str, str] = ("<think>", "</think>")
     keeps_developer: bool = False  # Harmony has a developer role of its own
+    # keep the whitespace around the reasoning block (llama.cpp does, for some families)
+    raw_whitespace: bool = False
+    # a family whose reply is not "reasoning block, then content" reads it whole
+    reader: ReplyReader | None = None
 
     def parse(self, text: str, request: Request) -> Reply:
         """Reasoning first, then content and tool calls."""
-        reasoning, rest = split_reasoning(text, request, *self.think)
+        if self.reader is not None:
+            return self.reader(text, request)
+        reasoning, rest = split_reasoning(text, request, *self.think, self.raw_whitespace)
         if request.tools:
             content, calls = self.tools(rest, request)
         else:
             content, calls = rest, []
-        return Reply(content.lstrip(), reasoning, calls)
+        return Reply(content if self.raw_whitespace else content.lstrip(), reasoning, calls)

@@ -1,12 +1,14 @@
 """Families whose calls are JSON objects: Hermes/Qwen ``<tool_call>``, JSON lists after a
-marker (Nemotron, Apriel, Granite, Firefunction, Mistral Nemo), and Llama 3's bare JSON."""
+marker (Nemotron, Apriel, Granite, Firefunction, Mistral Nemo), Llama 3's bare JSON, and
+DeepSeek R1's fenced JSON, Mistral's ``[TOOL_CALLS]``, Kimi K2's call sections."""
 
 from __future__ import annotations
 
-from .calls import json_call, json_call_list, tagged_calls
-from .reply import Call, Request
+from .calls import json_call, json_call_list, tagged_calls, value_text
+from .reply import Call, Request, partial_tail_cut
 
-__all__ = ["hermes", "json_list_after", "llama3", "tagged_list"]
+__all__ = ["deepseek_r1", "hermes", "json_list_after", "kimi_k2", "llama3", "mistral",
+           "tagged_list"]
 
 
 def hermes(text: str, request: Request) -> tuple[str, list[Call]]:
@@ -34,3 +36,77 @@ def llama3(text: str, request: Request) -> tuple[str, list[Call]]:
         body = body[len("<|python_tag|>"):]
     calls = json_call(body, request, True)
     return ("", calls) if calls else (text, [])
+
+
+_R1_SEP = "<｜tool▁sep｜>"
+
+
+def _r1_call(body: str, request: Request, complete: bool) -> list[Call]:
+    """``function<｜tool▁sep｜>NAME\n```json\n{...}\n```'': the name ends at the line's
+    end; the arguments are the JSON inside the fence."""
+    sep = body.find(_R1_SEP)
+    line_end = body.find("\n", sep) if sep >= 0 else -1
+    if line_end < 0:
+        return []  # the name is still being written
+    name = body[sep + len(_R1_SEP):line_end].strip()
+    fence = body.find("```json", line_end)
+    pos = line_end if fence < 0 else fence + len("```json")
+    got = value_text(body, pos, request.partial or not complete)
+    return [Call(name, got[0])] if got is not None else []
+
+
+def deepseek_r1(text: str, request: Request) -> tuple[str, list[Call]]:
+    """DeepSeek R1: ``<｜tool▁calls▁begin｜>`` then one ``<｜tool▁call▁begin｜>...
+    <｜tool▁call▁end｜>`` block per call."""
+    return tagged_calls(text, request, "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", _r1_call,
+                        section="<｜tool▁calls▁begin｜>")
+
+
+_TOOL_CALLS = "[TOOL_CALLS]"
+
+
+def _mistral_call(body: str, request: Request, complete: bool) -> list[Call]:
+    """One ``[TOOL_CALLS]`` block: ``NAME[CALL_ID]ID[ARGS]{json}`` (Mistral Small 3.2;
+    Ministral and Devstral leave out the id), or the older JSON list of calls (Nemo)."""
+    if body.lstrip().startswith("["):
+        return json_call_list(body, request, complete)
+    args_at = body.find("[ARGS]")
+    if args_at < 0:
+        return []  # the name is still being written
+    name, _, call_id = body[:args_at].partition("[CALL_ID]")
+    got = value_text(body, args_at + len("[ARGS]"), request.partial or not complete)
+    return [Call(name.strip(), got[0], call_id.strip())] if got is not None else []
+
+
+def mistral(text: str, request: Request) -> tuple[str, list[Call]]:
+    """Mistral: content, then calls each opened by ``[TOOL_CALLS]`` (no closing tag)."""
+    first = text.find(_TOOL_CALLS)
+    if first < 0:
+        return (partial_tail_cut(text, _TOOL_CALLS) if request.partial else text), []
+    blocks = text[first + len(_TOOL_CALLS):].split(_TOOL_CALLS)
+    calls: list[Call] = []
+    for n, block in enumerate(blocks):
+        calls.extend(_mistral_call(block, request, not request.partial or n + 1 < len(blocks)))
+    return text[:first], calls
+
+
+_KIMI_ARGS = "<|tool_call_argument_begin|>"
+
+
+def _kimi_call(body: str, request: Request, complete: bool) -> list[Call]:
+    """``functions.NAME:INDEX<|tool_call_argument_begin|>{json}``: the id is the whole
+    ``functions.NAME:INDEX``, the name what lies between its prefix and the index."""
+    args_at = body.find(_KIMI_ARGS)
+    if args_at < 0:
+        return []  # the id is still being written
+    call_id = body[:args_at].strip()
+    name = call_id.removeprefix("functions.").rpartition(":")[0] or call_id
+    got = value_text(body, args_at + len(_KIMI_ARGS), request.partial or not complete)
+    return [Call(name, got[0], call_id)] if got is not None else []
+
+
+def kimi_k2(text: str, request: Request) -> tuple[str, list[Call]]:
+    """Kimi K2: ``<|tool_calls_section_begin|>`` then ``<|tool_call_begin|>...
+    <|tool_call_end|>`` blocks."""
+    return tagged_calls(text, request, "<|tool_call_begin|>", "<|tool_call_end|>", _kimi_call,
+                        section="<|tool_calls_section_begin|>")

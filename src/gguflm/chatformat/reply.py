@@ -55,31 +55,50 @@ class Reply:
                 "tool_calls": [c.as_openai() for c in self.calls]}
 
 
-def forced_open(generation_prompt: str, start: str, end: str) -> bool:
-    """The generation prompt opened a thinking block and did not close it, so the reply
-    begins inside it."""
+def opened_tail(generation_prompt: str, start: str, end: str) -> str | None:
+    """What follows the thinking tag the generation prompt opened and did not close (the
+    reply begins inside that block); None when it opened none."""
     at = generation_prompt.rfind(start) if start else -1
-    return at >= 0 and generation_prompt.find(end, at + len(start)) < 0
+    if at < 0 or generation_prompt.find(end, at + len(start)) >= 0:
+        return None
+    return generation_prompt[at + len(start):]
 
 
-def split_reasoning(text: str, request: Request, start: str, end: str) -> tuple[str, str]:
+def split_reasoning(text: str, request: Request, start: str, end: str,
+                    raw: bool = False) -> tuple[str, str]:
     """``(reasoning, rest)``: the thinking block at the start of ``text`` (opened there, or
     already by the generation prompt) and what follows it. A block that never closes is
-    all reasoning. Leading whitespace of both parts is dropped, as llama.cpp does."""
+    all reasoning. Leading whitespace of both parts is dropped, as llama.cpp does for most
+    templates; ``raw`` keeps it (and the prompt's text after its open tag), as llama.cpp
+    does where it learnt the format from the template (DeepSeek R1)."""
     if not start or not request.extract_reasoning:
         return "", text
-    body = text.lstrip()
-    if forced_open(request.generation_prompt, start, end):
-        if body.startswith(start):  # the model wrote the open tag again
-            body = body[len(start):]
+    body = text if raw else text.lstrip()
+    prefix = opened_tail(request.generation_prompt, start, end)
+    if prefix is not None:
+        body = body.removeprefix(start)  # the model may write the open tag again
     elif body.startswith(start):
-        body = body[len(start):]
+        body, prefix = body[len(start):], ""
     else:
         return "", text
     stop = body.find(end)
     if stop < 0:
-        return body.lstrip(), ""
-    return body[:stop].lstrip(), body[stop + len(end):]
+        reasoning, rest = partial_tail_cut(body, end) if request.partial else body, ""
+    else:
+        reasoning, rest = body[:stop], body[stop + len(end):]
+    if not raw:
+        return reasoning.lstrip(), rest
+    reasoning = prefix + reasoning
+    return (reasoning if reasoning.strip() else ""), rest
+
+
+def partial_tail_cut(text: str, tag: str) -> str:
+    """``text`` less any beginning of ``tag`` it ends with (a tag being written when a
+    partial reply stops), so no half-written markup leaks into content."""
+    for n in range(min(len(text), len(tag)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return text[:-n]
+    return text
 
 
 def json_value(text: str, pos: int) -> tuple[Any, int] | None:

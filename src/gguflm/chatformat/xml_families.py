@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 
 from .calls import tagged_calls
-from .reply import Call, Request, dump_arguments, param_schema, scalar
+from .reply import Call, Request, dump_arguments, param_schema, partial_tail_cut, scalar
 
 __all__ = ["ParamSyntax", "xml_tools"]
 
@@ -54,14 +54,6 @@ def _value(raw: str, syntax: ParamSyntax, as_json: bool, schema: dict | None):
     return scalar(raw, None if as_json else (schema or {"type": "string"}))
 
 
-def _partial_tail(text: str, close: str) -> str:
-    """``text`` less any beginning of ``close`` it ends with (a tag being written)."""
-    for n in range(min(len(text), len(close)), 0, -1):
-        if close.startswith(text[-n:]):
-            return text[:-n]
-    return text
-
-
 def _params(body: str, pos: int, name: str, syntax: ParamSyntax, request: Request):
     """``(done, open)``: finished parameters, and the one being written (key, text) if the
     reply stops inside a value."""
@@ -81,7 +73,7 @@ def _params(body: str, pos: int, name: str, syntax: ParamSyntax, request: Reques
         schema = param_schema(request.tools, name, key)
         as_json = 'string="false"' in attrs
         if end < 0:
-            raw = _partial_tail(body[v:], syntax.value_close)
+            raw = partial_tail_cut(body[v:], syntax.value_close)
             return done, (key, raw.removeprefix("\n") if syntax.trim_newlines else raw)
         done[key] = _value(body[v:end], syntax, as_json, schema)
         pos = end + len(syntax.value_close)
