@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .calls import Call
-from .reply import Reply, Request, split_reasoning
+from .reply import Reply, Request, partial_tail_cut, split_reasoning
 
 __all__ = ["Family", "ReplyReader", "ToolParser"]
 
@@ -34,9 +34,24 @@ class Family:
     raw_whitespace: bool = False
     # a family whose reply is not "reasoning block, then content" reads it whole
     reader: ReplyReader | None = None
+    # the turn's own markup the model may write around its reply (Cohere's chatbot token
+    # and end of turn); llama.cpp's grammar takes it, so it is never content
+    turn: tuple[str, str] = ("", "")
+
+    def unwrap(self, text: str, request: Request) -> str:
+        """``text`` less the turn's opening and closing markup (or the closing markup's
+        beginning, when a partial reply stops inside it)."""
+        start, end = self.turn
+        if start:
+            text = text.removeprefix(start)
+        if end:
+            text = text.removesuffix(end)
+            text = partial_tail_cut(text, end) if request.partial else text
+        return text
 
     def parse(self, text: str, request: Request) -> Reply:
         """Reasoning first, then content and tool calls."""
+        text = self.unwrap(text, request)
         if self.reader is not None:
             return self.reader(text, request)
         reasoning, rest = split_reasoning(text, request, *self.think, self.raw_whitespace)

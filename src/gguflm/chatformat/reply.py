@@ -80,7 +80,7 @@ def split_reasoning(text: str, request: Request, start: str, end: str,
     elif body.startswith(start):
         body, prefix = body[len(start):], ""
     else:
-        return "", text
+        return "", (text.lstrip() if raw else text)  # raw: whitespace kept only around a block
     stop = body.find(end)
     if stop < 0:
         reasoning, rest = partial_tail_cut(body, end) if request.partial else body, ""
