@@ -31,6 +31,8 @@ class Qwen2(Model):
     ignored_keys = ("attention.sliding_window",)
     # llama.cpp's qwen2 loads an optional ``output.bias``; qwen3 does not
     output_bias_allowed = True
+    # the file's name for the FFN's pre-norm (Seed-OSS stores it as post_attention_norm)
+    ffn_norm_name = "ffn_norm"
 
     # -- tensors ---------------------------------------------------------------------------------
     def load_tensors(self, w: Weights) -> None:
@@ -47,9 +49,11 @@ class Qwen2(Model):
             "attn_norm": (c.n_embd,),
             **self.extra_layer_tensors(),
             "attn_output": (c.n_embd, c.n_head * c.head_dim_v),
-            "ffn_norm": (c.n_embd,),
+            self.ffn_norm_name: (c.n_embd,),
             **self.ffn_tensors(w),
         }, qkv=c) for i in range(c.n_layer)]
+        for layer in self.layers:  # the FFN's pre-norm, whatever the file calls it
+            layer.ffn_norm = getattr(layer, self.ffn_norm_name)
         # attention is causal only; Q/K/V biases are added before RoPE, as llama.cpp
         self.blocks = [self.dense_block(layer, "silu", **self.attn_extras(layer))
                        for layer in self.layers]
