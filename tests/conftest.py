@@ -72,6 +72,13 @@ def lfm2_path(reference: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def granitehybrid_path(reference: Path) -> Path:
+    """The reference data's tiny random-weight Granite 4.0-H (Mamba2 layers beside
+    attention, experts)."""
+    return _tiny_arch(reference, "granitehybrid")
+
+
+@pytest.fixture(scope="session")
 def deepseek2_path(reference: Path) -> Path:
     """The reference data's tiny random-weight DeepSeek-V3 layout (latent attention: a
     latent row cached per position; grouped expert routing)."""

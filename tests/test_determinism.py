@@ -38,7 +38,8 @@ N_GEN = 6
 
 
 @pytest.fixture(scope="module", params=["smollm2", "gemma3", "qwen35", "gemma4",
-                                                 "qwen3moe", "gpt_oss", "lfm2", "deepseek2"])
+                                                 "qwen3moe", "gpt_oss", "lfm2", "deepseek2",
+                                                 "granitehybrid"])
 def setup(request: pytest.FixtureRequest):
     path: Path = request.getfixturevalue(f"{request.param}_path")
     model = load_model(path)

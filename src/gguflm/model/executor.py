@@ -34,6 +34,7 @@ from .layer import (
     DenseAndExperts,
     Experts,
     LatentAttention,
+    Mamba2,
     ShortConv,
 )
 
@@ -161,6 +162,10 @@ def _not_compilable(blocks: list[Block]) -> str:
             return (f"layer {il} is a gated short convolution (a recurrent layer), which "
                     f"has no compiled executor yet: its convolution runs per sequence in "
                     f"numba, its products op by op")
+        if isinstance(b.attn, Mamba2):
+            return (f"layer {il} is a Mamba2 state-space mixer (a recurrent layer), which "
+                    f"has no compiled executor yet: its convolution and scan run per "
+                    f"sequence in numba, its products op by op")
         if isinstance(b.attn, LatentAttention):
             return (f"layer {il} is multi-head latent attention (MLA: the cache holds each "
                     f"position's compressed latent), which has no compiled executor yet: "

@@ -217,6 +217,58 @@ class ShortConv:
 
 
 @dataclass(frozen=True, eq=False)
+class Mamba2:
+    """A recurrent mixer, the Mamba2 state-space layer of llama.cpp's build_mamba2_layer
+    (Granite 4.0-H): ``in_proj`` of the normed input gives rows [z (d_inner) | xBC
+    (d_inner + 2 n_group d_state) | dt (n_head)] (``z``, ``xbc``, ``dt``: row views); xBC
+    through a causal depthwise convolution of ``conv`` (conv_dim, d_conv) taps over the last
+    d_conv inputs (zeros before the sequence), plus ``conv_b``, then SiLU, splits into x
+    (n_head heads of head_dim), B and C (n_group groups of d_state; head h reads group
+    h // (n_head / n_group)); per token and head the scan decays its (head_dim x d_state)
+    state by exp(softplus(dt + ``dt_bias``) * ``a``) and adds B x dt; y = state . C, plus
+    ``d`` x, times silu(z), RMS-normed per group with ``norm`` (d_inner,), then ``out``. The
+    state is the convolution's last d_conv - 1 inputs and the scan's matrices; ``index``
+    is the layer's place among the recurrent layers (its state in the cache arena)."""
+
+    z: Linear
+    xbc: Linear
+    dt: Linear
+    conv: np.ndarray            # (conv_dim, d_conv) f32: ssm_conv1d
+    conv_b: np.ndarray | None   # (conv_dim,) f32: ssm_conv1d.bias
+    dt_bias: np.ndarray         # (n_head,) f32: ssm_dt.bias
+    a: np.ndarray               # (n_head,) f32: ssm_a (-exp(A_log))
+    d: np.ndarray               # (n_head,) f32: ssm_d
+    norm: np.ndarray            # (d_inner,) f32: ssm_norm, n_group rows of d_inner / n_group
+    out: Linear
+    n_head: int
+    head_dim: int
+    d_state: int
+    n_group: int
+    index: int
+
+    def __post_init__(self) -> None:
+        d_inner = self.n_head * self.head_dim
+        checks = ((self.n_head % self.n_group == 0 and d_inner % self.n_group == 0,
+                   f"{self.n_head} heads over {self.n_group} groups"),
+                  (self.xbc.rows == self.conv_dim == d_inner + 2 * self.n_group * self.d_state,
+                   f"xBC of {self.xbc.rows} rows, a convolution of {self.conv_dim}"),
+                  (self.z.rows == len(self.norm) == d_inner, f"z of {self.z.rows} rows"),
+                  (self.dt.rows == self.n_head, f"dt of {self.dt.rows} rows"))
+        for ok, what in checks:
+            if not ok:
+                raise ValueError(f"Mamba2 of {self.n_head} heads of {self.head_dim}, "
+                                 f"d_state {self.d_state}: {what}")
+
+    @property
+    def conv_dim(self) -> int:
+        return self.conv.shape[0]
+
+    @property
+    def d_conv(self) -> int:
+        return self.conv.shape[1]
+
+
+@dataclass(frozen=True, eq=False)
 class GLU:
     """llama.cpp's build_ffn with a parallel gate: ``down(act(gate(x)) * up(x))``."""
 
@@ -330,14 +382,14 @@ class Block:
     """One pre-norm decoder layer: ``x += post(attn(norm(x)))``, ``x += post(ffn(norm(x)))``,
     the post norms (Gemma's) optional; all norms RMS norms with ``eps``. The mixer
     ``attn`` is attention (or ``LatentAttention``) or a recurrent one (``DeltaNet``,
-    ``ShortConv``). Then, when
+    ``ShortConv``, ``Mamba2``). Then, when
     given, the per-layer input is added (``per_layer``) and x is multiplied by
     ``out_scale`` (Gemma 4's ``layer_output_scale``; 1: none). A pre-norm of None is none:
     the attention or FFN reads x itself (OLMo 2, EXAONE 4: their outputs are post-normed
     instead)."""
 
     attn_norm: np.ndarray | None
-    attn: Attention | LatentAttention | DeltaNet | ShortConv
+    attn: Attention | LatentAttention | DeltaNet | ShortConv | Mamba2
     ffn_norm: np.ndarray | None
     ffn: GLU | Experts | DenseAndExperts
     eps: float

@@ -22,6 +22,7 @@ from .layer import (
     Experts,
     LatentAttention,
     Linear,
+    Mamba2,
     ShortConv,
 )
 
@@ -250,6 +251,10 @@ def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray | Non
         from . import shortconv  # numba: compiled or loaded on first use
 
         a = shortconv.forward(h, b.attn, batch)
+    elif isinstance(b.attn, Mamba2):
+        from . import mamba2  # numba: compiled or loaded on first use
+
+        a = mamba2.forward(h, b.attn, batch, b.eps)
     elif isinstance(b.attn, LatentAttention):
         from . import mla  # numba: compiled or loaded on first use
 
