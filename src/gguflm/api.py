@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from .chatplan import ChatDefaults
 from .embedder import Embedder
 from .engine.embed import DEFAULT_POOLING, model_pooling
 from .engine.errors import InvalidRequestError
@@ -120,6 +121,7 @@ class LLM:
         self.seed = self._default_seed(seed)
         # sampling keywords for calls that leave them out (serve --temp ...); checked here
         self.sampling_defaults: dict[str, Any] = {}
+        self.chat_defaults = ChatDefaults()  # serve --chat-template-kwargs, --reasoning-*
         if pooling is not None:  # checked before the file is opened
             Embedder.check_pooling(pooling)
         t0 = time.perf_counter()

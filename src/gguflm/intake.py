@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .chatformat.thinking import template_variables
+from .chatplan import ChatPlan, ChatSetup, Speller, check_budget, check_reasoning_format
 from .engine.errors import InvalidRequestError
 from .engine.params import sampler_params
 from .engine.sequence import Request, check_logit_bias
@@ -33,6 +35,9 @@ class Intake:
     def __init__(self, llm: LLM) -> None:
         self.llm = llm
         self._max_token_bytes: int | None = None  # the longest token's text (check_fits)
+        self._format: Any = None  # chat_format()
+        self._speller: Speller | None = None
+        self._tool_template: Any = None  # template_for()
 
     def require_generator(self) -> None:
         """Refuse generation with an encoder (an embedding model has no next-token head),
@@ -67,43 +72,108 @@ class Intake:
         return req, text
 
     def chat(self, messages: Sequence[Mapping[str, Any]], spec: GenerationSpec
-                     ) -> tuple[Request, Any]:
-        """The engine request for a conversation and its tool plan (None without tools;
-        see ``engine/tools.py``)."""
+             ) -> tuple[Request, ChatPlan]:
+        """The engine request for a conversation and how its reply is read (``chatplan``:
+        the tool plan, reasoning and calls in the family's format)."""
         from .engine.tools import plan_tools
 
         self.require_generator()
-        plan = plan_tools(messages, spec.tools, spec.tool_choice, self.llm.chat_template.source,
-                          spec.parallel_tool_calls)
-        if plan is not None:
-            messages, template_tools = plan.messages, plan.template_tools
+        setup = self.chat_setup(spec)
+        template = self.template_for(spec.tools is not None and spec.tool_choice != "none")
+        tools = plan_tools(messages, spec.tools, spec.tool_choice, template.source,
+                           spec.parallel_tool_calls, setup.native())
+        if tools is not None:
+            messages, template_tools = tools.messages, tools.template_tools
         else:
             template_tools = None
-        c = self.constraint(**spec.constraint)
-        if plan is not None and plan.grammar is not None:
-            if c is not None:
+        prompt, tags = setup.tags(text_messages(messages), template_tools)
+        g = self.grammar(**spec.constraint)
+        forced_call = tools is not None and tools.grammar is not None
+        if forced_call:
+            if g is not None:
                 raise InvalidRequestError("a required tool call cannot be combined with "
                                           "response_format or a grammar", param="tool_choice")
-            from .engine.constraints import Constraint
+            g = tools.grammar
+        if g is not None:
+            g = setup.constrained(g, tags, forced_call and tools.format == "native")
+        ids = self.chat_ids(messages, tools=template_tools, kwargs=setup.kwargs,
+                            template=template)
+        req = self.request(ids, spec, None if g is None else self.compile(g))
+        req.budget = setup.budget_state(tags, self.llm.tokenizer)
+        if tools is not None:
+            req.watch = tools.watcher()  # stops a model that repeats a call
+        return req, setup.plan(tools, prompt, tags)
 
-            c = Constraint(plan.grammar, self.llm.tokenizer)
-        ids = self.chat_ids(messages, tools=template_tools)
-        req = self.request(ids, spec, c)
-        if plan is not None:
-            req.watch = plan.watcher()  # stops a model that repeats a call
-        return req, plan
+    def chat_setup(self, spec: GenerationSpec) -> ChatSetup:
+        """The request's template variables and reasoning options, over the defaults
+        ``serve`` sets (``LLM.chat_defaults``)."""
+        d = self.llm.chat_defaults
+        kwargs = dict(d.kwargs)
+        given = spec.chat.get("chat_template_kwargs") or {}
+        if not isinstance(given, Mapping):
+            raise InvalidRequestError("chat_template_kwargs must be an object",
+                                      param="chat_template_kwargs")
+        kwargs.update(given)
+        if "think" in spec.chat:
+            kwargs["enable_thinking"] = spec.chat["think"]
+        if "reasoning_effort" in spec.chat:
+            kwargs["reasoning_effort"] = spec.chat["reasoning_effort"]
+        rf = check_reasoning_format(spec.chat.get("reasoning_format", d.reasoning_format))
+        budget = check_budget(spec.chat.get("reasoning_budget_tokens", d.budget))
+        return ChatSetup(self.chat_format(), template_variables(kwargs), rf, budget,
+                         self.speller)
 
-    def constraint(self, **fields: Any) -> Any:
-        """The ``Constraint`` a request's constraint fields ask for (None: free text);
+    def chat_format(self) -> Any:
+        """The chat format of the model's template (built on first use)."""
+        if self._format is None:
+            from .chatformat import ChatFormat
+
+            t = self.llm.chat_template
+            self._format = ChatFormat(t.source, t.special_tokens.get("bos_token", ""),
+                                      t.special_tokens.get("eos_token", ""))
+        return self._format
+
+    def speller(self) -> Speller:
+        if self._speller is None:
+            self._speller = Speller(self.llm.tokenizer)
+        return self._speller
+
+    def template_for(self, tools: bool) -> Any:
+        """The template to render with: the file's ``tokenizer.chat_template.tool_use``
+        variant when the request offers tools and the file has one (llama.cpp's rule; not
+        when a template was given), else the model's."""
+        t = self.llm.chat_template
+        if not tools or t.name != "tokenizer.chat_template":
+            return t
+        source = self.llm.model.gguf.metadata.get("tokenizer.chat_template.tool_use")
+        if not isinstance(source, str) or not source.strip():
+            return t
+        if self._tool_template is None:
+            from .tokenizer.chat import ChatTemplate
+
+            self._tool_template = ChatTemplate(source, t.special_tokens,
+                                               name="tokenizer.chat_template.tool_use")
+        return self._tool_template
+
+    def grammar(self, **fields: Any) -> Any:
+        """The ``Grammar`` a request's constraint fields ask for (None: free text);
         InvalidRequestError (``param`` set) for an invalid or unsupported schema or
         grammar."""
         if not any(v is not None for v in fields.values()):
             return None
-        from .engine.constraints import Constraint
         from .engine.grammar import constraint_from_request
 
-        g = constraint_from_request(**fields, tokenizer=self.llm.tokenizer)
-        return None if g is None else Constraint(g, self.llm.tokenizer)
+        return constraint_from_request(**fields, tokenizer=self.llm.tokenizer)
+
+    def compile(self, g: Any) -> Any:
+        from .engine.constraints import Constraint
+
+        return Constraint(g, self.llm.tokenizer)
+
+    def constraint(self, **fields: Any) -> Any:
+        """The ``Constraint`` a request's constraint fields ask for (None: free text)."""
+        g = self.grammar(**fields)
+        return None if g is None else self.compile(g)
 
     def request(self, ids: list[int], spec: GenerationSpec, constraint: Any = None
                  ) -> Request:
@@ -149,12 +219,15 @@ class Intake:
                 param="prompt", code="context_length_exceeded")
 
     def render(self, messages: Sequence[Mapping[str, Any]],
-                            add_generation_prompt: bool = True,
-                            tools: Sequence[Mapping[str, Any]] | None = None) -> str:
-        """The prompt text the chat template makes of ``messages``."""
+               add_generation_prompt: bool = True,
+               tools: Sequence[Mapping[str, Any]] | None = None,
+               kwargs: Mapping[str, Any] | None = None, template: Any = None) -> str:
+        """The prompt text the chat template (``template``, default the model's) makes of
+        ``messages``, with ``kwargs`` as its extra variables."""
+        template = template or self.llm.chat_template
         try:
-            return self.llm.chat_template.render(text_messages(messages), add_generation_prompt,
-                                             tools=tools)
+            return template.render(text_messages(messages), add_generation_prompt,
+                                   tools=tools, **dict(kwargs or {}))
         except TemplateLimitError as e:  # an untrusted template broke a bound
             raise InvalidRequestError(str(e), param="messages",
                                       code="invalid_chat_template") from None
@@ -162,9 +235,10 @@ class Intake:
             raise InvalidRequestError(str(e), param="messages") from None
 
     def chat_ids(self, messages: Sequence[Mapping[str, Any]],
-                        tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+                 tools: Sequence[Mapping[str, Any]] | None = None,
+                 kwargs: Mapping[str, Any] | None = None, template: Any = None) -> list[int]:
         """Token ids of the rendered conversation (BOS once, special tokens parsed)."""
-        text = self.render(messages, tools=tools)
+        text = self.render(messages, tools=tools, kwargs=kwargs, template=template)
         self.check_fits(text, "messages")
         return encode_prompt(self.llm.tokenizer, text)
 

@@ -19,26 +19,44 @@ __all__ = ["ChatReply", "ChatShaper", "CompletionShaper", "Shapes", "stream_chun
 
 
 class ChatReply:
-    """A chat reply's text as OpenAI deltas and message: plain content, or with tools
-    (``plan`` from ``engine.tools.plan_tools``) tool calls parsed out as they stream."""
+    """A chat reply's text as OpenAI deltas and message (``plan``: a ``chatplan.ChatPlan``,
+    or None for plain content). The chat format's stream, where there is one, splits off
+    the reasoning and reads the family's calls; the tool parser of ``engine/toolcalls.py``
+    reads the calls of its own formats from the content that remains."""
 
     def __init__(self, plan: Any = None) -> None:
-        self.parser = plan.parser() if plan is not None else None
+        self.stream = plan.stream() if plan is not None and plan.stream else None
+        tools = plan.legacy_tools if plan is not None else None
+        self.parser = tools.parser() if tools is not None else None
         self.text: list[str] = []
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         self.text.append(text)
-        if self.parser is not None:
-            return self.parser.feed(text)
-        return [{"content": text}] if text else []
+        if self.stream is None:
+            return self._content([{"content": text}] if text else [])
+        return self._content(self.stream.feed(text))
 
     def finish(self) -> list[dict[str, Any]]:
-        return self.parser.finish() if self.parser is not None else []
+        out = self._content(self.stream.finish()) if self.stream is not None else []
+        return out + (self.parser.finish() if self.parser is not None else [])
+
+    def _content(self, deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The deltas with their content read by the tool parser, if there is one."""
+        if self.parser is None:
+            return deltas
+        out = []
+        for d in deltas:
+            out.extend(self.parser.feed(d["content"]) if "content" in d else [d])
+        return out
 
     def finish_reason(self, reason: str | None) -> str | None:
-        if self.parser is None or reason is None:
+        if reason is None:
             return reason
-        return self.parser.result().finish_reason(reason)
+        if self.parser is not None:
+            return self.parser.result().finish_reason(reason)
+        if self.stream is not None and self.stream.result().calls and reason == "stop":
+            return "tool_calls"
+        return reason
 
     def detail(self) -> str | None:
         """Why it ended, when finish_reason alone would mislead (a call cut off)."""
@@ -46,8 +64,23 @@ class ChatReply:
 
     def message(self) -> dict[str, Any]:
         if self.parser is not None:
-            return self.parser.result().message()
-        return {"role": "assistant", "content": "".join(self.text)}
+            message = self.parser.result().message()
+        elif self.stream is not None:
+            message = _message(self.stream.result())
+        else:
+            return {"role": "assistant", "content": "".join(self.text)}
+        if self.stream is not None and self.stream.result().reasoning:
+            message["reasoning_content"] = self.stream.result().reasoning
+        return message
+
+
+def _message(reply: Any) -> dict[str, Any]:
+    """OpenAI's assistant message for a parsed reply: content None when it is all calls."""
+    message: dict[str, Any] = {"role": "assistant",
+                               "content": reply.content or (None if reply.calls else "")}
+    if reply.calls:
+        message["tool_calls"] = [c.as_openai() for c in reply.calls]
+    return message
 
 
 class Shapes:

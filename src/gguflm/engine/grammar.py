@@ -484,3 +484,18 @@ def _response_format(rf: Mapping[str, Any], tokenizer: Tokenizer | None) -> Gram
     if schema is None:  # OpenAI makes it optional: then any JSON object
         schema = {"type": "object"}
     return json_schema_grammar(schema, "response_format.json_schema.schema", tokenizer)
+
+
+def after_reasoning(g: Grammar, reasoning: str) -> Grammar:
+    """``g`` applied to what follows the reasoning: ``reasoning`` is Lark rules defining the
+    rule ``reasoning`` (the family's thinking block, its text lazily matched up to the end
+    tag; chatformat/thinking.py writes them). The model thinks freely, then the constrained
+    answer starts (llama.cpp's lazy grammars, as llguidance nests one grammar in another)."""
+    if g.ll_grammar.lstrip().startswith("{"):
+        grammars = json.loads(g.ll_grammar)["grammars"]
+    else:
+        grammars = [{"lark_grammar": g.ll_grammar}]
+    inner = dict(grammars[0], name="answer")
+    outer = {"lark_grammar": f"start: reasoning @answer\n{reasoning}"}
+    ll = json.dumps({"grammars": [outer, inner, *grammars[1:]]}, ensure_ascii=False)
+    return Grammar(g.kind, ll, g.param, g.schema, g.check_seconds)

@@ -25,6 +25,7 @@ import numpy as np
 
 from .errors import NoTokenAllowed
 from .lookup import NgramDrafter
+from .reasoning import BudgetState
 from .sampling import Sampler, SamplerParams
 from .stops import StopScanner
 
@@ -54,7 +55,8 @@ class Request:
     the sequence (``stopped_by`` "watch", finish_reason "stop") by returning True: the
     tool-call reader stops a model that repeats a call it has made; ``logit_bias`` maps
     token ids to what is added to their logits before the constraint's mask and the
-    sampler (``-inf``: never; see ``check_logit_bias``)."""
+    sampler (``-inf``: never; see ``check_logit_bias``); ``budget`` limits the reply's
+    reasoning block (reasoning.py: once spent, its end is forced)."""
 
     prompt_ids: list[int]
     params: SamplerParams = field(default_factory=SamplerParams)
@@ -65,6 +67,7 @@ class Request:
     ignore_eos: bool = False
     watch: Callable[[str], bool] | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)
+    budget: BudgetState | None = None
 
 
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 (in effect: never) .. 100 (in effect: only)
@@ -364,12 +367,19 @@ class Sequence:
             c.mask(logits)
         if (bias or self.request.ignore_eos) and not (logits > -np.inf).any():
             raise NoTokenAllowed(self._nothing_allowed())
-        token = self.sampler.sample(logits)
-        if c is not None and not c.allows(token):
-            token = _best_allowed(logits, c)
+        budget = self.request.budget
+        token = budget.forced() if budget is not None else None
+        if token is not None and c is not None and not c.allows(token):
+            token = budget.yield_to_constraint()  # the grammar writes the rest of the end
+        if token is None:
+            token = self.sampler.sample(logits)
+            if c is not None and not c.allows(token):
+                token = _best_allowed(logits, c)
         self.sampler.accept(token)
         if c is not None:
             c.accept(token)
+        if budget is not None:
+            budget.accept(token)
         self.tokens.append(token)
         if self._drafter is not None:
             self._drafter.push(token)

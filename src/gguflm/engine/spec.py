@@ -19,7 +19,8 @@ from typing import Any
 from .errors import InvalidRequestError
 from .params import SAMPLING_FIELDS
 
-__all__ = ["CONSTRAINT_FIELDS", "DEFAULT_MAX_TOKENS", "FIELDS", "Field", "GenerationSpec",
+__all__ = ["CHAT_FIELDS", "CONSTRAINT_FIELDS", "DEFAULT_MAX_TOKENS", "FIELDS", "Field",
+           "GenerationSpec",
            "check_json_types"]
 
 
@@ -50,9 +51,16 @@ FIELDS: dict[str, Field] = {n: Field("sampling", *t) for n, t in SAMPLING_FIELDS
     "tool_choice": Field("tools", (str, dict), "\"none\", \"auto\", \"required\" or a named "
                          "function"),
     "parallel_tool_calls": Field("tools", (bool,), "a boolean"),
+    # reasoning and the chat template (chatformat/, engine/reasoning.py); chat only
+    "chat_template_kwargs": Field("chat", (dict,), "an object"),
+    "reasoning_format": Field("chat", (str,), "\"none\", \"auto\" or \"deepseek\""),
+    "reasoning_effort": Field("chat", (str,), "a string (low, medium, high)"),
+    "reasoning_budget_tokens": Field("chat", (int,), "an integer (-1: no limit)"),
+    "think": Field("chat", (bool,), "a boolean"),
 }
 CONSTRAINT_FIELDS = tuple(n for n, f in FIELDS.items() if f.kind == "constraint")
 _TOOL_FIELDS = tuple(n for n, f in FIELDS.items() if f.kind == "tools")
+CHAT_FIELDS = tuple(n for n, f in FIELDS.items() if f.kind == "chat")
 _SAMPLING = tuple(n for n, f in FIELDS.items() if f.kind == "sampling" and n != "seed")
 
 # max_tokens when a request does not give it: OpenAI's 16 for completions, and for a
@@ -87,7 +95,8 @@ def _short(value: Any) -> str:
 class GenerationSpec:
     """One request's generation fields (see the module's docstring). ``max_tokens`` None:
     until the turn ends (-1); ``sampling`` holds the sampling keywords given (seed apart);
-    ``constraint`` the constraint fields given; the tool fields are chat's."""
+    ``constraint`` the constraint fields given; the tool fields and ``chat`` (the reasoning
+    and template fields given) are chat's."""
 
     max_tokens: Any = -1
     stop: Any = None
@@ -99,6 +108,7 @@ class GenerationSpec:
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
+    chat: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_kwargs(cls, route: str, kwargs: Mapping[str, Any]) -> GenerationSpec:
@@ -127,6 +137,7 @@ class GenerationSpec:
                    sampling={k: values[k] for k in _SAMPLING if values.get(k) is not None},
                    constraint={k: values[k] for k in CONSTRAINT_FIELDS
                                if values.get(k) is not None},
+                   chat={k: values[k] for k in CHAT_FIELDS if values.get(k) is not None},
                    **{k: values.get(k) for k in _TOOL_FIELDS})
 
     @property

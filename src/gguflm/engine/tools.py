@@ -33,7 +33,7 @@ from .grammar import JSON_WHITESPACE, Grammar, lark_grammar
 from .schema import bounded_schema, check_schema, embed_schema
 from .toolcalls import TOOL_FORMATS, ParsedReply, ToolCallParser
 
-__all__ = ["TOOL_CHOICES", "TOOL_FORMATS", "Tool", "ToolPlan", "detect_tool_format",
+__all__ = ["TOOL_CHOICES", "TOOL_FORMATS", "NativeCalls", "Tool", "ToolPlan", "detect_tool_format",
            "plan_tools", "tool_call_grammar", "tools_prompt", "validate_tool_choice",
            "validate_tools"]
 
@@ -242,7 +242,8 @@ class ToolPlan:
     parallel: bool = True
 
     def parser(self, new_id: Callable[[], str] | None = None) -> ToolCallParser:
-        """A streaming parser for the reply (no calls are recognised with ``none``)."""
+        """A streaming parser for the reply (no calls are recognised with ``none``); the
+        ``native`` format's calls are read by the chat format instead (chatformat/)."""
         tools = [] if self.choice == "none" else self.tools
         return ToolCallParser(self.format, tools, new_id=new_id)
 
@@ -254,7 +255,7 @@ class ToolPlan:
         """For ``Request.watch``: fed the reply as it is generated, True once the model
         repeats a call it has made (small models loop on parallel calls: the same call
         again and again until max_tokens, the last one cut off). None with ``none``."""
-        if self.choice == "none":
+        if self.choice == "none" or self.format == "native":
             return None
         parser = self.parser()
 
@@ -264,12 +265,25 @@ class ToolPlan:
         return repeated
 
 
+@dataclass(frozen=True)
+class NativeCalls:
+    """A template whose family's own call syntax the chat format reads (chatformat/):
+    ``family`` names it, ``grammar(functions, parallel)`` writes the Lark text of a forced
+    call in that syntax (None where the family has none)."""
+
+    family: str
+    grammar: Callable[[Sequence[tuple[str, Any]], bool], str | None]
+
+
 def plan_tools(messages: Sequence[Mapping[str, Any]], tools: Any, tool_choice: Any = None,
                template_source: str | None = None,
-               parallel_tool_calls: bool | None = None) -> ToolPlan | None:
+               parallel_tool_calls: bool | None = None,
+               native: NativeCalls | None = None) -> ToolPlan | None:
     """Validate ``tools``/``tool_choice`` and prepare the request (see ``ToolPlan``). Returns
     None when the request has no tools (``tools`` None); ``tool_choice`` then must be absent
-    or ``none``. Raises ``InvalidRequestError`` naming the bad field."""
+    or ``none``. A template that is none of the formats read here but whose family the
+    chat format reads (``native``) gets the tools itself, format ``native``. Raises
+    ``InvalidRequestError`` naming the bad field."""
     if tools is None:
         if tool_choice not in (None, "none"):
             raise InvalidRequestError("tool_choice needs tools", param="tool_choice")
@@ -281,6 +295,8 @@ def plan_tools(messages: Sequence[Mapping[str, Any]], tools: Any, tool_choice: A
                                   param="parallel_tool_calls")
     parallel = True if parallel_tool_calls is None else parallel_tool_calls
     fmt = detect_tool_format(template_source)
+    if fmt == "json" and native is not None:
+        fmt = "native"
     msgs = _history(messages, fmt)
     template_tools = None
     if choice != "none":
@@ -288,8 +304,29 @@ def plan_tools(messages: Sequence[Mapping[str, Any]], tools: Any, tool_choice: A
             msgs = _with_system(msgs, tools_prompt(checked, choice))
         else:
             template_tools = [t.as_openai() for t in checked]
-    grammar = tool_call_grammar(checked, choice, fmt, parallel)
+    if fmt == "native":
+        grammar = native_call_grammar(checked, choice, parallel, native)
+    else:
+        grammar = tool_call_grammar(checked, choice, fmt, parallel)
     return ToolPlan(fmt, checked, choice, msgs, template_tools, grammar, parallel)
+
+
+def native_call_grammar(tools: Sequence[Tool], choice: str | Tool, parallel: bool,
+                        native: NativeCalls) -> Grammar | None:
+    """The constraint for a forced call in the family's own syntax (None unless forced)."""
+    if not isinstance(choice, Tool) and choice != "required":
+        return None
+    chosen = [choice] if isinstance(choice, Tool) else list(tools)
+    functions = [(t.name, {"x-guidance": {"whitespace_pattern": JSON_WHITESPACE,
+                                          "lenient": False, "coerce_one_of": False}}
+                  | dict(bounded_schema(t.parameters))) for t in chosen]
+    text = native.grammar(functions, parallel)
+    if text is None:
+        what = "a named function" if isinstance(choice, Tool) else "'required'"
+        raise InvalidRequestError(
+            f"tool_choice {what} is not supported for this model's tool-call format "
+            f"({native.family}) yet: use 'auto'", param="tool_choice")
+    return lark_grammar(text, param="tools")
 
 
 def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:

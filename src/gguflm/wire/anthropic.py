@@ -8,8 +8,11 @@ A conversation becomes the chat template's messages as OpenAI's API writes them:
 blocks ``tool`` messages before the rest of that turn; earlier ``thinking`` blocks dropped
 (as most templates drop earlier reasoning). ``tools`` (``input_schema``) and ``tool_choice``
 (``auto``, ``any``, ``tool``, ``none``; ``disable_parallel_tool_use``) map to OpenAI's, so
-the one tool-call path serves both. ``thinking``, ``metadata`` and ``service_tier`` are
-accepted and have no effect; images and documents are refused.
+the one tool-call path serves both. ``thinking`` turns the template's thinking on (with
+``budget_tokens`` as the reasoning budget) or off, and a reasoning model's thinking comes
+back as a ``thinking`` block (its ``signature`` empty: nothing here signs it);
+``metadata`` and ``service_tier`` are accepted and have no effect; images and documents
+are refused.
 """
 
 from __future__ import annotations
@@ -83,12 +86,32 @@ def parse_messages(body: Mapping[str, Any], counting: bool = False) -> MessagesC
     for i, m in enumerate(messages):
         chat += _turn(m, f"messages.{i}")
     fields = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
-    fields |= _tool_fields(body)
+    fields |= _tool_fields(body) | _thinking(body.get("thinking"))
     stops = body.get("stop_sequences")
     if stops is not None:
         fields["stop"] = stops
     spec = GenerationSpec.from_body("chat", fields, body.get("max_tokens"))
     return MessagesCall(chat, spec, bool(body.get("stream")))
+
+
+def _thinking(thinking: Any) -> dict[str, Any]:
+    """Anthropic's ``thinking``: ``{"type": "enabled", "budget_tokens": N}`` turns the
+    template's thinking on with that budget, ``{"type": "disabled"}`` off."""
+    if thinking is None:
+        return {}
+    kind = thinking.get("type")
+    if kind == "disabled":
+        return {"think": False}
+    if kind != "enabled":
+        raise InvalidRequestError("thinking.type must be \"enabled\" or \"disabled\"",
+                                  param="thinking.type")
+    budget = thinking.get("budget_tokens")
+    if budget is None:
+        return {"think": True}
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+        raise InvalidRequestError("thinking.budget_tokens must be a non-negative integer",
+                                  param="thinking.budget_tokens")
+    return {"think": True, "reasoning_budget_tokens": budget}
 
 
 def _text(content: Any, where: str) -> str:
@@ -208,8 +231,9 @@ class MessagesShaper:
     """A Messages reply: the ``message`` object, or its events (``message_start``, a
     ``content_block_start``/``delta``/``stop`` run per text or tool_use block, then
     ``message_delta`` with the stop reason and ``message_stop``); ``plan`` the tool plan
-    (``tools.plan_tools``) or None. Tool calls arrive whole from the parser: each is one
-    ``input_json_delta``."""
+    (``chatplan.ChatPlan``) or None. Reasoning is a ``thinking`` block before the text; a
+    tool call's arguments arrive whole (engine/toolcalls.py) or in pieces (a family the
+    chat format reads), each an ``input_json_delta``."""
 
     def __init__(self, model_id: str, plan: Any, n_prompt: int) -> None:
         self.model_id, self.n_prompt = model_id, n_prompt
@@ -247,6 +271,9 @@ class MessagesShaper:
         self.reply.finish()
         msg = self.reply.message()
         content: list[dict[str, Any]] = []
+        if msg.get("reasoning_content"):
+            content.append({"type": "thinking", "thinking": msg["reasoning_content"],
+                            "signature": ""})
         if msg.get("content"):
             content.append({"type": "text", "text": msg["content"]})
         for call in msg.get("tool_calls") or []:
@@ -258,14 +285,20 @@ class MessagesShaper:
 
     def _delta(self, delta: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         out: list[tuple[str, dict[str, Any]]] = []
-        if delta.get("content"):
-            if self.open != "text":
-                out += self._start({"type": "text", "text": ""})
-            out.append(self._event({"type": "text_delta", "text": delta["content"]}))
+        for key, kind, field in (("reasoning_content", "thinking", "thinking"),
+                                 ("content", "text", "text")):
+            if delta.get(key):
+                if self.open != kind:
+                    out += self._start({"type": kind, field: ""}
+                                       | ({"signature": ""} if kind == "thinking" else {}))
+                out.append(self._event({"type": f"{kind}_delta", field: delta[key]}))
         for call in delta.get("tool_calls") or []:
-            out += self._start(_tool_use(call, {}))
-            out.append(self._event({"type": "input_json_delta",
-                                    "partial_json": call["function"]["arguments"] or "{}"}))
+            if call.get("id"):  # a call begins (whole from engine/toolcalls.py)
+                out += self._start(_tool_use(call, {}))
+            args = call["function"].get("arguments")
+            if args or call.get("id"):
+                out.append(self._event({"type": "input_json_delta",
+                                        "partial_json": args or ""}))
         return out
 
     def _start(self, block: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

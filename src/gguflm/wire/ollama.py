@@ -9,7 +9,8 @@ have no effect: the server's context, threads and memory are set when it starts.
 is ``"json"`` (any JSON object) or a JSON schema. ``keep_alive`` is accepted (one model,
 always loaded). ``images`` are refused; ``/api/generate`` takes ``raw`` (the prompt as it
 is) or renders ``system`` and ``prompt`` through the model's chat template, and refuses
-``template`` (Go templates) and ``suffix``. ``think`` is accepted and has no effect yet.
+``template`` (Go templates) and ``suffix``. ``think`` turns thinking on or off (a level:
+the reasoning effort), and a chat's reasoning comes back in ``message.thinking``.
 """
 
 from __future__ import annotations
@@ -73,11 +74,25 @@ def parse_chat(body: Mapping[str, Any]) -> OllamaCall:
     check_json_types(body, CHAT_FIELDS)
     messages = body.get("messages") or []
     chat = [_message(m, f"messages.{i}") for i, m in enumerate(messages)]
-    fields = _options(body) | _format(body)
+    fields = _options(body) | _format(body) | _think(body)
     if body.get("tools"):
         fields["tools"] = body["tools"]
     spec = GenerationSpec.from_body("chat", fields, fields.pop("max_tokens", None))
     return OllamaCall(spec, body.get("stream", True) is not False, messages=chat)
+
+
+def _think(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Ollama's ``think``: true or false turns the template's thinking on or off; a level
+    ("low", "medium", "high": gpt-oss) is the reasoning effort."""
+    think = body.get("think")
+    if think is None:
+        return {}
+    if isinstance(think, bool):
+        return {"think": think}
+    if think not in ("low", "medium", "high"):
+        raise InvalidRequestError("think must be true, false, \"low\", \"medium\" or "
+                                  "\"high\"", param="think")
+    return {"reasoning_effort": think}
 
 
 def parse_generate(body: Mapping[str, Any]) -> OllamaCall:
@@ -89,7 +104,7 @@ def parse_generate(body: Mapping[str, Any]) -> OllamaCall:
         if body.get(name):
             raise InvalidRequestError(f"'{name}' is not supported (use raw, or the model's "
                                       "own chat template)", param=name)
-    fields = _options(body) | _format(body)
+    fields = _options(body) | _format(body) | _think(body)
     spec = GenerationSpec.from_body("chat", fields, fields.pop("max_tokens", None))
     stream = body.get("stream", True) is not False
     prompt = body.get("prompt") or ""
@@ -205,17 +220,25 @@ class ChatShaper:
         return []
 
     def piece(self, text: str) -> list[dict[str, Any]]:
-        return [self._object(_ollama_delta(d)) for d in self.reply.feed(text)]
+        return self._objects(self.reply.feed(text))
+
+    def _objects(self, deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # ollama sends a tool call whole, in the last object's message (below)
+        return [self._object(_ollama_delta(d)) for d in deltas if not d.get("tool_calls")]
 
     def closing(self, seq: Any) -> list[dict[str, Any]]:
-        out = [self._object(_ollama_delta(d)) for d in self.reply.finish()]
-        return out + [self._object({}) | _final(seq)]
+        out = self._objects(self.reply.finish())
+        calls = self.reply.message().get("tool_calls")
+        last = {"tool_calls": [_ollama_call(c) for c in calls]} if calls else {}
+        return out + [self._object(last) | _final(seq)]
 
     def whole(self, seq: Any, text: str) -> dict[str, Any]:
         self.reply.feed(text)
         self.reply.finish()
         msg = self.reply.message()
         message: dict[str, Any] = {"content": msg.get("content") or ""}
+        if msg.get("reasoning_content"):
+            message["thinking"] = msg["reasoning_content"]
         if msg.get("tool_calls"):
             message["tool_calls"] = [_ollama_call(c) for c in msg["tool_calls"]]
         return self._object(message) | _final(seq)
@@ -246,8 +269,8 @@ class GenerateShaper:
 
 
 def _ollama_delta(delta: dict[str, Any]) -> dict[str, Any]:
-    if delta.get("tool_calls"):
-        return {"tool_calls": [_ollama_call(c) for c in delta["tool_calls"]]}
+    if delta.get("reasoning_content"):
+        return {"thinking": delta["reasoning_content"]}
     return {"content": delta.get("content") or ""}
 
 

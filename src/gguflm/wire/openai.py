@@ -19,7 +19,7 @@ from ..engine.spec import FIELDS, Field, GenerationSpec, check_json_types
 __all__ = ["ChatCall", "CompletionCall", "EmbeddingCall", "parse_chat", "parse_completion",
            "parse_embeddings"]
 
-_COMMON = {n: f for n, f in FIELDS.items() if f.kind != "tools"} | {
+_COMMON = {n: f for n, f in FIELDS.items() if f.kind not in ("tools", "chat")} | {
     "model": Field("wire", (str,), "a string"),
     "stream": Field("wire", (bool,), "a boolean"),
     "stream_options": Field("wire", (dict,), "an object"),
@@ -31,7 +31,7 @@ COMPLETION_FIELDS = _COMMON | {
     "echo": Field("wire", (bool,), "a boolean"),
     "suffix": Field("wire", (str,), "a string"),
 }
-CHAT_FIELDS = _COMMON | {n: f for n, f in FIELDS.items() if f.kind == "tools"} | {
+CHAT_FIELDS = _COMMON | {n: f for n, f in FIELDS.items() if f.kind in ("tools", "chat")} | {
     "messages": Field("wire", (list,), "a list of messages"),
     "max_completion_tokens": Field("wire", (int,), "an integer"),
 }
@@ -72,6 +72,9 @@ def parse_chat(body: Mapping[str, Any]) -> ChatCall:
     if not messages:
         raise InvalidRequestError("'messages' must be a non-empty list", param="messages")
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    if body.get("thinking_budget_tokens") is not None:  # llama-server's other name
+        body = {**body, "reasoning_budget_tokens": body["thinking_budget_tokens"]}
+        check_json_types(body, {"reasoning_budget_tokens": FIELDS["reasoning_budget_tokens"]})
     spec = GenerationSpec.from_body("chat", body, limit)
     return ChatCall(messages, spec, bool(body.get("stream")), _include_usage(body))
 

@@ -9,8 +9,10 @@ items (``tool`` messages); ``reasoning`` items are dropped. ``instructions`` is 
 message. ``tools`` (``type: function``), ``tool_choice``, ``parallel_tool_calls`` and
 ``text.format`` (``json_schema``, ``json_object``) map to the chat API's fields, so the one
 tool-call and structured-output path serves both. ``previous_response_id`` continues a
-response the server still holds (``ResponseStore``). ``reasoning``, ``store``, ``metadata``,
-``truncation``, ``user``, ``include`` are accepted; images and built-in tools are refused.
+response the server still holds (``ResponseStore``). ``reasoning.effort`` is the template's
+reasoning effort (Harmony's); the reply's reasoning is kept out of the output text (no
+``reasoning`` output item yet). ``store``, ``metadata``, ``truncation``, ``user``, ``include``
+are accepted; images and built-in tools are refused.
 """
 
 from __future__ import annotations
@@ -99,6 +101,9 @@ def parse_responses(body: Mapping[str, Any], store: ResponseStore) -> ResponsesC
         else _items(items)
     fields = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
     fields |= _tools(body) | _text_format(body.get("text") or {})
+    effort = (body.get("reasoning") or {}).get("effort")
+    if effort is not None:
+        fields["reasoning_effort"] = effort
     spec = GenerationSpec.from_body("chat", fields, body.get("max_output_tokens"))
     echo = {k: body.get(k) for k in ("instructions", "max_output_tokens", "temperature",
                                      "top_p", "previous_response_id", "metadata")}
