@@ -196,3 +196,18 @@ def test_stream_parse_is_linear_in_the_reply() -> None:
 
     small, large = seconds(20_000), seconds(200_000)  # 100 KB and 1 MB of thinking
     assert large < 25 * small + 0.5, (small, large)
+
+
+def test_unique_items_is_accepted_and_left_to_the_client() -> None:
+    """Pydantic's set[...] writes uniqueItems, which llama.cpp and ollama accept: the
+    grammar holds the rest of the schema (docs/server.md says uniqueItems is not held)."""
+    from gguflm.engine.grammar import json_schema_grammar
+    from gguflm.engine.schema import bounded_schema
+
+    schema = {"type": "object", "properties": {"tags": {
+        "type": "array", "items": {"type": "string", "maxLength": 4}, "uniqueItems": True,
+        "maxItems": 3}}, "required": ["tags"]}
+    g = json_schema_grammar(schema)
+    assert g.kind == "json_schema" and g.schema == schema  # the original, to validate with
+    assert "uniqueItems" not in json.dumps(bounded_schema(schema))
+    assert "maxItems" in json.dumps(bounded_schema(schema))

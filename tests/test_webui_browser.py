@@ -522,3 +522,38 @@ def open_stream(server: Server, **extra: Any) -> http.client.HTTPResponse:
     assert resp.status == 200
     assert resp.readline().startswith(b"data: ")
     return resp
+
+
+REASONING = """
+const all = document.querySelectorAll('#messages .msg.assistant');
+const m = all[all.length - 1];
+const fold = m && m.querySelector('details.reasoning');
+return fold && {open: fold.open, hidden: fold.hidden, above: Boolean(
+  fold.compareDocumentPosition(m.querySelector('.content')) & Node.DOCUMENT_POSITION_FOLLOWING),
+  text: fold.querySelector('.reasoning-text').textContent,
+  content: m.querySelector('.content').textContent};
+"""
+
+
+def test_reasoning_is_folded_above_the_answer(chrome: Any, qwen35_path: Path) -> None:
+    """A reasoning model (the tiny Qwen3.5 with QwQ's template, which opens <think>, and a
+    3-token budget that closes it): the thinking is in a closed fold above the answer, and
+    neither holds the other's text or the tags."""
+    template = Path(__file__).resolve().parents[2] / "shared" / "reference" / "chat" / \
+        "Qwen-QwQ-32B.jinja"
+    if not template.is_file():
+        pytest.skip(f"{template} not found")
+    own = Server(qwen35_path, "--chat-template-file", str(template), "--reasoning-budget",
+                 "3", "-t", "1", n_ctx=N_CTX)
+    try:
+        fresh_page(chrome, own, {"max_tokens": "24", "temperature": "0"}, key=None)
+        send(chrome, "Why is the sky blue?")
+        wait_reply(chrome)
+        fold = chrome.execute_script(REASONING)
+        assert fold and not fold["hidden"] and not fold["open"] and fold["above"], fold
+        assert fold["text"].strip() and "<think>" not in fold["text"]
+        assert "</think>" not in fold["content"] and fold["text"] not in fold["content"]
+        stored = stored_reply(chrome)
+        assert stored["reasoning"] == fold["text"]
+    finally:
+        own.stop()

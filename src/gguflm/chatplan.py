@@ -49,6 +49,7 @@ class ChatDefaults:
     kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning_format: str = "auto"
     budget: int = -1
+    budget_message: str = ""  # written before the end tag when the budget runs out
 
 
 @dataclass
@@ -106,6 +107,7 @@ class ChatSetup:
     reasoning_format: str
     budget: int
     speller: Callable[[], Speller]
+    budget_message: str = ""
 
     def native(self) -> NativeCalls | None:
         """The family's own calls, for ``plan_tools`` (None: the family writes none the
@@ -147,7 +149,8 @@ class ChatSetup:
         """The reasoning budget's state for one sequence (None: no budget)."""
         if tags is None or self.budget < 0:
             return None
-        forced = tokenizer.encode(tags.close, add_special=False, parse_special=True)
+        forced = tokenizer.encode(self.budget_message + tags.close, add_special=False,
+                                  parse_special=True)
         thinking = Thinking(tags.start.encode(), tags.end.encode(), tags.opened,
                             self.budget, tuple(forced))
         return BudgetState(thinking, lambda t: tokenizer.token_to_piece(t, special=True))

@@ -102,7 +102,11 @@ class Intake:
         req.budget = setup.budget_state(tags, self.llm.tokenizer)
         if tools is not None:
             req.watch = tools.watcher()  # stops a model that repeats a call
-        return req, setup.plan(tools, prompt, tags)
+        plan = setup.plan(tools, prompt, tags)
+        # the family's markers may be control tokens (Harmony's <|channel|>): its parser
+        # reads them, so they are text here, as llama-server's preserved tokens are
+        req.special = plan.stream is not None
+        return req, plan
 
     def chat_setup(self, spec: GenerationSpec) -> ChatSetup:
         """The request's template variables and reasoning options, over the defaults
@@ -121,7 +125,7 @@ class Intake:
         rf = check_reasoning_format(spec.chat.get("reasoning_format", d.reasoning_format))
         budget = check_budget(spec.chat.get("reasoning_budget_tokens", d.budget))
         return ChatSetup(self.chat_format(), template_variables(kwargs), rf, budget,
-                         self.speller)
+                         self.speller, d.budget_message)
 
     def chat_format(self) -> Any:
         """The chat format of the model's template (built on first use)."""

@@ -25,6 +25,7 @@ from .common import (
     say_if_larger_than_memory,
     say_if_not_compiled,
 )
+from .reasoning import add_reasoning_options, chat_defaults
 from .textfiles import read_text_file
 
 
@@ -126,6 +127,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="context size in tokens; 0: the model's training context (default: "
                         "4096, at most the model's training context)")
     add_threads_argument(p)
+    add_reasoning_options(p)
     add_batch_options(p)
     add_kv_cache_options(p)
     p.add_argument("--chat-template", "--chat-template-file", metavar="FILE",
@@ -152,6 +154,7 @@ def load_llm(args: argparse.Namespace, parallel: int | None = None,  # noqa: ANN
     from .pull import resolve
 
     check_chat_template(args)
+    defaults = chat_defaults(args)  # checked before the model loads
     path = resolve(args.model)  # pulls a known model with progress shown
     try:
         llm = LLM(path, n_ctx=args.ctx_size, threads=args.threads,
@@ -165,6 +168,7 @@ def load_llm(args: argparse.Namespace, parallel: int | None = None,  # noqa: ANN
         llm.model_id = args.alias
     elif args.model in KNOWN_MODELS:
         llm.model_id = args.model  # the name the user gave, as clients will see it
+    llm.chat_defaults = defaults
     if generate:
         refuse_encoder(llm.model, path)
     say_if_not_compiled(llm.model)

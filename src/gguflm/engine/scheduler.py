@@ -164,7 +164,8 @@ class Engine:
             raise ValueError(f"the prompt is {len(ids)} tokens, longer than the context of "
                              f"{self.n_ctx}")
         kind = EmbedSequence if isinstance(request, EmbedRequest) else Sequence
-        seq = kind(request, self.tokenizer.decoder(special=False), self.eog_ids, notify)
+        special = getattr(request, "special", False)  # embeddings have no text
+        seq = kind(request, self.tokenizer.decoder(special=special), self.eog_ids, notify)
         with self._cv:
             if self._broken is not None:
                 raise self._stopped()

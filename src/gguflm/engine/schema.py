@@ -282,7 +282,9 @@ def bounded_schema(schema: Any) -> Any:
     numbers have at most 10 decimals (and no exponent: llguidance writes bounded numbers
     without one) (where the schema sets no bound or multipleOf of its own),
     and whose formatted strings (``time``, ``email``, ...) a length limit. Everything it
-    allows the original allows too, so outputs still validate against the original."""
+    allows the original allows too, so outputs still validate against the original, with
+    one exception: ``uniqueItems``, which no grammar can hold (Pydantic writes it for
+    ``set[...]``), is left out, as llama.cpp and ollama leave it out (docs/server.md)."""
     if isinstance(schema, list):
         return [bounded_schema(s) for s in schema]
     if not isinstance(schema, Mapping):
@@ -293,7 +295,7 @@ def bounded_schema(schema: Any) -> Any:
             out[key] = {name: bounded_schema(s) for name, s in value.items()}
         elif key in _SUBSCHEMA or key in _SUBSCHEMA_LIST:
             out[key] = bounded_schema(value)
-        else:
+        elif key != "uniqueItems":
             out[key] = value
     types = out.get("type")
     types = [types] if isinstance(types, str) else types if isinstance(types, list) else []

@@ -68,6 +68,7 @@ class Request:
     watch: Callable[[str], bool] | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)
     budget: BudgetState | None = None
+    special: bool = False  # control tokens shown as their text (a chat format's markers)
 
 
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 (in effect: never) .. 100 (in effect: only)

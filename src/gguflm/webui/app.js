@@ -418,7 +418,8 @@ function requestBody(conv, reply) {
 async function streamReply(conv, msg) {
   const controller = new AbortController();
   state.active = {conv, msg, controller};
-  Object.assign(msg, {content: '', error: undefined, stats: undefined, streaming: true});
+  Object.assign(msg, {content: '', reasoning: undefined, error: undefined, stats: undefined,
+                     streaming: true});
   conv.updated = Date.now();
   renderAll();
   const t0 = performance.now();
@@ -450,7 +451,12 @@ async function streamReply(conv, msg) {
       if (chunk.error) throw new ReplyError('The server stopped the reply: ' +
                                             errorText(chunk.error));
       const choice = (chunk.choices || [])[0];
-      const piece = choice && choice.delta && choice.delta.content;
+      const delta = (choice && choice.delta) || {};
+      if (delta.reasoning_content) { // a reasoning model's thinking, shown folded
+        msg.reasoning = (msg.reasoning || '') + delta.reasoning_content;
+        updateMessage(conv, msg);
+      }
+      const piece = delta.content;
       if (piece) {
         msg.content += piece;
         pieces++;
@@ -620,6 +626,18 @@ function messageElement(conv, msg, isLast) {
 
 function fillReply(node, msg) {
   const content = node.querySelector('.content');
+  let fold = node.querySelector('details.reasoning');
+  if (msg.reasoning && !fold) { // the thinking, folded above the answer
+    fold = el('details', 'reasoning');
+    fold.append(el('summary', '', 'Reasoning'), el('div', 'reasoning-text'));
+    content.before(fold);
+  }
+  if (fold) {
+    fold.querySelector('.reasoning-text').textContent = msg.reasoning || '';
+    fold.hidden = !msg.reasoning;
+    fold.querySelector('summary').textContent =
+      msg.streaming && !msg.content ? 'Reasoning\u2026' : 'Reasoning';
+  }
   content.replaceChildren(renderMarkdown(msg.content));
   node.classList.toggle('streaming', Boolean(msg.streaming));
   let error = node.querySelector('.error');
