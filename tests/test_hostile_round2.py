@@ -385,7 +385,7 @@ def test_a_tool_error_names_its_own_function() -> None:
     tools = [_tool(f"t{i}", {"type": "object", "properties": {"x": {"type": "integer"}}})
              for i in range(400)]
     tools[254]["function"]["parameters"]["properties"]["x"] = {"type": "array",
-                                                               "uniqueItems": True}
+                                                               "contains": {}}
     with pytest.raises(ConstraintError) as e:
         tool_call_grammar(validate_tools(tools), "required", "json")
     assert "'t254'" in str(e.value), str(e.value)[:300]

@@ -1,7 +1,8 @@
 """Cohere's formats. Command R(+): ``Action:\\n```json\\n[{"tool_name", "parameters"}, ...]
 ```''. Cohere2 MoE: a marker-wrapped turn, ``<|START_THINKING|>reasoning<|END_THINKING|>``
 then either ``<|START_TEXT|>content<|END_TEXT|>`` or ``<|START_ACTION|>[{"tool_call_id",
-"tool_name", "parameters"}, ...]<|END_ACTION|>`` (content and calls never both)."""
+"tool_name", "parameters"}, ...]<|END_ACTION|>`` (content and calls never both). Command R7B:
+the same with ``<|START_RESPONSE|>content<|END_RESPONSE|>``, content and then calls allowed."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from .calls import value_text
 from .json_families import json_list_after
 from .reply import Call, Reply, Request, opened_tail, partial_tail_cut
 
-__all__ = ["cohere2", "command_r"]
+__all__ = ["cohere2", "command_r", "command_r7b"]
 
 # Command R writes its calls as a JSON list after "Action:" (the template's own words)
 command_r = json_list_after("Action:")
@@ -54,7 +55,7 @@ def _calls(body: str, request: Request) -> list[Call]:
     calls: list[Call] = []
     pos = body.find("[") + 1
     while pos > 0 and (head := _CALL_HEAD.match(body, pos)) is not None:
-        got = value_text(body, head.end(), request.partial)
+        got = value_text(body, head.end())
         if got is None:
             break
         calls.append(Call(head.group(2), got[0], head.group(1)))
@@ -85,3 +86,25 @@ def cohere2(text: str, request: Request) -> Reply:
         written = _cut_tags(rest, (_TEXT, _ACTION))
         return Reply("", reasoning) if not written else Reply()
     return Reply(rest, reasoning)
+
+
+_RESPONSE, _RESPONSE_END = "<|START_RESPONSE|>", "<|END_RESPONSE|>"
+
+
+def command_r7b(text: str, request: Request) -> Reply:
+    """Reasoning, the wrapped response, then the action block (each optional); a reply
+    that fits none of them is content as written."""
+    reasoning, rest = _reasoning(text, request) if request.extract_reasoning else ("", text)
+    rest = rest.lstrip()
+    content = ""
+    if rest.startswith(_RESPONSE):
+        content = _between(rest, _RESPONSE, _RESPONSE_END, request)
+        stop = rest.find(_RESPONSE_END)
+        rest = rest[stop + len(_RESPONSE_END):].lstrip() if stop >= 0 else ""
+    elif not rest.startswith(_ACTION):
+        written = _cut_tags(rest, (_RESPONSE, _ACTION)) if request.partial else rest
+        return Reply(written if written == rest else "", reasoning)
+    if rest.startswith(_ACTION) and request.tools:
+        body = _between(rest, _ACTION, _ACTION_END, request)
+        return Reply(content, reasoning, _calls(body, request))
+    return Reply(content, reasoning)

@@ -14,9 +14,9 @@ __all__ = ["FAMILIES", "Family", "detect_family"]
 
 
 def detect_family(template_text: str) -> Family:
-    """The family whose markers all appear in ``template_text`` (else the generic one:
-    ``<think>`` reasoning, no tool calls)."""
+    """The first family that ``template_text`` matches (else the generic one: ``<think>``
+    reasoning, no tool calls)."""
     for family in FAMILIES:
-        if all(marker in template_text for marker in family.markers):
+        if family.matches(template_text):
             return family
     return GENERIC

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from ..tokenizer.chat import ChatTemplate
+from .analysis import learn_reasoning_tags
 from .detect import detect_family
 from .render import prepare_messages, probe_caps, render_prompt, thinking_enabled
 from .reply import Reply, Request
@@ -25,7 +27,17 @@ class ChatFormat:
         self.template = ChatTemplate(template_text, {"bos_token": bos_token,
                                                      "eos_token": eos_token})
         self.caps = probe_caps(self.template)
-        self.family = detect_family(template_text)
+        family = detect_family(template_text)
+        # llama.cpp learns the reasoning tags of templates it has no parser of its own for,
+        # and reads their calls only where the template can write calls
+        self.reasoning_tags: tuple[str, str] | None = None
+        if not family.specialized:
+            tags = learn_reasoning_tags(self.template, template_text, self.caps.tool_calls)
+            self.reasoning_tags = (tags.start, tags.end)
+            family = replace(family, learned=self.reasoning_tags,
+                             think=(tags.start.strip(), tags.end.strip()),
+                             template_calls=self.caps.tool_calls)
+        self.family = family
 
     @property
     def name(self) -> str:
@@ -39,6 +51,8 @@ class ChatFormat:
                now: datetime | None = None) -> str:
         """The prompt for ``messages`` (and ``tools``), as llama.cpp renders it."""
         prepared = prepare_messages(messages, self.caps, self.family.keeps_developer)
+        if self.family.prepare is not None:
+            prepared = self.family.prepare(prepared)
         return render_prompt(self.template, prepared, tools, add_generation_prompt,
                              dict(chat_template_kwargs or {}), now)
 

@@ -46,7 +46,7 @@ def _tool_call(text: str, pos: int, name: str, request: Request) -> list[Call]:
     """The call whose JSON arguments start at ``pos`` (what there is of them, partial)."""
     if name not in _tool_names(request):
         return []
-    got = value_text(text, pos, request.partial)
+    got = value_text(text, pos)
     return [Call(name, got[0])] if got is not None else []
 
 

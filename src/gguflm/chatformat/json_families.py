@@ -29,29 +29,40 @@ def json_list_after(marker: str):
 
 
 def llama3(text: str, request: Request) -> tuple[str, list[Call]]:
-    """Llama 3.x: the whole reply is ``{"name": ..., "parameters": {...}}`` (after an
-    optional ``<|python_tag|>``); anything else is content."""
-    body = text.strip()
-    if body.startswith("<|python_tag|>"):
-        body = body[len("<|python_tag|>"):]
-    calls = json_call(body, request, True)
-    return ("", calls) if calls else (text, [])
+    """Llama 3.x: content, then the call as a bare ``{"name": ..., "parameters": {...}}``
+    object (after an optional ``<|python_tag|>``). A reply whose ``{`` opens no call is
+    content (llama.cpp rejects it); while it is partial, text from the ``{`` on waits."""
+    at = text.find("{")
+    if at < 0:
+        return text, []
+    head = text[:at]
+    calls = json_call(text[at:], request, not request.partial)
+    if not calls:
+        return (head if request.partial else text), []
+    return head.removesuffix("<|python_tag|>"), calls
 
 
 _R1_SEP = "<｜tool▁sep｜>"
 
 
 def _r1_call(body: str, request: Request, complete: bool) -> list[Call]:
-    """``function<｜tool▁sep｜>NAME\n```json\n{...}\n```'': the name ends at the line's
-    end; the arguments are the JSON inside the fence."""
+    """R1's ``function<｜tool▁sep｜>NAME\n```json\n{...}\n```'' (the name ends at the
+    line's end, the arguments are the JSON in the fence) or V3.1's ``NAME<｜tool▁sep｜>
+    {...}`` (the arguments right after the separator)."""
     sep = body.find(_R1_SEP)
+    after = sep + len(_R1_SEP)
+    if sep >= 0 and body[after:after + 1] == "{":
+        got = value_text(body, after)
+        return [Call(body[:sep].strip(), got[0])] if got is not None else []
     line_end = body.find("\n", sep) if sep >= 0 else -1
     if line_end < 0:
         return []  # the name is still being written
     name = body[sep + len(_R1_SEP):line_end].strip()
     fence = body.find("```json", line_end)
+    if fence < 0 and "```json".startswith(body[line_end:].strip()[:7]):
+        return []  # the fence is still being written
     pos = line_end if fence < 0 else fence + len("```json")
-    got = value_text(body, pos, request.partial or not complete)
+    got = value_text(body, pos)
     return [Call(name, got[0])] if got is not None else []
 
 
@@ -74,7 +85,7 @@ def _mistral_call(body: str, request: Request, complete: bool) -> list[Call]:
     if args_at < 0:
         return []  # the name is still being written
     name, _, call_id = body[:args_at].partition("[CALL_ID]")
-    got = value_text(body, args_at + len("[ARGS]"), request.partial or not complete)
+    got = value_text(body, args_at + len("[ARGS]"))
     return [Call(name.strip(), got[0], call_id.strip())] if got is not None else []
 
 
@@ -101,7 +112,7 @@ def _kimi_call(body: str, request: Request, complete: bool) -> list[Call]:
         return []  # the id is still being written
     call_id = body[:args_at].strip()
     name = call_id.removeprefix("functions.").rpartition(":")[0] or call_id
-    got = value_text(body, args_at + len(_KIMI_ARGS), request.partial or not complete)
+    got = value_text(body, args_at + len(_KIMI_ARGS))
     return [Call(name, got[0], call_id)] if got is not None else []
 
 

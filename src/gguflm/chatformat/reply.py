@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Call", "Reply", "Request", "json_value", "split_reasoning"]
+__all__ = ["STRICT", "Call", "Reply", "Request", "Spacing", "json_value", "split_reasoning"]
 
 _DECODER = json.JSONDecoder()
 
@@ -64,31 +64,79 @@ def opened_tail(generation_prompt: str, start: str, end: str) -> str | None:
     return generation_prompt[at + len(start):]
 
 
+def skip_pad(text: str, pad: str) -> str:
+    """``text`` less as much of ``pad`` (whitespace that follows a tag in the template) as
+    it starts with, character by character: llama.cpp takes that whitespace if it is there."""
+    n = 0
+    while n < len(pad) and n < len(text) and text[n] == pad[n]:
+        n += 1
+    return text[n:]
+
+
+def closed_block(generation_prompt: str, start: str, end: str) -> tuple[str, str] | None:
+    """``(reasoning, after)`` of a thinking block the generation prompt opened and closed
+    itself (thinking turned off), with the prompt's text after it; None if it did not."""
+    at = generation_prompt.rfind(start) if start else -1
+    stop = generation_prompt.find(end, at + len(start)) if at >= 0 else -1
+    if stop < 0:
+        return None
+    return generation_prompt[at + len(start):stop], generation_prompt[stop + len(end):]
+
+
+def _block_end(body: str, end: str, stops: tuple[str, ...]) -> tuple[int, int]:
+    """Where the reasoning in ``body`` stops, and where what follows it starts: at ``end``
+    (taken) or at the first of ``stops`` (left for the calls it opens); (-1, -1) if none."""
+    found = [(at, at + len(end)) for at in (body.find(end),) if at >= 0]
+    found += [(at, at) for tag in stops if (at := body.find(tag)) >= 0]
+    return min(found) if found else (-1, -1)
+
+
+@dataclass(frozen=True)
+class Spacing:
+    """Where a family's own parser skips whitespace around the reasoning block (llama.cpp
+    writes it as ``<<`` between parts): before the open tag, at the reasoning's start, at
+    the content's start."""
+
+    before: bool = True
+    reasoning: bool = True
+    content: bool = True
+
+
+STRICT = Spacing(False, False, False)  # every character kept where it was written
+
+
 def split_reasoning(text: str, request: Request, start: str, end: str,
-                    raw: bool = False) -> tuple[str, str]:
+                    spacing: Spacing = Spacing(), stops: tuple[str, ...] = ()) -> tuple[str, str]:
     """``(reasoning, rest)``: the thinking block at the start of ``text`` (opened there, or
     already by the generation prompt) and what follows it. A block that never closes is
-    all reasoning. Leading whitespace of both parts is dropped, as llama.cpp does for most
-    templates; ``raw`` keeps it (and the prompt's text after its open tag), as llama.cpp
-    does where it learnt the format from the template (DeepSeek R1)."""
+    all reasoning; a block the generation prompt already closed is the only one (a later
+    one is content, as in llama.cpp, which reads one block from prompt tail plus reply).
+    ``stops`` also end the reasoning (they open calls); ``spacing`` says where whitespace
+    is skipped. Whitespace at the end of ``start`` or ``end`` (as the template writes the
+    tags) is taken when present."""
     if not start or not request.extract_reasoning:
         return "", text
-    body = text if raw else text.lstrip()
-    prefix = opened_tail(request.generation_prompt, start, end)
-    if prefix is not None:
+    start, start_pad = start.rstrip(), start[len(start.rstrip()):]
+    end, end_pad = end.rstrip(), end[len(end.rstrip()):]
+    closed = closed_block(request.generation_prompt, start, end)
+    if closed is not None:
+        reasoning = skip_pad(closed[0], start_pad)
+        return (reasoning if reasoning.strip() else ""), skip_pad(closed[1], end_pad) + text
+    body = text.lstrip() if spacing.before else text
+    if opened_tail(request.generation_prompt, start, end) is not None:
         body = body.removeprefix(start)  # the model may write the open tag again
     elif body.startswith(start):
-        body, prefix = body[len(start):], ""
+        body = body[len(start):]
     else:
-        return "", (text.lstrip() if raw else text)  # raw: whitespace kept only around a block
-    stop = body.find(end)
+        return "", text
+    body = skip_pad(body, start_pad)
+    stop, after = _block_end(body, end, stops)
     if stop < 0:
         reasoning, rest = partial_tail_cut(body, end) if request.partial else body, ""
     else:
-        reasoning, rest = body[:stop], body[stop + len(end):]
-    if not raw:
-        return reasoning.lstrip(), rest
-    reasoning = prefix + reasoning
+        rest = body[after:]
+        reasoning, rest = body[:stop], (skip_pad(rest, end_pad) if after > stop else rest)
+    reasoning = reasoning.lstrip() if spacing.reasoning else reasoning
     return (reasoning if reasoning.strip() else ""), rest
 
 

@@ -53,7 +53,7 @@ def reasoning_tags(fmt: ChatFormat, generation_prompt: str,
     if fmt.name in _SPECIAL:
         return _SPECIAL[fmt.name]
     start, end = fmt.family.think
-    if not start or not end or fmt.family.reader is not None or fmt.name == "generic":
+    if not start or not end or fmt.family.reader is not None:
         return None
     opened = opened_tail(generation_prompt, start, end) is not None
     return ReasoningTags(start, end, end, opened)
