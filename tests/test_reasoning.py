@@ -211,3 +211,32 @@ def test_unique_items_is_accepted_and_left_to_the_client() -> None:
     assert g.kind == "json_schema" and g.schema == schema  # the original, to validate with
     assert "uniqueItems" not in json.dumps(bounded_schema(schema))
     assert "maxItems" in json.dumps(bounded_schema(schema))
+
+
+def test_anthropic_and_ollama_get_the_thinking_apart(client: tuple[str, openai.OpenAI]
+                                                      ) -> None:
+    """Anthropic's thinking blocks (whole and streamed) and Ollama's message.thinking carry
+    what OpenAI's reasoning_content carries, for the same request."""
+    import anthropic
+    import ollama
+
+    name, c = client
+    base = str(c.base_url).removesuffix("/").removesuffix("/v1")
+    budget = {"reasoning_budget_tokens": 4}
+    message, _ = _both(c, max_tokens=16, extra_body=budget)
+    a = anthropic.Anthropic(base_url=base, api_key="x", max_retries=0)
+    args = {"model": "m", "max_tokens": 16, "messages": ASK,
+            "thinking": {"type": "enabled", "budget_tokens": 4},
+            "extra_body": {"temperature": 0}}
+    whole = a.messages.create(**args)
+    thinking = "".join(b.thinking for b in whole.content if b.type == "thinking")
+    text = "".join(b.text for b in whole.content if b.type == "text")
+    assert thinking == message["reasoning_content"] and text == (message["content"] or "")
+    with a.messages.stream(**args) as s:
+        final = s.get_final_message()
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in whole.content]
+    o = ollama.Client(host=base).chat(model="m", messages=ASK, stream=False,
+                                      options={"temperature": 0, "num_predict": 16}, think=True)
+    plain, _ = _both(c, max_tokens=16, extra_body={"think": True})  # Ollama has no budget
+    assert (o.message.thinking or "") == plain["reasoning_content"]
+    assert o.message.content == (plain["content"] or "")

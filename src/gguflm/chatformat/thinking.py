@@ -77,9 +77,11 @@ def reasoning_rules(tags: ReasoningTags, family: str, spell: Spell) -> str:
 
 def template_variables(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The template variables a request's ``chat_template_kwargs`` give, with llama.cpp's
-    mappings: ``reasoning_effort`` also as ``reasoning_strength`` ("none" only turns thinking
-    off), and ``preserve_reasoning`` as the names templates use for keeping past thinking."""
-    context = dict(kwargs)
+    mappings: ``enable_thinking`` always set (true unless turned off: llama.cpp passes it to
+    every template, and some read whether it is defined), ``reasoning_effort`` also as
+    ``reasoning_strength`` ("none" only turns thinking off), and ``preserve_reasoning`` as
+    the names templates use for keeping past thinking."""
+    context = {"enable_thinking": thinking_enabled(kwargs)} | dict(kwargs)
     effort = context.pop("reasoning_effort", None)
     if isinstance(effort, str) and effort and effort != "none":
         context["reasoning_effort"] = context["reasoning_strength"] = effort
