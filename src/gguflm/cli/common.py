@@ -42,7 +42,11 @@ def _int_at_least(text: str, minimum: int) -> int:
 def add_model_argument(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
     """The MODEL positional: a GGUF file or a known model name (pulled on first use), also
     as ``-m/--model MODEL`` (llama.cpp's spelling); ``optional``: it may be left out for
-    the default model. ``finish_model_argument`` reconciles the two after parsing."""
+    the default model. ``finish_model_argument`` reconciles the two after parsing.
+    llama.cpp's ``-hf ORG/REPO[:QUANT]`` options name it too (``pull.add_hf_options``)."""
+    from .pull import add_hf_options
+
+    add_hf_options(p)
     if not optional:
         p.add_argument("model", nargs="?", metavar="MODEL",
                        help="GGUF file or known model name (or -m MODEL)")
@@ -70,6 +74,9 @@ def finish_model_argument(args: argparse.Namespace) -> None:
     if flag is not None and pos is not None and flag != pos:
         raise UsageError(f"two models given: {pos} and -m {flag}")
     args.model = flag if flag is not None else pos
+    from .pull import finish_hf_options
+
+    finish_hf_options(args)
     if args.model is None:
         if getattr(args, "model_required", False):
             raise UsageError("MODEL is required (a GGUF file or a known model name)")

@@ -113,6 +113,9 @@ def _print_text(f: Any, s: dict[str, Any], args: argparse.Namespace) -> None:
     out += [
         f"file:         {f.path}",
         f"size:         {f.file_size:,} bytes",
+        *([f"shards:       {1 + len(f.shards)} files (split model), "
+           f"{f.file_size + sum(x.file_size for x in f.shards):,} bytes in all"]
+          if f.shards else []),
         f"version:      {f.version} ({order})",
         f"alignment:    {f.alignment}",
         f"data offset:  {f.data_offset}",

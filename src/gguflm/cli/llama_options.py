@@ -8,7 +8,7 @@ llama-completion, llama-server, llama-perplexity, llama-embedding, llama-tokeniz
 gguflm command standing in for the tool implements it under the same spelling; otherwise a
 key of ``REASONS``: the option is accepted, does nothing, and one ``note:`` line on stderr
 says why (``add_llama_options``); or, for the options that choose the model elsewhere
-(``source``: Hugging Face, a URL), refused as a usage error, since ignoring them would run
+(``source``: a URL, Docker Hub), refused as a usage error, since ignoring them would run
 another model. ``benchmarks/check_llama_flags.py`` compares these rows
 with a llama.cpp source tree; ``flag_table`` writes docs/llama-cpp-flags.md from the parsers.
 """
@@ -36,11 +36,11 @@ REASONS = {
                "polling settings)",
     "numa": "ignored: gguflm does not place memory by NUMA node",
     "mmap": "ignored: gguflm always reads the memory-mapped file",
-    "download": "ignored: gguflm downloads only its known models, by name (gguflm pull)",
+    "download": "ignored: gguflm lists its caches with gguflm pull --list and "
+                "docs/models.md",
     # choosing the model elsewhere: ignoring it would run another model, so it is refused
-    "source": "refused: gguflm does not fetch models from Hugging Face or URLs yet; "
-              "download the .gguf file and give its path (or a known name: gguflm pull "
-              "--list)",
+    "source": "refused: gguflm fetches models from Hugging Face (-hf ORG/REPO[:QUANT]), not "
+              "from URLs or Docker Hub; download the .gguf file and give its path",
     "multimodal": "ignored: gguflm runs text-only models",
     "draft": "ignored: gguflm has no draft models (--lookup K drafts from the prompt instead)",
     "adapters": "ignored: gguflm loads no LoRA adapters or control vectors",
@@ -50,7 +50,8 @@ REASONS = {
     "cache": "ignored: gguflm neither shifts nor saves the KV cache (generation stops when "
              "the context is full; prompt prefixes are reused in memory)",
     "preset": "ignored: llama.cpp's presets download models",
-    "reasoning": "ignored: gguflm passes a model's reasoning text through as content",
+    "reasoning": "ignored: gguflm always reads replies in the model's chat format "
+                 "(docs/reasoning.md)",
     "interactive": "ignored: not in gguflm (gguflm chat is the interactive mode)",
     "jinja": "ignored: gguflm always renders chat templates with Jinja (sandboxed)",
     "always": "ignored: always on in gguflm serve",
@@ -243,9 +244,9 @@ ARG_CPP = (
     ('-m --model', 1, '*', None),
     ('-mu --model-url', 1, '*', 'source'),
     ('-dr --docker-repo', 1, '*', 'source'),
-    ('-hf -hfr --hf-repo', 1, '*', 'source'),
-    ('-hff --hf-file', 1, '*', 'source'),
-    ('-hft --hf-token', 1, '*', 'download'),
+    ('-hf -hfr --hf-repo', 1, '*', None),
+    ('-hff --hf-file', 1, '*', None),
+    ('-hft --hf-token', 1, '*', None),
     ('-o --output --output-file', 1, 'cli', 'unsupported'),
     ('--ids', 0, 'tokenize', None),
     ('--stdin', 0, 'tokenize', None),
@@ -284,7 +285,7 @@ ARG_CPP = (
     ('--api-key-file', 1, 'server', 'unsupported'),
     ('--ssl-key-file', 1, 'server', 'unsupported'),
     ('--ssl-cert-file', 1, 'server', 'unsupported'),
-    ('--chat-template-kwargs', 1, 'cli server', 'reasoning'),
+    ('--chat-template-kwargs', 1, 'cli server', None),
     ('-to --timeout', 1, 'server', 'unsupported'),
     ('--sse-ping-interval', 1, 'server', 'unsupported'),
     ('--threads-http', 1, 'server', 'unsupported'),
@@ -304,13 +305,13 @@ ARG_CPP = (
     ('--no-models-autoload', 0, 'server', 'unsupported'),
     ('--jinja', 0, 'cli completion server', None),
     ('--no-jinja', 0, 'cli completion server', 'jinja'),
-    ('--reasoning-format', 1, 'cli completion server', 'reasoning'),
-    ('-rea --reasoning', 1, 'cli completion server', 'reasoning'),
-    ('--reasoning-effort', 1, 'cli completion server', 'reasoning'),
-    ('--reasoning-budget', 1, 'cli completion server', 'reasoning'),
-    ('--reasoning-budget-message', 1, 'cli completion server', 'reasoning'),
-    ('--reasoning-preserve', 0, 'cli completion server', 'reasoning'),
-    ('--no-reasoning-preserve', 0, 'cli completion server', 'reasoning'),
+    ('--reasoning-format', 1, 'cli completion server', None),
+    ('-rea --reasoning', 1, 'cli completion server', None),
+    ('--reasoning-effort', 1, 'cli completion server', None),
+    ('--reasoning-budget', 1, 'cli completion server', None),
+    ('--reasoning-budget-message', 1, 'cli completion server', None),
+    ('--reasoning-preserve', 0, 'cli completion server', None),
+    ('--no-reasoning-preserve', 0, 'cli completion server', None),
     ('--chat-template', 1, 'cli completion server', None),
     ('--chat-template-file', 1, 'cli completion server', None),
     ('--skip-chat-parsing', 0, 'cli completion server', 'reasoning'),
@@ -328,7 +329,7 @@ ARG_CPP = (
     ('--log-prompts-dir', 1, 'cli server', 'log'),
     ('--log-colors', 1, '*', 'log'),
     ('-v --verbose --log-verbose', 0, '*', None),
-    ('--offline', 0, '*', 'download'),
+    ('--offline', 0, '*', None),
     ('-lv --verbosity --log-verbosity', 1, '*', 'log'),
     ('--log-prefix', 0, '*', 'log'),
     ('--no-log-prefix', 0, '*', 'unsupported'),
@@ -418,10 +419,10 @@ LLAMA_BENCH = (
     ('-fitc --fit-ctx', 1, 'gpu'),
     ('-rpc --rpc', 1, 'gpu'),
     ('-m --model', 1, None),
-    ('-hf -hfr --hf-repo', 1, 'source'),
-    ('-hff --hf-file', 1, 'source'),
-    ('-hft --hf-token', 1, 'download'),
-    ('--offline', 0, 'download'),
+    ('-hf -hfr --hf-repo', 1, None),
+    ('-hff --hf-file', 1, None),
+    ('-hft --hf-token', 1, None),
+    ('--offline', 0, None),
     ('-p --n-prompt', 1, None),
     ('-n --n-gen', 1, None),
     ('-pg', 1, 'unsupported'),

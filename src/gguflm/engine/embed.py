@@ -39,8 +39,8 @@ DEFAULT_NORMALIZE = 2  # llama.cpp's embd_normalize default: Euclidean
 def model_pooling(metadata: Mapping[str, Any]) -> str | None:
     """The pooling a model file asks for (``{arch}.pooling_type``), or None when it does
     not say (absent, or llama.cpp's -1 "unspecified"). ``rank`` is returned as such: a
-    reranker's head, which gguflm does not run. Any other value is a MetadataError naming
-    the key (llama.cpp stops at an unknown pooling type too)."""
+    reranker, scored by its head (``reranker.py``), not embedded. Any other value is a
+    MetadataError naming the key (llama.cpp stops at an unknown pooling type too)."""
     arch = metadata.get("general.architecture")
     key = f"{arch}.pooling_type"
     value = metadata.get(key)

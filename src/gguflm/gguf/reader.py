@@ -191,6 +191,7 @@ class GGUFFile(Mapping[str, Any]):
         self.tensors: dict[str, TensorInfo] = {}
         self.warnings: list[str] = []
         self.file_size = 0
+        self.shards: list[GGUFFile] = []  # a split model's other shards (split.py)
         self._mm: mmap.mmap | None = None
         self._buf: memoryview | None = None
         try:
@@ -258,6 +259,8 @@ class GGUFFile(Mapping[str, Any]):
             self._mm = None
         for t in self.tensors.values():
             t._file = None
+        for shard in self.shards:
+            shard.close()
 
     def __enter__(self) -> GGUFFile:
         return self
@@ -274,8 +277,11 @@ builtin_open = open
 
 
 def open(path: str | os.PathLike[str]) -> GGUFFile:  # noqa: A001 - the natural name here
-    """Open and validate a GGUF file; raises a ``GGUFError`` subclass if it is malformed."""
-    return GGUFFile(path)
+    """Open and validate a GGUF file; raises a ``GGUFError`` subclass if it is malformed.
+    The first shard of a split model opens the whole model (``split.attach_shards``)."""
+    from .split import attach_shards
+
+    return attach_shards(GGUFFile(path))
 
 
 class _Parser:

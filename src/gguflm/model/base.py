@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +62,9 @@ class Model:
     # logits, and the generation routes refuse it. So does any model whose file says
     # attention.causal = false (``from_gguf``: bidirectional.py)
     is_encoder: bool = False
+    # a reranker's scoring head (pooling_type rank: ``classifier.py``), loaded by the
+    # architectures llama.cpp gives one (bert, qwen3); None elsewhere
+    classifier: Any = None
 
     def __init__(self, gguf: GGUFFile, config: ModelConfig) -> None:
         self.gguf = gguf

@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..quant import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
-from ..quant.floatbits import expf_ggml, expf_ggml_twin
+from ..quant.floatbits import expf_ggml, expf_ggml_twin, f16_from_f32
 from .encoder_ir import make_fma_tile
 
 QUERY_BLOCK = 48  # queries whose scores are made together (each key tile read once for them)
@@ -166,3 +166,34 @@ def layer_norm(x, w, b, eps, out):  # noqa: ANN001, ANN201
         scale = np.float32(1.0) / np.sqrt(np.float32(sq / n + eps))
         for i in range(n):
             out[t, i] = (x[t, i] - mean) * scale * w[i] + b[i]
+
+
+_GELU_TABLE: list[np.ndarray] = []  # ggml's float16 GELU table as float32, made on first use
+
+
+def gelu_f16(x: np.ndarray) -> np.ndarray:
+    """x (T, n) f32 -> GELU as ggml-cpu computes it (GGML_GELU_FP16: 0 for x <= -10, x for
+    x >= 10, else x rounded to float16 and looked up in its float16 table); compiled, rows
+    in parallel. ``ops.gelu_f16`` is its numpy twin (and makes the table)."""
+    from . import ops
+
+    if not _GELU_TABLE:
+        halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+        with np.errstate(all="ignore"):
+            _GELU_TABLE.append(ops.gelu_f16(halves.astype(np.float32)))
+    out = np.empty(x.shape, np.float32)
+    _gelu_table(np.ascontiguousarray(x, np.float32), _GELU_TABLE[0], out)
+    return out
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _gelu_table(x, table, out):  # noqa: ANN001, ANN202
+    for t in prange(x.shape[0]):
+        for j in range(x.shape[1]):
+            v = x[t, j]
+            if v <= np.float32(-10.0):
+                out[t, j] = np.float32(0.0)
+            elif v >= np.float32(10.0):
+                out[t, j] = v
+            else:
+                out[t, j] = table[f16_from_f32(v)]

@@ -3,9 +3,10 @@ nomic-embed-text), as llama.cpp's src/models/bert.cpp runs them.
 
 Embeddings: token + position (0..T-1) + token type 0, then LayerNorm. Each block, post-norm:
 x = LayerNorm(x + attn(x)); x = LayerNorm(x + down(GELU(up(x)))), every product with its
-bias. Attention is bidirectional within each sequence (no causal mask, no KV cache), scaled
-by 1/sqrt(head size). The result is the last block's output per token (llama.cpp's
-``t_embd``); pooling and normalisation are the embedding step's (engine/embed.py).
+bias, GELU through ggml's float16 table (``encoder.gelu_f16``). Attention is bidirectional
+within each sequence (no causal mask, no KV cache), scaled by 1/sqrt(head size). The result
+is the last block's output per token (llama.cpp's ``t_embd``); pooling and normalisation
+are the embedding step's (engine/embed.py).
 
 The path it runs (``FORWARD_PATH``): this file's numpy forward, the weight products by
 ``QMatrix.matmul`` (the same kernels as the decoders', rows independent), attention per
@@ -25,6 +26,7 @@ import numpy as np
 
 from .. import ops
 from ..base import Model
+from ..classifier import load_classifier
 from ..config import Meta, ModelConfig
 from ..kv_cache import KVArena
 from ..layer import qkv
@@ -105,6 +107,8 @@ class Bert(Model):
             "layer_output_norm": (c.n_embd,), "layer_output_norm.bias": (c.n_embd,),
         }, optional={"attn_output.bias": (c.n_embd,), **ffn_optional}, qkv=c)
             for i in range(c.n_layer)]
+        # a cross-encoder's head: cls (dense + tanh) and cls.output, both optional
+        self.classifier = load_classifier(w, c)
 
     def position_tensor(self, w: Weights) -> Any:
         """Learned position embeddings (a subclass's hook: none with RoPE)."""
@@ -160,7 +164,11 @@ class Bert(Model):
         return None  # learned positions, no RoPE
 
     def _ffn(self, x: np.ndarray, layer: Any) -> np.ndarray:
-        h = ops.gelu(ops.linear(x, layer.ffn_up, layer.ffn_up_bias))
+        from ..encoder import gelu_f16  # numba: loading a model does not import it
+
+        # GELU through ggml-cpu's float16 table, as llama.cpp computes it: in float32, a
+        # cross-encoder's scores moved 2.5e-3 (relative) away from llama.cpp's
+        h = gelu_f16(ops.linear(x, layer.ffn_up, layer.ffn_up_bias))
         return ops.linear(h, layer.ffn_down, layer.ffn_down_bias)
 
     def _block(self, x: np.ndarray, layer: Any, spans: np.ndarray, rot: np.ndarray | None

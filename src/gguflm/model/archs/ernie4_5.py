@@ -19,7 +19,7 @@ from .. import ops
 from ..base import Model
 from ..batch import Batch
 from ..layer import Block, Linear
-from ..weights import Layer, Weights
+from ..weights import Layer, Shape, Weights
 from . import register
 
 
@@ -37,16 +37,24 @@ class Ernie45(Model):
         self.token_embd = w.get("token_embd.weight", (c.n_vocab, c.n_embd))
         self.output_norm = w.get("output_norm.weight", (c.n_embd,))
         self.output = w.get_or("output.weight", (c.n_vocab, c.n_embd), self.token_embd)  # tied
-        # + attn_qkv or attn_q/k/v, biases optional (qkv=c: llama.cpp's create_tensor_qkv)
-        self.layers = [w.layer(i, {
-            "attn_norm": (c.n_embd,),
-            "attn_output": (c.n_embd, c.n_embd_q),
-            "ffn_norm": (c.n_embd,),
-            "ffn_gate": (c.n_ff, c.n_embd),
-            "ffn_up": (c.n_ff, c.n_embd),
-            "ffn_down": (c.n_embd, c.n_ff),
-        }, {"attn_output.bias": (c.n_embd,)}, qkv=c) for i in range(c.n_layer)]
+        self.layers = [self.layer_tensors(w, i) for i in range(c.n_layer)]
         self.blocks = [self.block(layer) for layer in self.layers]
+
+    def layer_tensors(self, w: Weights, i: int) -> Layer:
+        """Block i's tensors: attn_qkv or attn_q/k/v with optional biases (llama.cpp's
+        create_tensor_qkv), the output product, the norms and ``ffn_tensors``."""
+        c = self.config
+        ffn, ffn_optional = self.ffn_tensors(w, i)
+        return w.layer(i, {"attn_norm": (c.n_embd,), "attn_output": (c.n_embd, c.n_embd_q),
+                           "ffn_norm": (c.n_embd,), **ffn},
+                       {"attn_output.bias": (c.n_embd,), **ffn_optional}, qkv=c)
+
+    def ffn_tensors(self, w: Weights, i: int) -> tuple[dict[str, Shape], dict[str, Shape]]:
+        """Block i's FFN tensors as (required, optional) specs: a SwiGLU (the MoE variant
+        overrides this)."""
+        c = self.config
+        return {"ffn_gate": (c.n_ff, c.n_embd), "ffn_up": (c.n_ff, c.n_embd),
+                "ffn_down": (c.n_embd, c.n_ff)}, {}
 
     def block(self, layer: Layer) -> Block:
         """A pre-norm layer whose output product has no bias: llama.cpp's build_attn is

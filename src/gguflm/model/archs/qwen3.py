@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..weights import Layer, Shape
+from ..classifier import load_classifier
+from ..weights import Layer, Shape, Weights
 from . import register
 from .qwen2 import Qwen2
 
@@ -22,6 +23,12 @@ class Qwen3(Qwen2):
     """Qwen3 dense models: Qwen2's graph plus per-head Q/K RMSNorm."""
 
     output_bias_allowed = False
+
+    def load_tensors(self, w: Weights) -> None:
+        super().load_tensors(w)
+        # Qwen3-Reranker: cls.output holds the LM head's "yes" and "no" rows; the score is
+        # P(yes) of a softmax over the two (llama.cpp's build_pooling for qwen3)
+        self.classifier = load_classifier(w, self.config, softmax=True, dense=False)
 
     def extra_layer_tensors(self) -> dict[str, Shape]:
         d = self.config.head_dim
