@@ -95,7 +95,11 @@ class Speller:
 
 
 def _reads_calls(fmt: ChatFormat) -> bool:
-    return fmt.family.tools is not no_tools or fmt.family.reader is not None
+    """The family writes calls the chat format reads, and the template can show them in
+    its history (llama.cpp reads none from a template that cannot: Granite 3.3, the
+    DeepSeek R1 distills)."""
+    family = fmt.family
+    return family.template_calls and (family.tools is not no_tools or family.reader is not None)
 
 
 @dataclass

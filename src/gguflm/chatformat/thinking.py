@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .call_rules import until
 from .format import ChatFormat
 from .render import thinking_enabled
 from .reply import opened_tail
@@ -63,7 +64,9 @@ def reasoning_rules(tags: ReasoningTags, family: str, spell: Spell) -> str:
     """Lark rules for ``reasoning``: the block (optional unless the prompt opened it), its
     text matched lazily up to the end tag, then the whitespace a model puts before its
     answer."""
-    lines = [f"think[lazy]: /(?s:.*)/ {spell(tags.end)}", "WS: /[ \\t\\r\\n]{1,4}/"]
+    # llguidance takes no special token inside a lazy lexeme (Harmony's <|end|> is one in
+    # gpt-oss's vocabulary): until() ends the text where such a token comes
+    lines = [*until("think", tags.end, spell), "WS: /[ \\t\\r\\n]{1,4}/"]
     if family == "harmony":
         final = spell(_HARMONY_FINAL.removeprefix("<|start|>assistant"))
         head = spell("<|start|>assistant")
