@@ -123,8 +123,25 @@ def test_template_kwargs_reach_the_template(client: tuple[str, openai.OpenAI]) -
     if name == "gpt-oss":  # "Reasoning: <effort>" against the default "medium"
         assert prompt_tokens(reasoning_effort="higher than the highest") > prompt_tokens()
     else:  # enable_thinking false adds an empty <think></think> (or drops the open one)
-        assert prompt_tokens(chat_template_kwargs={"enable_thinking": False}) != \
-            prompt_tokens()
+        off = {"chat_template_kwargs": {"enable_thinking": False}}
+        assert prompt_tokens(**off) != prompt_tokens()
+        _other_routes_take_the_kwargs(str(c.base_url), off, prompt_tokens(**off))
+
+
+def _other_routes_take_the_kwargs(url: str, off: dict, n_off: int) -> None:
+    """llama-server's extra chat fields work on Anthropic's and Ollama's routes too."""
+    import anthropic
+    import ollama
+
+    base = url.removesuffix("/").removesuffix("/v1")
+    a = anthropic.Anthropic(base_url=base, api_key="x", max_retries=0)
+    counted = a.messages.count_tokens(model="m", messages=ASK, extra_body=off)
+    assert counted.input_tokens == n_off
+    o = ollama.Client(host=base)
+    r = o.chat(model="m", messages=ASK, stream=False, options={"num_predict": 1})
+    r_off = o._client.post("/api/chat", json={"model": "m", "messages": ASK, "stream": False,
+                                              "options": {"num_predict": 1}, **off}).json()
+    assert r_off["prompt_eval_count"] == n_off != r.prompt_eval_count
 
 
 def test_bad_reasoning_fields_are_400(client: tuple[str, openai.OpenAI]) -> None:

@@ -19,8 +19,8 @@ from typing import Any
 from .errors import InvalidRequestError
 from .params import SAMPLING_FIELDS
 
-__all__ = ["CHAT_FIELDS", "CONSTRAINT_FIELDS", "DEFAULT_MAX_TOKENS", "FIELDS", "Field",
-           "GenerationSpec",
+__all__ = ["CHAT_FIELDS", "CONSTRAINT_FIELDS", "DEFAULT_MAX_TOKENS", "EXTRA_CHAT_FIELDS",
+           "FIELDS", "Field", "GenerationSpec", "chat_extras",
            "check_json_types"]
 
 
@@ -68,6 +68,17 @@ _SAMPLING = tuple(n for n, f in FIELDS.items() if f.kind == "sampling" and n != 
 # is full (-1)
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": -1, "submit": -1}
 _ABSENT = object()
+
+
+# llama-server's extra body fields every chat route takes, whatever its wire format
+EXTRA_CHAT_FIELDS = ("chat_template_kwargs", "reasoning_format", "reasoning_budget_tokens")
+
+
+def chat_extras(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``EXTRA_CHAT_FIELDS`` a body gives, type-checked (InvalidRequestError)."""
+    table = {n: FIELDS[n] for n in EXTRA_CHAT_FIELDS}
+    check_json_types(body, table)
+    return {n: body[n] for n in EXTRA_CHAT_FIELDS if body.get(n) is not None}
 
 
 def check_json_types(body: Mapping[str, Any], fields: Mapping[str, Field]) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine.errors import InvalidRequestError
-from ..engine.spec import FIELDS, Field, GenerationSpec, check_json_types
+from ..engine.spec import FIELDS, Field, GenerationSpec, chat_extras, check_json_types
 from ..replies import ChatReply
 
 __all__ = ["MessagesCall", "MessagesShaper", "error_body", "parse_messages", "sse"]
@@ -86,7 +86,7 @@ def parse_messages(body: Mapping[str, Any], counting: bool = False) -> MessagesC
     for i, m in enumerate(messages):
         chat += _turn(m, f"messages.{i}")
     fields = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
-    fields |= _tool_fields(body) | _thinking(body.get("thinking"))
+    fields |= _tool_fields(body) | _thinking(body.get("thinking")) | chat_extras(body)
     stops = body.get("stop_sequences")
     if stops is not None:
         fields["stop"] = stops

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..engine.errors import InvalidRequestError
-from ..engine.spec import FIELDS, Field, GenerationSpec, check_json_types
+from ..engine.spec import FIELDS, Field, GenerationSpec, chat_extras, check_json_types
 from ..replies import ChatReply
 
 __all__ = ["ChatShaper", "GenerateShaper", "OllamaCall", "error_body", "ndjson",
@@ -74,7 +74,7 @@ def parse_chat(body: Mapping[str, Any]) -> OllamaCall:
     check_json_types(body, CHAT_FIELDS)
     messages = body.get("messages") or []
     chat = [_message(m, f"messages.{i}") for i, m in enumerate(messages)]
-    fields = _options(body) | _format(body) | _think(body)
+    fields = _options(body) | _format(body) | _think(body) | chat_extras(body)
     if body.get("tools"):
         fields["tools"] = body["tools"]
     spec = GenerationSpec.from_body("chat", fields, fields.pop("max_tokens", None))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.errors import InvalidRequestError
-from ..engine.spec import FIELDS, Field, GenerationSpec, check_json_types
+from ..engine.spec import FIELDS, Field, GenerationSpec, chat_extras, check_json_types
 from ..replies import ChatReply
 
 __all__ = ["ResponseStore", "ResponsesCall", "ResponsesShaper", "parse_responses", "sse"]
@@ -100,7 +100,7 @@ def parse_responses(body: Mapping[str, Any], store: ResponseStore) -> ResponsesC
     messages += [{"role": "user", "content": items}] if isinstance(items, str) \
         else _items(items)
     fields = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
-    fields |= _tools(body) | _text_format(body.get("text") or {})
+    fields |= _tools(body) | _text_format(body.get("text") or {}) | chat_extras(body)
     effort = (body.get("reasoning") or {}).get("effort")
     if effort is not None:
         fields["reasoning_effort"] = effort
