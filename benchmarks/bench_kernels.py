@@ -35,7 +35,8 @@ import gguflm.gguf as gguf  # noqa: E402
 from gguflm.quant import kernels  # noqa: E402
 from gguflm.quant.matrix import QMatrix, entry_point_defaults, set_threads  # noqa: E402
 
-KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16"]
+KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                "IQ4_NL", "IQ4_XS", "MXFP4", "F16", "BF16"]
 REFERENCE = Path(os.environ.get("GGUFLM_REFERENCE", REPO.parent / "shared" / "reference"))
 CACHE = Path(os.environ.get("GGUFLM_HOME", Path.home() / ".cache" / "gguflm"))
 

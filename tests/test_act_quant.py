@@ -22,9 +22,10 @@ from gguflm.quant import kernels, kerneltypes
 from gguflm.quant.formats import FORMATS, f16_to_f32
 from gguflm.quant.matrix import QMatrix
 
-KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4"]
-FALLBACK_TYPES = ["Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S",
-                  "IQ2_S", "IQ4_XS", "IQ1_M", "TQ1_0", "TQ2_0", "NVFP4", "Q1_0"]
+KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                "IQ4_NL", "IQ4_XS", "MXFP4"]
+FALLBACK_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ3_S", "IQ2_S", "IQ1_M", "TQ1_0",
+                  "TQ2_0", "NVFP4", "Q1_0"]
 SUM_ORDER_TOL = 1e-6
 
 
@@ -74,8 +75,7 @@ def test_kernel_dot_products_are_ggmls(act, zoo, name: str) -> None:  # noqa: AN
     x = _x(act)
     ref = _dot_table(act, name).astype(np.float64)
     m = _weights(zoo, name, ref.shape[1])
-    assert act.metadata[f"dot.{name}.act"] == ("Q8_K" if name.endswith("_K") else
-                                               "Q8_1" if name in ("Q4_1", "Q5_1") else "Q8_0")
+    assert act.metadata[f"dot.{name}.act"] == kerneltypes.kernel_type(m.type).act.ggml_name
     terms = kerneltypes.twin_block_terms(int(m.type), m.raw, x)
     scale = np.abs(terms).sum((-1, -2))  # what a summation order can move the result by
     twin = terms.sum((-1, -2))

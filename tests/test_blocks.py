@@ -114,13 +114,14 @@ def test_f16_weights_run_compiled(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         np.testing.assert_array_equal(got, _reference(monkeypatch, model), err_msg=how)
 
 
-def test_bf16_weights_take_the_reference_path_and_say_why(tmp_path: Path) -> None:
-    md = tiny_metadata("qwen2")
-    bf16 = {n: GGMLType.BF16 for n in _quantized(md)}
-    model = gguflm.load_model(write_model(tmp_path / "f.gguf", md, random_tensors(md), bf16))
+def test_weights_without_a_compiled_product_take_the_reference_path_and_say_why(
+        tmp_path: Path) -> None:
+    md = tiny_metadata("qwen2", embedding_length=256, feed_forward_length=256)
+    tq2 = {n: GGMLType.TQ2_0 for n in _quantized(md)}  # whole 256-value blocks
+    model = gguflm.load_model(write_model(tmp_path / "f.gguf", md, random_tensors(md), tq2))
     assert not model.plan.compiled
     assert "blk.0.attn_q.weight" in model.plan.describe()
-    assert "BF16" in model.plan.describe()
+    assert "TQ2_0" in model.plan.describe()
     assert np.isfinite(model.logits(np.arange(5))).all()
 
 

@@ -19,10 +19,11 @@ from gguflm.gguf.types import GGMLType
 from gguflm.quant import dequantize, kernels, kerneltypes
 from gguflm.quant.matrix import QMatrix
 
-KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4"]
+KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                "IQ4_NL", "IQ4_XS", "MXFP4"]
 # 8-bit activations cost ~0.7% of the largest output for 32-blocks, ~1.5% for 256-blocks
 # (one scale per 256 values); a wrong unpacking is off by tens of percent.
-ACT_TOL = {"Q4_K": 0.03, "Q5_K": 0.03, "Q6_K": 0.03}
+ACT_TOL = {name: 0.03 for name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")}
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +92,46 @@ def test_f16_rounding_is_numpys(rows: int) -> None:
         assert np.array_equal(fn(x).view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("rows", [3, 300])  # one thread, and rows shared out
+def test_bf16_rounding_is_ggmls(rows: int) -> None:
+    """A BF16 weight's activations are rounded as ggml's fp32_to_bf16 rounds them (nearest,
+    ties to even on the 16 dropped bits, a NaN kept quiet), by the compiled loops."""
+    from gguflm.quant.float_tiles import rounded_bf16, rounded_bf16_par
+
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((rows, 256)) * 10.0 ** rng.integers(-30, 30, (rows, 256)))
+    x = x.astype(np.float32)
+    x[0, :6] = [np.nan, 1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, -0.0, 3.4e38, 1e-40]
+    u = x.view(np.uint32).astype(np.uint64)
+    want = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    nan = np.isnan(x)
+    want[nan] = (x.view(np.uint32)[nan] & 0xFFFF0000) | 0x00400000
+    for fn in (rounded_bf16, rounded_bf16_par):
+        assert np.array_equal(fn(x).view(np.uint32), want)
+
+
+@pytest.mark.parametrize("k", [1536, 37])
+def test_bf16_tiles_match_twin_and_give_each_row_its_own_numbers(k: int) -> None:
+    """BF16 rows (int16 bits: the tiles' BF16) through F16's tiles: the numpy twin, and
+    each activation row of a batch bit for bit its product alone."""
+    from gguflm.quant.float_tiles import bf16_bits, rounded_bf16, twin_bf16_matmul
+
+    rng = np.random.default_rng(7)
+    w = bf16_bits((rng.standard_normal((45, k)).astype(np.float32).view(np.uint32) >> 16)
+                  .astype(np.uint16))
+    x = rounded_bf16(rng.standard_normal((9, k)).astype(np.float32))
+    alone = np.empty((9, 45), np.float32)
+    for i in range(9):
+        kernels.f16_matmul_rows(w, x[i:i + 1], alone[i:i + 1], 0, 45)
+    assert _rel(alone, twin_bf16_matmul(w, x)) < 1e-6
+    for n in (1, 4, 5, 9):
+        out = np.full((n, 45), np.nan, np.float32)
+        kernels.f16_matmul_rows(w, x[:n], out, 0, 45)
+        assert np.array_equal(out, alone[:n]), n
+    kernels.f16_matmul_par(w, x, out := np.empty((9, 45), np.float32))
+    assert np.array_equal(out, alone)
+
+
 @pytest.mark.parametrize("k", [384, 37])
 def test_f16_tiles_give_each_row_its_own_numbers(k: int) -> None:
     """The 4x4 tiles of a batch (any row count, weight rows past a multiple of 4, a scalar
@@ -149,7 +190,8 @@ def test_geglu_matches_twin() -> None:
     np.testing.assert_array_equal(up, out)
 
 
-@pytest.mark.parametrize("name", ["Q4_1", "Q6_K", "F16", "BF16", "IQ4_NL", "Q2_K"])
+@pytest.mark.parametrize("name", ["Q4_1", "Q6_K", "F16", "BF16", "IQ4_NL", "Q2_K", "IQ2_XXS",
+                                  "TQ2_0"])
 def test_qmatrix_products_and_rows(zoo, name: str) -> None:  # noqa: ANN001
     """Kernel types and fallback types (dequantized tiles into BLAS) through QMatrix."""
     t = zoo.tensors[f"{name}.q"]
@@ -344,18 +386,18 @@ def test_dispatch_and_kernels_read_one_table() -> None:
 def test_unknown_type_fails_loudly() -> None:
     """A type without a block loop is refused by name, by the Python wrapper and inside the
     jitted code, and the block loop itself gives NaN rather than a silent zero."""
-    w = np.zeros((3, 84), np.uint8)  # Q2_K: dequantize-then-multiply only
+    w = np.zeros((3, 66), np.uint8)  # IQ2_XXS: dequantize-then-multiply only
     x = np.ones((1, 256), np.float32)
     out = np.zeros((1, 3), np.float32)
-    with pytest.raises(ValueError, match="no integer kernel for ggml type Q2_K"):
-        kernels.qmatmul(int(GGMLType.Q2_K), w, x, out)
+    with pytest.raises(ValueError, match="no integer kernel for ggml type IQ2_XXS"):
+        kernels.qmatmul(int(GGMLType.IQ2_XXS), w, x, out)
     with pytest.raises(ValueError, match="no integer kernel"):
-        kernels.qmatmul_serial(np.full(3, int(GGMLType.Q2_K)), (w, w, w), x,
+        kernels.qmatmul_serial(np.full(3, int(GGMLType.IQ2_XXS)), (w, w, w), x,
                                kernels.F16_TABLE, (out, out, out), 1)
     with pytest.raises(ValueError, match="no integer kernel for ggml type 99"):
         kerneltypes.kernel_type(99)
     qa, da, aux = kernels.quantize_activations(x, int(GGMLType.Q4_K))
-    kernels.qmatmul_rows(int(GGMLType.Q2_K), w, qa, da, aux, np.zeros((0, 8), np.int32),
+    kernels.qmatmul_rows(int(GGMLType.IQ2_XXS), w, qa, da, aux, np.zeros((0, 8), np.int32),
                          qa[:0], kernels.F16_TABLE, out, 0, 3)
     assert np.isnan(out).all()
     with pytest.raises(ValueError, match="do not fit"):  # a row length of the wrong type
@@ -437,7 +479,7 @@ def test_batch_tiles_equal_rows_alone(zoo, name: str) -> None:  # noqa: ANN001
             np.testing.assert_array_equal(batch[i], alone[0])
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q5_0", "IQ4_NL"])
 def test_gemm_runs_and_equals_rows_alone(zoo, name: str) -> None:  # noqa: ANN001
     """The interleaved GEMM (``int_gemm``, AVX512-VNNI) runs these types' groups of 8 weight
     rows itself (it returns where the 1-7 rows it leaves begin), and each activation row's

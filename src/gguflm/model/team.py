@@ -243,10 +243,10 @@ def stack_items(wtab, n, threads):  # noqa: ANN001, ANN201
 def _products(kinds, ws, acts, tbl, outs, items, total, sync, k):  # noqa: ANN001, ANN202
     """Step ``k``: take the products' row ranges ``items[:total]`` until none is left, then
     wait for the others' to finish; ``acts`` the input's ``grouped.activation_sets``."""
-    a32, ak, xh = acts
+    a32, ak, xh, xb = acts
     c = _fetch_add(sync, k)
     while c < total:
-        run_item(kinds, ws, a32, ak, xh, tbl, outs, items, c)
+        run_item(kinds, ws, a32, ak, xh, xb, tbl, outs, items, c)
         _fetch_add(sync, k + _LINE)
         c = _fetch_add(sync, k)
     _wait(sync, k, total)

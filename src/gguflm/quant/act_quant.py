@@ -21,10 +21,14 @@ from .kerneltypes import KERNEL_TYPES, pack_activation_blocks
 # the type ids by activation type, as constant tuples (numba freezes them into the code)
 Q8_0_KINDS = tuple(int(t) for t, k in KERNEL_TYPES.items() if k.act != GGMLType.Q8_K)
 Q8_K_KINDS = tuple(int(t) for t, k in KERNEL_TYPES.items() if k.act == GGMLType.Q8_K)
+# the types whose mins multiply the activations' 16-value sums (Q2_K; ggml's ``bsums``)
+SUMS16_KINDS = tuple(int(t) for t, k in KERNEL_TYPES.items()
+                     if k.offset == "dmin" and k.groups == 16) or (-1,)
 
 # x quantized for one activation type: qa (n, K) i8, da (n, K/QK) f32 block scales, aux
-# (n, K/32) f32 (Q8_1 block sums or Q8_K 32-sums), cor (n, K/4) i32 lane corrections or
-# no rows, qu (n, K) i8 the values plus 128 or no rows
+# (n, K/32) f32 (Q8_1 block sums or Q8_K 32-sums), cor (n, K/4) i32 lane corrections (the
+# Q8_0 set; the Q8_K set's: (n, K/16) i32 16-value sums, for Q2_K) or no rows, qu (n, K)
+# i8 the values plus 128 or no rows
 ActivationSet = namedtuple("ActivationSet", ("qa", "da", "aux", "cor", "qu"))
 
 
@@ -201,6 +205,20 @@ def _lane_corrections(qa, off):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True)
+def _sums16(qa):  # noqa: ANN001, ANN201
+    """qa (n, K) i8 -> (n, K/16) i32: the sum of each 16 values (ggml's Q8_K ``bsums``)."""
+    n, k = qa.shape
+    out = np.empty((n, k // 16), np.int32)
+    for i in range(n):
+        for j in range(k // 16):
+            s = np.int32(0)
+            for e in range(16):
+                s += np.int32(qa[i, 16 * j + e])
+            out[i, j] = s
+    return out
+
+
+@njit(cache=True, nogil=True)
 def _no_activations(k):  # noqa: ANN001, ANN201
     """An ``ActivationSet`` of no rows (an activation type no product needs)."""
     return ActivationSet(np.empty((0, k), np.int8), np.empty((0, 1), np.float32),
@@ -257,7 +275,8 @@ def _activation_sets(kinds, count, x, par):  # noqa: ANN001, ANN202
         wide = n >= BATCH_MIN_ROWS and _any_of(kinds, count, _PLUS_128_KINDS)
         qa, da, aux, qu = _quantize_rows_par(x, kk, wide) if par else \
             _quantize_rows(x, kk, wide)
-        ak = ActivationSet(qa, da, aux, no_cor, qu)
+        sums = _sums16(qa) if _any_of(kinds, count, SUMS16_KINDS) else no_cor
+        ak = ActivationSet(qa, da, aux, sums, qu)
     else:
         ak = _no_activations(x.shape[1])
     return a32, ak
@@ -266,7 +285,8 @@ def _activation_sets(kinds, count, x, par):  # noqa: ANN001, ANN202
 @njit(cache=True, nogil=True)
 def activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
     """``x`` quantized once per activation type the ``count`` weight types need: the
-    Q8_0/Q8_1 ``ActivationSet`` and the Q8_K one (no rows where none needs it). ``cor``
+    Q8_0/Q8_1 ``ActivationSet`` and the Q8_K one (no rows where none needs it; its
+    ``cor`` the 16-value sums where a type is Q2_K, else no rows). The Q8_0 set's ``cor``
     holds the lane corrections when the products' types share one ``vnni_offset`` and some
     rows run outside the lanes tiles (fewer than BATCH_MIN_ROWS, or not a multiple of 4),
     else no rows; ``qu`` the activations plus 128 when some type has a ``vnni_offset`` and

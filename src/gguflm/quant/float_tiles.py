@@ -1,5 +1,12 @@
-"""Float tiles: F16 weights times float32 activations, fp16 -> float32 conversion in the
-vector unit (F16C), 16 products per step in float lanes."""
+"""Float tiles: F16 and BF16 weights times float32 activations, converted to float32 in the
+vector unit (F16C; BF16 a 16-bit shift), 16 products per step in float lanes.
+
+numpy has no bfloat16: the tiles take F16 weights as their uint16 bits and BF16 weights as
+their int16 bits (``bf16_bits``), and the array's dtype selects the conversion when a tile
+is compiled. Both multiply activations rounded to the weight's type (ggml converts them
+first), in one fixed order per element (one ``fma`` per 16 values into 16 lanes, the tail
+in order, then ``VectorIR.hsum``); ggml's own order differs with its SIMD build, so no build
+of it is matched to the last bit, but every build of ours gives the same numbers."""
 
 from __future__ import annotations
 
@@ -10,14 +17,32 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
-from .floatbits import to_f16
+from .floatbits import to_bf16, to_f16
 from .vector_ir import F32, I16, I32, VectorIR, array_args, row_pointer, vec
 
 STREAM_CHUNK = 2048  # weight rows per parallel work item (long sequential streams)
 
 
+def bf16_bits(raw: np.ndarray) -> np.ndarray:
+    """BF16 weights (their bits, any 16-bit dtype) as the tiles take them: int16."""
+    return raw.view(np.int16)
+
+
+def _widen(bld: ir.IRBuilder, v: ir.Value, bf16: bool) -> ir.Value:
+    """16-bit weight bits (i16 or <16 x i16>) as float32: fp16 converted (``vcvtph2ps``),
+    or bf16's bits moved to the top of a float32's (exact)."""
+    n = v.type.count if isinstance(v.type, ir.VectorType) else 0
+    if not bf16:
+        return bld.fpext(bld.bitcast(v, vec(ir.HalfType(), n) if n else ir.HalfType()),
+                         vec(F32, n) if n else F32)
+    i32 = vec(I32, n) if n else I32
+    wide = bld.shl(bld.zext(v, i32), ir.Constant(i32, [16] * n if n else 16))
+    return bld.bitcast(wide, vec(F32, n) if n else F32)
+
+
 def _make_f16_rowdot(nr: int, na: int = 1):  # noqa: ANN202 - returns a numba intrinsic
-    """Intrinsic ``f16dot(w (R, K) u16, r0, rs, x (n, K) f32, i0, out (n, R) f32)``:
+    """Intrinsic ``f16dot(w (R, K) u16 (F16) or i16 (BF16), r0, rs, x (n, K) f32, i0,
+    out (n, R) f32)``:
     ``out[i0+i, r0+j*rs] = W[r0+j*rs] . x[i0+i]`` for ``j < nr``, ``i < na``, 16 values per
     step: each weight vector is converted once for the ``na`` activation rows. Every tile
     shape runs the same per-element sequence (one ``fma`` per 16 values into 16 lanes, the
@@ -26,6 +51,7 @@ def _make_f16_rowdot(nr: int, na: int = 1):  # noqa: ANN202 - returns a numba in
     @intrinsic
     def f16dot(typingctx, w, r0, rs, x, i0, out):  # noqa: ANN001, ANN202, ARG001
         sig = types.int64(w, r0, rs, x, i0, out)
+        bf16 = w.dtype == types.int16
 
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
             ws, r0_, rs_, xs, i0_, outs = array_args(context, builder, signature, args)
@@ -43,21 +69,21 @@ def _make_f16_rowdot(nr: int, na: int = 1):  # noqa: ANN202 - returns a numba in
                     for _ in range(nr)]
             tailp = [[cgutils.alloca_once_value(bld, ir.Constant(F32, 0.0))
                       for _ in range(na)] for _ in range(nr)]
-            half16 = ir.VectorType(ir.HalfType(), 16)
             with cgutils.for_range(bld, nfull) as loop:
                 off = bld.mul(loop.index, g.c64(16))
                 xv = [bld.load(bld.bitcast(bld.gep(xr, [off]), v16.as_pointer()), align=4)
                       for xr in xrows]
                 for j, row in enumerate(rows):
-                    hv = bld.load(bld.bitcast(bld.gep(row, [off]), half16.as_pointer()), align=2)
-                    wf = bld.fpext(hv, v16)
+                    hv = bld.load(bld.bitcast(bld.gep(row, [off]), vec(I16, 16).as_pointer()),
+                                  align=2)
+                    wf = _widen(bld, hv, bf16)
                     for i in range(na):
                         acc = g.call("llvm.fma.v16f32", v16, [wf, xv[i], bld.load(accp[j][i])])
                         bld.store(acc, accp[j][i])
             with cgutils.for_range_slice(bld, bld.mul(nfull, g.c64(16)), k, g.c64(1)) as (e, _):
                 xe = [bld.load(bld.gep(xr, [e])) for xr in xrows]
                 for j, row in enumerate(rows):
-                    we = bld.fpext(bld.bitcast(bld.load(bld.gep(row, [e])), ir.HalfType()), F32)
+                    we = _widen(bld, bld.load(bld.gep(row, [e])), bf16)
                     for i in range(na):
                         bld.store(bld.fadd(bld.load(tailp[j][i]), bld.fmul(we, xe[i])),
                                   tailp[j][i])
@@ -103,11 +129,11 @@ TILE_CHUNK = 32  # weight rows kept hot while every activation row passes them
 
 @njit(cache=True, nogil=True)
 def f16_matmul_rows(w, x, out, r0, r1):  # noqa: ANN001, ANN201
-    """The hot loop. W rows r0:r1 (R, K) fp16 bits (uint16) @ x (n, K) f32 -> out[:, r0:r1]
-    (n, R) f32. A batch: chunks of TILE_CHUNK weight rows, each walked by every group of 4
-    activation rows in 4x4 tiles (a weight vector converted once serves 4 rows); the rows
-    past a multiple of 4 and token-by-token decoding: four far-apart rows per pass (long
-    sequential streams, as for the quantized types)."""
+    """The hot loop. W rows r0:r1 (R, K) fp16 bits (uint16; BF16: int16 bits) @ x (n, K)
+    f32 -> out[:, r0:r1] (n, R) f32. A batch: chunks of TILE_CHUNK weight rows, each
+    walked by every group of 4 activation rows in 4x4 tiles (a weight vector converted
+    once serves 4 rows); the rows past a multiple of 4 and token-by-token decoding: four
+    far-apart rows per pass (long sequential streams, as for the quantized types)."""
     n = x.shape[0]
     n4 = n - n % 4 if n >= TILE_MIN_ROWS else 0
     for c0 in range(r0, r1, TILE_CHUNK):
@@ -132,7 +158,8 @@ def f16_matmul_rows(w, x, out, r0, r1):  # noqa: ANN001, ANN201
 
 @njit(cache=True, nogil=True, parallel=True)
 def f16_matmul_par(w, x, out):  # noqa: ANN001, ANN201
-    """W (R, K) fp16 bits (uint16) @ x (n, K) f32 -> out (n, R) f32, rows in parallel."""
+    """W (R, K) fp16 bits (uint16; BF16: int16 bits) @ x (n, K) f32 -> out (n, R) f32, rows
+    in parallel."""
     rows = w.shape[0]
     nchunk = (rows + STREAM_CHUNK - 1) // STREAM_CHUNK
     for c in prange(nchunk):
@@ -159,6 +186,34 @@ def rounded_f16_par(x):  # noqa: ANN001, ANN201
         for e in range(x.shape[1]):
             out[t, e] = to_f16(x[t, e])
     return out
+
+
+@njit(cache=True, nogil=True)
+def rounded_bf16(x):  # noqa: ANN001, ANN201
+    """x (n, K) f32 rounded to bfloat16 values (ggml's ``fp32_to_bf16``), as float32: what a
+    BF16 weight multiplies."""
+    out = np.empty_like(x)
+    for t in range(x.shape[0]):
+        for e in range(x.shape[1]):
+            out[t, e] = to_bf16(x[t, e])
+    return out
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def rounded_bf16_par(x):  # noqa: ANN001, ANN201
+    """``rounded_bf16`` with the rows shared out."""
+    out = np.empty_like(x)
+    for t in prange(x.shape[0]):
+        for e in range(x.shape[1]):
+            out[t, e] = to_bf16(x[t, e])
+    return out
+
+
+def twin_bf16_matmul(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Numpy twin of ``f16_matmul_rows`` for BF16: ``W (R, K) bf16 bits @ x (n, K) -> (n,
+    R)`` (x already rounded to bfloat16; the products are exact in float32)."""
+    wf = (np.ascontiguousarray(w).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return (x.astype(np.float64) @ wf.astype(np.float64).T).astype(np.float32)
 
 
 def twin_f16_matmul(w: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -108,6 +108,17 @@ def to_f16(x):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True, inline="always")
+def to_bf16(x):  # noqa: ANN001, ANN201
+    """float32 x rounded to bfloat16 as ggml's ``fp32_to_bf16`` (nearest, ties to even; a
+    NaN keeps its top bits, made quiet), as float32."""
+    u = f32_bits(x)
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return f32_from_bits((u & np.uint32(0xFFFF0000)) | np.uint32(0x00400000))
+    u = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return f32_from_bits(u)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def round_f16(x):  # noqa: ANN001, ANN201
     """float32 x (|x| < 65504) rounded to the nearest float16 (ties to even), as float32."""
     if abs(x) < np.float32(6.103515625e-05):  # float16 subnormals: a fixed step of 2**-24

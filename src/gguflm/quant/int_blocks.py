@@ -34,12 +34,15 @@ class Span(NamedTuple):
 
 class OffsetTerm(NamedTuple):
     """What a block adds besides its integer dot: ``m * s_act`` (kind "m": Q4_1/Q5_1,
-    with the activations' Q8_1 block sum) or ``- d_act * dmin * sum(mins * 32-sums)``
-    (kind "dmin": Q4_K/Q5_K)."""
+    with the activations' Q8_1 block sum), ``- d_act * dmin * sum(mins * 32-sums)``
+    (kind "dmin": Q4_K/Q5_K, the 32-sums the activations' ``aux``) or ``- d_act * dmin *
+    sum(mins * 16-sums)`` (kind "dmin16": Q2_K, the 16-sums the activations' ``cor``:
+    ``min_sums``)."""
 
     kind: str
     factor: ir.Value  # m or dmin, float
-    mins: ir.Value | None = None  # "dmin": the 8 integer mins as <8 x float>
+    # "dmin": the 8 integer mins as <8 x float>; "dmin16": the 16 as <16 x i16>
+    mins: ir.Value | None = None
 
 
 class Block(NamedTuple):
@@ -68,10 +71,26 @@ def vnni_offset(k: KernelType) -> int:
     return 128 if signed(k) else 0
 
 
+def max_magnitude(k: KernelType) -> int:
+    """The largest |value| a block of type ``k`` can hold (before its scales)."""
+    if k.table:
+        return max(abs(v) for v in k.table)
+    top = sum(((1 << p.width) - 1) << p.shift for p in k.planes)
+    return max(top - k.bias, k.bias)
+
+
+def quad_words(k: KernelType) -> bool:
+    """Whether type ``k`` takes ``int_tiles._scaled_dot`` (integer scales, and sums of 4
+    products that stay within int16 for ``packssdw``, even with the activations plus 128:
+    |value| <= 32). IQ4_XS's values reach 127: its spans take ggml's own steps instead
+    (``VectorIR.span_dot``: pair sums, then ``pmaddwd`` by the span's scale)."""
+    return bool(k.scales) and 4 * 255 * max_magnitude(k) < 1 << 15
+
+
 def wide(k: KernelType) -> bool:
     """Whether type ``k``'s lanes tiles take the 512-bit block loop (``WIDE``; the types
-    with integer scales: the others' spans have a float step each)."""
-    return WIDE and bool(k.scales)
+    of ``quad_words``: the others' spans have a float step or a ``pmaddwd`` each)."""
+    return WIDE and quad_words(k)
 
 
 def wide_plus_128(k: KernelType) -> bool:
@@ -172,6 +191,53 @@ def _k_scales(g: VectorIR, row, at):  # noqa: ANN001, ANN202
     return bld.bitcast(v, vec(I8, 16))
 
 
+def _q3_scales(g: VectorIR, row, at) -> ir.Value:  # noqa: ANN001
+    """Q3_K's 16 six-bit scales from the 12 bytes at ``row + at``, minus 32, as <16 x i16>:
+    ggml's word-wide unpacking (low 4 bits from the nibbles of bytes 0-7, top 2 from bytes
+    8-11)."""
+    bld = g.b
+
+    def word(k: int) -> ir.Value:
+        p = bld.bitcast(g.at(row, bld.add(at, g.c64(4 * k))), I32.as_pointer())
+        return bld.load(p, align=1)
+
+    def c(v: int) -> ir.Constant:
+        return ir.Constant(I32, v)
+
+    u0, u1, u2 = word(0), word(1), word(2)
+    lo4, hi2 = c(0x0F0F0F0F), c(0x03030303)
+    parts = [bld.or_(bld.and_(bld.lshr(u, c(4 * (i // 2))), lo4),
+                     bld.shl(bld.and_(bld.lshr(u2, c(2 * i)), hi2), c(4)))
+             for i, u in enumerate((u0, u1, u0, u1))]
+    v = ir.Constant(vec(I32, 4), ir.Undefined)
+    for i, x in enumerate(parts):
+        v = bld.insert_element(v, x, c(i))
+    v8 = bld.sub(bld.bitcast(v, vec(I8, 16)), g.splat8(32, 16))
+    return bld.sext(v8, vec(I16, 16))
+
+
+def _iq4xs_scales(g: VectorIR, k: KernelType, row, off) -> ir.Value:  # noqa: ANN001
+    """IQ4_XS's 8 six-bit scales minus 32 as <16 x i16> (lanes 8-15 zero): scale i's low
+    4 bits are nibble i % 2 of ``scales_l[i / 2]``, its top 2 bits bits 2i, 2i + 1 of
+    ``scales_h``."""
+    bld = g.b
+    fmt = k.format
+    lo = g.vload(row, bld.add(off, g.c64(fmt["scales_l"].offset)), 4)
+    lo = bld.zext(g.lanes(lo, [i // 2 for i in range(8)]), vec(I16, 8))
+    lo = bld.and_(bld.lshr(lo, ir.Constant(vec(I16, 8), [4 * (i % 2) for i in range(8)])),
+                  ir.Constant(vec(I16, 8), [15] * 8))
+    p = bld.bitcast(g.at(row, bld.add(off, g.c64(fmt["scales_h"].offset))), I16.as_pointer())
+    hv = bld.insert_element(ir.Constant(vec(I16, 8), ir.Undefined), bld.load(p, align=1),
+                            ir.Constant(I32, 0))
+    hv = g.lanes(hv, [0] * 8)
+    hi = bld.and_(bld.lshr(hv, ir.Constant(vec(I16, 8), list(range(0, 16, 2)))),
+                  ir.Constant(vec(I16, 8), [3] * 8))
+    sc = bld.sub(bld.or_(lo, bld.shl(hi, ir.Constant(vec(I16, 8), [4] * 8))),
+                 ir.Constant(vec(I16, 8), [32] * 8))
+    return bld.shuffle_vector(sc, ir.Constant(vec(I16, 8), [0] * 8),
+                              ir.Constant(vec(I32, 16), list(range(16))))
+
+
 def block_scale(g: VectorIR, k: KernelType, row, off) -> ir.Value:  # noqa: ANN001
     """The float scale ``d`` of the weight block at byte ``off`` of ``row``: an fp16, or
     (``e8m0_half``) ggml_e8m0_to_fp32_half's bits from the byte ``e``: ``0x00200000 << e``
@@ -247,7 +313,15 @@ def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False,  # noqa:
                           vec(F32, 8))
     elif k.scales == "i8":
         sc16 = bld.sext(g.vload(row, field_at("scales"), 16), vec(I16, 16))
-    group = k.block_size // (16 if k.scales == "i8" else 8)  # values per integer scale
+    elif k.scales == "q3k":
+        sc16 = _q3_scales(g, row, field_at("scales"))
+    elif k.scales == "q2k":  # a nibble scale (low) and a nibble min (high) per 16 values
+        raw = g.vload(row, field_at("scales"), 16)
+        sc16 = bld.zext(bld.and_(raw, g.splat8(15, 16)), vec(I16, 16))
+        mins = bld.zext(bld.lshr(raw, g.splat8(4, 16)), vec(I16, 16))
+    elif k.scales == "iq4xs":
+        sc16 = _iq4xs_scales(g, k, row, off)
+    group = k.block_size // k.groups  # values per integer scale
     spans = _pairs(g, k, row, off, sc16, group) if pairs else []
     for span in range(0 if pairs else k.block_size // 32):
         w = None
@@ -269,8 +343,21 @@ def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False,  # noqa:
     if k.offset == "m":
         term = OffsetTerm("m", g.f16(row, field_at("m")))
     elif k.offset == "dmin":
-        term = OffsetTerm("dmin", g.f16(row, field_at("dmin")), mins)
+        term = OffsetTerm("dmin16" if k.groups == 16 else "dmin", g.f16(row, field_at("dmin")),
+                          mins)
     return Block(spans, d, term)
+
+
+def min_sums(g: VectorIR, term: OffsetTerm, sums, b) -> ir.Value:  # noqa: ANN001
+    """Float: Q2_K's ``sum(mins * 16-sums)`` for block ``b`` of one activation row, an
+    exact integer (ggml's ``madd(mins, bsums)``), from ``sums``, the row's 16-value sums
+    (int32, ``act_quant``'s Q8_K ``cor``)."""
+    bld = g.b
+    p = bld.bitcast(g.at(sums, bld.mul(b, g.c64(16))), vec(I32, 16).as_pointer())
+    v = bld.mul(bld.load(p, align=4), bld.sext(term.mins, vec(I32, 16)))
+    for width in (8, 4, 2, 1):
+        v = bld.add(v, g.lanes(v, [i + width for i in range(width)] + [0] * (16 - width)))
+    return bld.sitofp(bld.extract_element(v, ir.Constant(I32, 0)), F32)
 
 
 def _pairs(g: VectorIR, k: KernelType, row, off, sc16, group: int) -> list[SpanPair]:  # noqa: ANN001

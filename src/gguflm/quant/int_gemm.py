@@ -1,5 +1,5 @@
-"""Q4_K, Q6_K, Q8_0 and Q5_0 weights times many activation rows: an interleaved GEMM, 8
-weight rows at a time.
+"""Q4_K, Q6_K, Q8_0, Q5_0 and IQ4_NL weights times many activation rows: an interleaved
+GEMM, 8 weight rows at a time.
 
 A group of 8 weight rows is first unpacked into a buffer (``_pack``): per block, for
 each 8 values of the block the 8 rows' values side by side (one 512-bit vector: row n in
@@ -42,12 +42,12 @@ from .kerneltypes import KERNEL_TYPES
 from .vector_ir import F32, I8, I16, I32, I64, VNNI512, VectorIR, array_args, row_pointer, vec
 
 USABLE = VNNI512
-Q4_K, Q6_K, Q8_0, Q5_0 = (int(GGMLType.Q4_K), int(GGMLType.Q6_K), int(GGMLType.Q8_0),
-                          int(GGMLType.Q5_0))
+Q4_K, Q6_K, Q8_0, Q5_0, IQ4_NL = (int(GGMLType.Q4_K), int(GGMLType.Q6_K), int(GGMLType.Q8_0),
+                                  int(GGMLType.Q5_0), int(GGMLType.IQ4_NL))
 # the types it runs, where the declarations' numbers are its own: the K-quants' two lanes
 # (``parity_lanes``), the 32-value types' ggml lanes (a constant tuple for numba)
 GEMM_KINDS = tuple(t for t, parity in ((Q4_K, True), (Q6_K, True), (Q8_0, False),
-                                       (Q5_0, False))
+                                       (Q5_0, False), (IQ4_NL, False))
                    if USABLE and GGMLType(t) in KERNEL_TYPES
                    and KERNEL_TYPES[GGMLType(t)].parity_lanes == parity) or (-1,)
 GROUP = 8  # weight rows unpacked together
@@ -315,12 +315,7 @@ def _pack_q50(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
     the values with their 16 taken off: value j < 16 is the low nibble of ``qs[j]``, value
     j + 16 its high nibble, bit 4 of value v bit v of ``qh``."""
     bld = g.b
-    qs = [bld.load(_ptr(g, r, bld.add(off, g.c64(_F5["qs"].offset)), vec(I64, 2)), align=1)
-          for r in rows]
-    qs = [_cat(g, qs[2 * m], qs[2 * m + 1]) for m in range(4)]
-    qs = _cat(g, _cat(g, qs[0], qs[1]), _cat(g, qs[2], qs[3]))  # <16 x i64>: row n, 2 qwords
-    halves = [bld.bitcast(bld.shuffle_vector(qs, qs, ir.Constant(
-        vec(I32, 8), [2 * n + h for n in range(8)])), vec(I8, 64)) for h in range(2)]
+    halves = _row_qwords(g, rows, bld.add(off, g.c64(_F5["qs"].offset)))
     qh = ir.Constant(vec(I32, 8), ir.Undefined)
     for n, r in enumerate(rows):
         word = bld.load(_ptr(g, r, bld.add(off, g.c64(_F5["qh"].offset)), I32), align=1)
@@ -338,6 +333,34 @@ def _pack_q50(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
         _store(g, bld.sub(v, g.splat8(16, 64)), out, 64 * j)
     _pack_starts(g, out, _isums_q80, 4, _L8.extra)
     _pack_d(g, rows, off, _F5["d"].offset, out, _L8.d)
+
+
+def _row_qwords(g: VectorIR, rows: list, off) -> list:  # noqa: ANN001
+    """Two <64 x i8>: vector h holds bytes 8h..8h+7 of the 16 at ``off`` of each of the 8
+    rows (row n in bytes 8n..8n+7)."""
+    bld = g.b
+    qs = [bld.load(_ptr(g, r, off, vec(I64, 2)), align=1) for r in rows]
+    qs = [_cat(g, qs[2 * m], qs[2 * m + 1]) for m in range(4)]
+    qs = _cat(g, _cat(g, qs[0], qs[1]), _cat(g, qs[2], qs[3]))  # <16 x i64>: row n, 2 qwords
+    return [bld.bitcast(bld.shuffle_vector(qs, qs, ir.Constant(
+        vec(I32, 8), [2 * n + h for n in range(8)])), vec(I8, 64)) for h in range(2)]
+
+
+def _pack_iq4nl(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
+    """IQ4_NL block at ``off`` of the 8 rows into the buffer block ``out`` (as
+    ``_pack_q80``): value j < 16 is ``kvalues_iq4nl`` at the low nibble of ``qs[j]``,
+    value j + 16 at its high nibble, looked up 64 at a time (``vpshufb``, the 16 entries
+    in each 128-bit lane)."""
+    bld = g.b
+    halves = _row_qwords(g, rows, bld.add(off, g.c64(_FN["qs"].offset)))
+    table = ir.Constant(vec(I8, 64), list(KERNEL_TYPES[GGMLType.IQ4_NL].table) * 4)
+    for j in range(4):  # values 8j..8j+7: low nibbles for j < 2, then high ones
+        low = halves[j % 2] if j < 2 else bld.lshr(halves[j % 2], g.splat8(4, 64))
+        idx = bld.and_(low, g.splat8(15, 64))
+        _store(g, g.call("llvm.x86.avx512.pshuf.b.512", vec(I8, 64), [table, idx]), out,
+               64 * j)
+    _pack_starts(g, out, _isums_q80, 4, _L8.extra)
+    _pack_d(g, rows, off, _FN["d"].offset, out, _L8.d)
 
 
 def _pack_starts(g: VectorIR, out, isums, count: int, at: int) -> None:  # noqa: ANN001
@@ -366,7 +389,7 @@ class _Spec(NamedTuple):
     offset: object = None  # (g, blk, aux, b, dab, term) -> term: an offset term (Q4_K's)
 
 
-_F8, _F5 = FORMATS[GGMLType.Q8_0], FORMATS[GGMLType.Q5_0]
+_F8, _F5, _FN = FORMATS[GGMLType.Q8_0], FORMATS[GGMLType.Q5_0], FORMATS[GGMLType.IQ4_NL]
 _L8 = _Layout(544, _F8.type_size, 256, 512, 256)
 _PAIRED = ([2 * (i // 4) + i % 2 for i in range(16)], _EVEN, _ODD)  # pack_madd's lanes
 _PLAIN = ([i // 2 for i in range(16)], list(range(0, 16, 2)), list(range(1, 16, 2)))
@@ -374,7 +397,9 @@ _TYPES = {Q4_K: _Spec(_L4, _pack_q4k, _isums_q4k, 256, 0, *_PAIRED, _offset_q4k)
           Q6_K: _Spec(_L6, _pack_q6k, _isums_q6k, 256, 1, *_PAIRED),
           Q8_0: _Spec(_L8, _pack_q80, _isums_q80, 32, 4, *_PLAIN),
           Q5_0: _Spec(_L8._replace(type_size=_F5.type_size), _pack_q50, _isums_q80, 32, 4,
-                      *_PLAIN)}
+                      *_PLAIN),
+          IQ4_NL: _Spec(_L8._replace(type_size=_FN.type_size), _pack_iq4nl, _isums_q80, 32, 4,
+                        *_PLAIN)}
 
 
 def _switch(g: VectorIR, kind, emit) -> None:  # noqa: ANN001
@@ -475,7 +500,7 @@ def _emit_gemm(g: VectorIR, spec: _Spec, bufs, qas, das, auxs, i0, outs, c0,  # 
 def _make_gemm(na: int):  # noqa: ANN202 - a numba intrinsic
     """Intrinsic ``gemm(kind, buf, qa, da, aux, i0, out, c0)``: ``out[i0 + a, c0 + n]`` for
     ``a < na``, ``n < 8``: the buffered weight rows of type ``kind`` (``_pack``) times
-    activation rows ``qa`` (Q8_K or Q8_0; for Q6_K, Q8_0, Q5_0 the bytes plus 128,
+    activation rows ``qa`` (Q8_K or Q8_0; for Q6_K, Q8_0, Q5_0, IQ4_NL the bytes plus 128,
     ``ActivationSet.qu``)."""
 
     @intrinsic
@@ -504,7 +529,7 @@ for _t, _spec in _TYPES.items():
 @njit(cache=True, nogil=True)
 def gemm_rows(kind, w, r0, r1, qa, da, aux, qu, tbl, out):  # noqa: ANN001, ANN201
     """The hot loop. Weight rows r0:r1 of ``w`` (R, row_bytes) u8 of type ``kind`` (one of
-    GEMM_KINDS) @ activations (n, K) of its type (Q6_K, Q8_0, Q5_0: ``qu``, the bytes plus
+    GEMM_KINDS) @ activations (n, K) of its type (Q6_K, Q8_0, Q5_0, IQ4_NL: ``qu``, the bytes plus
     128) -> out[:, r0:r1] (n, R) f32, in groups of 8 rows; returns the first row of the
     last 1-7 it leaves to the caller (r0 when it runs none: ``qu`` without rows)."""
     n = qa.shape[0]

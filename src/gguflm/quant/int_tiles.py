@@ -5,10 +5,12 @@ Each weight block is unpacked to small integers (``int_blocks``) and multiplied 
 activation integers: an exact integer dot product per block in 8 lanes, converted and
 fused into an 8-lane float accumulator times ``d_weight * d_activation``; at the end
 ggml's horizontal sum. The types without integer scales have ggml's lanes (lane j sums
-values 4j..4j+3 of each 32: ``pmaddubsw`` then ``pmaddwd``); the K-quants their own,
-with one scale step per 8 values (``_scaled_dot``), which the 512-bit tiles take two
-activation rows at a time. Every tile shape runs the same per-element sequence, so
-results are batch-invariant.
+values 4j..4j+3 of each 32: ``pmaddubsw`` then ``pmaddwd``), and so does IQ4_XS, whose
+values are too wide for anything else (each lane's pair sums times its 32 values' scale);
+the K-quants their own, with one scale step per 8 values (``_scaled_dot``), which the
+512-bit tiles take two activation rows at a time (but Q2_K, whose mins multiply the
+activations' 16-value sums, worked out from the bytes in its block loop). Every tile shape
+runs the same per-element sequence, so results are batch-invariant.
 
 Each weight type has its own compiled row kernel (``rows_kernel``): its block loop alone,
 compiled the first time a model needs the type (``prepare``) and cached on disk. The
@@ -34,7 +36,7 @@ from numba.extending import intrinsic
 
 from ..gguf.types import GGMLType
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
-from .int_blocks import block_scale, signed, unpack, vnni_offset, wide
+from .int_blocks import block_scale, min_sums, quad_words, signed, unpack, vnni_offset, wide
 from .int_gemm import GEMM_KINDS, GEMM_MIN_ROWS, gemm_rows
 from .kerneltypes import KERNEL_TYPES, KernelType
 from .vector_ir import (
@@ -262,7 +264,7 @@ def _lanes_offset(g: VectorIR, t: Tile, term, b, da8) -> None:  # noqa: ANN001
     """Block ``b``'s offset term for the lanes tiles' rows at once, lane i doing row i's
     scalar steps of ``_accumulate`` (the same numbers): Q8_1's ``+ m * s_act``, or
     ``- (d_act * dmin) * msum`` with msum the mins times the row's 8 32-sums (integers
-    below 2**24 in float: exact in any order)."""
+    below 2**24 in float: exact in any order; Q2_K's 16 mins and 16-sums, ``min_sums``)."""
     bld = g.b
     accv = bld.load(t.lanes.acc)
     if term.kind == "m":
@@ -270,7 +272,11 @@ def _lanes_offset(g: VectorIR, t: Tile, term, b, da8) -> None:  # noqa: ANN001
         bld.store(bld.fadd(accv, prod), t.lanes.acc)
         return
     msum = None
-    if WIDE:  # two mins a 512-bit fma (exact, as the products and sums are integers)
+    if term.kind == "dmin16":  # the rows' sums side by side, 0 past the tile's rows
+        msum = ir.Constant(vec(F32, 8), [0.0] * 8)
+        for i, act in enumerate(t.acts):
+            msum = bld.insert_element(msum, min_sums(g, term, act.cor, b), ir.Constant(I32, i))
+    elif WIDE:  # two mins a 512-bit fma (exact, as the products and sums are integers)
         v16 = vec(F32, 16)
         for j in range(0, 8, 2):
             mj = g.lanes(term.mins, [j] * 8 + [j + 1] * 8)
@@ -279,7 +285,7 @@ def _lanes_offset(g: VectorIR, t: Tile, term, b, da8) -> None:  # noqa: ANN001
             msum = bld.fmul(mj, a16) if msum is None else g.call(
                 "llvm.fma.v16f32", v16, [mj, a16, msum])
         msum = bld.fadd(g.lanes(msum, list(range(8))), g.lanes(msum, list(range(8, 16))))
-    for j in range(0 if WIDE else 8):
+    for j in range(0 if WIDE or term.kind == "dmin16" else 8):
         mj = g.splatf8(bld.extract_element(term.mins, ir.Constant(I32, j)))
         p = bld.fmul(mj, g.load_v8(t.lanes.aux8, bld.add(bld.mul(b, g.c64(8)), g.c64(j))))
         msum = p if msum is None else bld.fadd(msum, p)
@@ -291,7 +297,7 @@ def _integer_dot(g: VectorIR, k: KernelType, blk, a8: list, cor: list | None,  #
                  shift: str) -> ir.Value:
     """<8 x i32>: one weight block's exact integer dot with one activation row's spans
     ``a8``, started from the lane corrections ``cor`` where ``shift`` asks for them."""
-    if k.scales:
+    if quad_words(k):
         return _scaled_dot(g, k, blk, a8)
     isum = None
     for s, sp in enumerate(blk.spans):
@@ -374,9 +380,12 @@ def _accumulate(g: VectorIR, t: Tile, j: int, i: int, act: ActRow, b, blk, isum,
     if term.kind == "m":  # + m * sum(x), Q8_1's stored block sum
         accs = bld.fadd(accs, bld.fmul(term.factor, g.load_f32(act.aux, b)))
     else:
-        p8 = bld.bitcast(g.at(act.aux, bld.mul(b, g.c64(8))), vec(F32, 8).as_pointer())
-        # integers below 2**24 in float: the products and sums are exact
-        msum = g.hsum8(bld.fmul(term.mins, bld.load(p8, align=4)))
+        if term.kind == "dmin16":
+            msum = min_sums(g, term, act.cor, b)
+        else:
+            p8 = bld.bitcast(g.at(act.aux, bld.mul(b, g.c64(8))), vec(F32, 8).as_pointer())
+            # integers below 2**24 in float: the products and sums are exact
+            msum = g.hsum8(bld.fmul(term.mins, bld.load(p8, align=4)))
         accs = bld.fsub(accs, bld.fmul(bld.fmul(dab, term.factor), msum))
     bld.store(accs, t.acc_scalar[j][i])
 
@@ -403,6 +412,11 @@ def _emit_types(g: VectorIR, kind, ktypes: list[KernelType], t: Tile, nbytes,  #
         blk = bld.append_basic_block(f"rowdot.{k.type.ggml_name}")
         sw.add_case(ir.Constant(I64, int(k.type)), blk)
         bld.position_at_end(blk)
+        if k.offset == "dmin" and k.groups == 16:  # Q2_K: its mins' 16-sums, or NaN
+            rows = cgutils.unpack_tuple(bld, shifted_srcs[0].shape)[0]
+            body = bld.append_basic_block(f"rowdot.{k.type.ggml_name}.sums")
+            bld.cbranch(bld.icmp_signed("!=", rows, g.c64(0)), body, unknown)
+            bld.position_at_end(body)
         nb = bld.udiv(nbytes, g.c64(k.type_size))
         # no sign step (``_emit_block``'s ``shift``): the lanes tiles take the activations
         # plus 128 and each weight block's lane corrections, the rest the weights plus

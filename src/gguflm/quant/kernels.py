@@ -11,11 +11,12 @@ How a product ``W (d_out, d_in) @ x (d_in,)`` runs, as in ggml's CPU backend:
    ``int_tiles``), in tiles of weight rows times activation rows; every tile shape runs
    the same per-element sequence, so results are batch-invariant. Each weight type's
    tiles are compiled on their own, for the types a model has (``prepare``). From 8
-   activation rows, Q4_K, Q6_K, Q8_0 and Q5_0 run as a GEMM over 8 weight rows at a time,
-   unpacked once for all the rows (``int_gemm``; AVX512-VNNI), with the tiles' numbers.
+   activation rows, Q4_K, Q6_K, Q8_0, Q5_0 and IQ4_NL run as a GEMM over 8 weight rows at
+   a time, unpacked once for all the rows (``int_gemm``; AVX512-VNNI), with the tiles'
+   numbers.
 3. Rows run in parallel work items (``products``).
 
-The SIMD work is LLVM vector IR (``vector_ir``). F16 weights have float tiles
+The SIMD work is LLVM vector IR (``vector_ir``). F16 and BF16 weights have float tiles
 (``float_tiles``); GeGLU and SwiGLU are ``glu``. Every kernel has a shape contract in one
 comment and a slow numpy twin (``twin_*``, beside it or in ``kerneltypes``) that the tests
 compare against.

@@ -3,9 +3,9 @@
 A ``KernelType`` says how a block of its type becomes the integers ggml's ``vec_dot``
 multiplies with 8-bit activations: which bit planes of which fields (``formats.FORMATS``
 gives their byte offsets) make each value, the constant subtracted (or the value
-table they index: MXFP4's), the integer group scales, the per-block float scale (and how it
-is encoded), the offset term (Q4_1/Q5_1's ``m``, Q4_K/Q5_K's ``dmin``), and which
-activation type ggml pairs with it. From that one declaration:
+table they index: MXFP4's, IQ4_NL's), the integer group scales, the per-block float
+scale (and how it is encoded), the offset term (Q4_1/Q5_1's ``m``, Q4_K/Q5_K/Q2_K's
+``dmin``), and which activation type ggml pairs with it. From that one declaration:
 
 - ``matrix.QMatrix`` dispatches a weight to the integer kernels (``KERNEL_TYPES``);
 - ``int_blocks``/``int_tiles`` (hot, numba/LLVM) build each type's block loop;
@@ -27,8 +27,8 @@ import numpy as np
 from ..gguf.types import GGMLType
 from .bits import bit_planes, spread_bits
 from .formats import FORMATS, BlockFormat, f16_to_f32
-from .kquants import k4_scales_mins
-from .simple import e8m0_half
+from .kquants import k4_scales_mins, q3_k_scales
+from .simple import KVALUES_IQ4NL, e8m0_half
 
 T = GGMLType
 ACTIVATION_TYPES = (T.Q8_0, T.Q8_1, T.Q8_K)
@@ -57,8 +57,13 @@ class KernelType:
     act: GGMLType  # the activation type ggml's vec_dot pairs with it
     planes: tuple[Plane, ...]
     bias: int = 0
-    scales: str = ""  # "": none; "k4": 8 six-bit scales and mins in 12 bytes; "i8": per 16
-    offset: str = ""  # "": none; "m": + m * (Q8_1 block sum); "dmin": - dmin * mins
+    # "": none; "k4": 8 six-bit scales and mins in 12 bytes (per 32 values); "i8": int8s
+    # per 16; "q3k": 16 six-bit scales minus 32 in 12 bytes; "q2k": 16 bytes of a nibble
+    # scale (low) and a nibble min (high) per 16; "iq4xs": 8 six-bit scales minus 32 per 32,
+    # low nibbles in ``scales_l``, top 2 bits in ``scales_h``
+    scales: str = ""
+    # "": none; "m": + m * (Q8_1 block sum); "dmin": - dmin * (mins . activation group sums)
+    offset: str = ""
     batch8: bool = True  # 1 weight row x 8 activations tiles (False: 2x4, if LLVM spills)
     table: tuple[int, ...] = ()  # (): none; 16 int8 values the 4-bit plane value indexes
     d_field: str = "d"  # the block's float scale
@@ -66,6 +71,11 @@ class KernelType:
     # two lanes (K-quants), the split the 8-row interleaved GEMM (``int_gemm``) computes: a
     # block's scaled integer dot split only into its even and its odd 32-value spans
     parity_lanes: bool = False
+
+    @property
+    def groups(self) -> int:
+        """Integer scales per block (1: none)."""
+        return SCALE_GROUPS[self.scales]
 
     @property
     def format(self) -> BlockFormat:
@@ -84,6 +94,10 @@ class KernelType:
         from .dequant import block_dequantizer
 
         return block_dequantizer(self.type)
+
+
+SCALE_GROUPS = {"": 1, "k4": 8, "i8": 16, "q3k": 16, "q2k": 16, "iq4xs": 8}
+KVALUES_IQ4 = tuple(int(v) for v in KVALUES_IQ4NL)  # kvalues_iq4nl (ggml-common.h)
 
 
 def _nibbles(field: str) -> Plane:  # 16 bytes -> 32 values: low nibbles, then high
@@ -109,6 +123,13 @@ KERNEL_TYPES: dict[GGMLType, KernelType] = {k.type: k for k in [
     # per 128 values: low 4 bits from 64 bytes of ql, top 2 bits from 32 bytes of qh
     KernelType(T.Q6_K, T.Q8_K, (Plane("ql", 64, 4), Plane("qh", 32, 2, shift=4)), bias=32,
                scales="i8", parity_lanes=True),
+    # per 128 values: 2-bit planes of 32 bytes; Q3_K's third bit from hmask, set meaning
+    # "not minus 4" (bit 4n + j of byte l is value 128n + 32j + l)
+    KernelType(T.Q2_K, T.Q8_K, (Plane("qs", 32, 2),), scales="q2k", offset="dmin"),
+    KernelType(T.Q3_K, T.Q8_K, (Plane("qs", 32, 2), Plane("hmask", 32, 1, shift=2)), bias=4,
+               scales="q3k"),
+    KernelType(T.IQ4_NL, T.Q8_0, (_nibbles("qs"),), table=KVALUES_IQ4),
+    KernelType(T.IQ4_XS, T.Q8_K, (_nibbles("qs"),), table=KVALUES_IQ4, scales="iq4xs"),
     # kvalues_mxfp4 (ggml-common.h): E2M1 values doubled, as d is half the E8M0 scale
     KernelType(T.MXFP4, T.Q8_0, (_nibbles("qs"),),
                table=(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12),
@@ -147,13 +168,17 @@ def _check(k: KernelType) -> None:
         assert p.width == 8 or f.nbytes % p.group == 0, (name, p)
     if k.offset:
         assert fmt[k.offset].kind == "f16", name
-    if k.scales == "k4":
+    if k.scales in ("k4", "q3k"):
         assert fmt["scales"].nbytes == 12 and k.block_size == 256, name
-    elif k.scales == "i8":
-        assert fmt["scales"].kind == "i8" and fmt["scales"].count * 16 == k.block_size, name
+    elif k.scales in ("i8", "q2k"):
+        assert fmt["scales"].count * 16 == k.block_size, name
+        assert fmt["scales"].kind == ("i8" if k.scales == "i8" else "u8"), name
+    elif k.scales == "iq4xs":
+        assert (fmt["scales_l"].nbytes, fmt["scales_h"].nbytes) == (4, 2), name
     else:
         assert k.scales == "" and k.block_size == 32, name
-    assert k.offset != "dmin" or k.scales == "k4", name
+    assert k.block_size % k.groups == 0, name
+    assert k.offset != "dmin" or k.scales in ("k4", "q2k"), name
 
 
 for _k in KERNEL_TYPES.values():
@@ -182,7 +207,7 @@ class TwinBlocks:
     sc: np.ndarray  # (R, nb, G) int32: integer scale per group of QK/G values (1: none)
     d: np.ndarray  # (R, nb) float32
     m: np.ndarray | None = None  # (R, nb) float32: m or dmin
-    mins: np.ndarray | None = None  # (R, nb, 8) int32
+    mins: np.ndarray | None = None  # (R, nb, G) int32
 
 
 def plane_values(blocks: np.ndarray, fmt: BlockFormat, p: Plane) -> np.ndarray:
@@ -210,15 +235,31 @@ def twin_unpack(t: GGMLType | int, w: np.ndarray) -> TwinBlocks:
     raw = fmt.field(blk, k.d_field)
     d = (e8m0_half(raw) if k.d_enc == "e8m0_half" else f16_to_f32(raw)).reshape(r, nb)
     m = f16_to_f32(fmt.field(blk, k.offset)).reshape(r, nb) if k.offset else None
-    mins = None
+    sc, mins = twin_scales(k, blk)
+    shape = (r, nb, k.groups)
+    return TwinBlocks(q.reshape(r, nb, -1), sc.reshape(shape), d, m,
+                      None if mins is None else mins.reshape(shape))
+
+
+def twin_scales(k: KernelType, blk: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """The integer scales ``(n, G)`` int32 of blocks ``(n, type_size)`` of type ``k``, and
+    its mins (Q4_K/Q5_K/Q2_K) or None."""
+    fmt = k.format
+    if not k.scales:
+        return np.ones((len(blk), 1), np.int32), None
+    if k.scales == "iq4xs":  # as dequant_iq4_xs reads them
+        lo = (fmt.field(blk, "scales_l")[:, :, None] >> np.array([0, 4], np.uint8)) & 0xF
+        hi = (fmt.field(blk, "scales_h")[:, None] >> np.arange(0, 16, 2, dtype=np.uint16)) & 3
+        return (lo.reshape(-1, 8).astype(np.int32) | (hi.astype(np.int32) << 4)) - 32, None
+    raw = fmt.field(blk, "scales")
     if k.scales == "k4":
-        sc, mn = k4_scales_mins(fmt.field(blk, "scales"))  # the dequantizer's own
-        sc, mins = sc.astype(np.int32).reshape(r, nb, 8), mn.astype(np.int32).reshape(r, nb, 8)
-    elif k.scales == "i8":
-        sc = fmt.field(blk, "scales").astype(np.int32).reshape(r, nb, -1)
-    else:
-        sc = np.ones((r, nb, 1), np.int32)
-    return TwinBlocks(q.reshape(r, nb, -1), sc, d, m, mins)
+        sc, mn = k4_scales_mins(raw)  # the dequantizer's own
+        return sc.astype(np.int32), mn.astype(np.int32)
+    if k.scales == "q2k":
+        return (raw & 0xF).astype(np.int32), (raw >> 4).astype(np.int32)
+    if k.scales == "q3k":
+        return q3_k_scales(raw).astype(np.int32) - 32, None
+    return raw.astype(np.int32), None
 
 
 def twin_dequantize(t: GGMLType | int, w: np.ndarray) -> np.ndarray:
@@ -298,16 +339,17 @@ def twin_block_terms(t: GGMLType | int, w: np.ndarray, x: np.ndarray) -> np.ndar
     """ggml's vec_dot block by block: ``(n, R, n_blocks, 2)`` float64 terms whose sum is
     ``W (R, row_bytes) @ x (n, K)``. Term 0 is ``fp32(d_act * d) * isum``, ``isum`` the
     block's exact integer dot (group dots times their integer scales); term 1 is
-    Q4_1/Q5_1's ``fp32(m * s_act)`` or Q4_K/Q5_K's ``-fp32(d_act * dmin) * sum(mins *
-    activation 32-sums)``. The float32 roundings are ggml's; only the summation order of
-    the terms is free (the kernels sum in float32 lanes, ggml in its own)."""
+    Q4_1/Q5_1's ``fp32(m * s_act)`` or Q4_K/Q5_K/Q2_K's ``-fp32(d_act * dmin) * sum(mins *
+    activation group sums)`` (32-value groups; Q2_K's of 16, ggml's ``bsums``). The float32
+    roundings are ggml's; only the summation order of the terms is free (the kernels sum
+    in float32 lanes, ggml in its own)."""
     k = kernel_type(t)
     tb = twin_unpack(t, w)
     n = x.shape[0]
     r, nb, qk = tb.q.shape
     groups = tb.sc.shape[-1]
     if k.act == T.Q8_K:
-        qa, da, bsum = twin_quantize_q8_k(x)
+        qa, da, _ = twin_quantize_q8_k(x)
     else:
         qa, da, sa = twin_quantize_q8_0(x)
     qa = qa.reshape(n, nb, groups, qk // groups).astype(np.int64)
@@ -316,8 +358,8 @@ def twin_block_terms(t: GGMLType | int, w: np.ndarray, x: np.ndarray) -> np.ndar
     terms = np.zeros((n, r, nb, 2))
     terms[..., 0] = (da[:, None, :] * tb.d[None]).astype(np.float32) * isum
     if k.offset == "dmin":
-        msum = np.einsum("rbs,nbs->nrb", tb.mins.astype(np.int64),
-                         bsum.reshape(n, nb, 8).astype(np.int64))
+        gsum = qa.reshape(n, nb, groups, -1).sum(-1)  # the activations' sum per group
+        msum = np.einsum("rbs,nbs->nrb", tb.mins.astype(np.int64), gsum)
         terms[..., 1] = -(da[:, None, :] * tb.m[None]).astype(np.float32) * msum
     elif k.offset == "m":
         terms[..., 1] = (tb.m[None] * sa[:, None, :]).astype(np.float32)
@@ -329,5 +371,5 @@ def twin_qmatmul(t: GGMLType | int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return twin_block_terms(t, w, x).sum((-1, -2)).astype(np.float32)
 
 
-# every weight type a compiled product takes (``grouped``): the integer kernels' and F16
-COMPILED_TYPES = frozenset(KERNEL_TYPES) | {GGMLType.F16}
+# every weight type a compiled product takes (``grouped``): the integer kernels', F16, BF16
+COMPILED_TYPES = frozenset(KERNEL_TYPES) | {GGMLType.F16, GGMLType.BF16}

@@ -30,7 +30,7 @@ def dequant_q2_k(blocks: np.ndarray, out: np.ndarray) -> None:
     o -= ml[:, :, None]
 
 
-def _q3_k_scales(s: np.ndarray) -> np.ndarray:
+def q3_k_scales(s: np.ndarray) -> np.ndarray:
     """Sixteen 6-bit scales packed in 12 bytes -> (n, 16) ints in [0, 64).
 
     ggml unpacks them with uint32 masks; per byte k of group g that is: low 4 bits from
@@ -54,7 +54,7 @@ def dequant_q3_k(blocks: np.ndarray, out: np.ndarray) -> None:
     q = q.view(np.int8)
     q -= h.view(np.int8)
     out[:] = q
-    scales = _q3_k_scales(f.field(blocks, "scales")).astype(np.int8) - np.int8(32)
+    scales = q3_k_scales(f.field(blocks, "scales")).astype(np.int8) - np.int8(32)
     dl = f.scale(blocks, "d") * scales
     out.reshape(n, 16, 16)[:] *= dl[:, :, None]
 

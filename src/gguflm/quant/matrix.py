@@ -303,11 +303,11 @@ def _quantized_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
 
 def _f16_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
     # every batch size here, never BLAS: each element is summed in the same order
-    # whatever the batch (the serving engine's determinism rule)
+    # whatever the batch (the serving engine's determinism rule); BF16 too (int16 bits)
     from gguflm.quant import kernels
-    from gguflm.quant.float_tiles import STREAM_CHUNK
+    from gguflm.quant.float_tiles import STREAM_CHUNK, bf16_bits
 
-    w = m.raw.view(np.uint16)
+    w = bf16_bits(m.raw) if m.type == GGMLType.BF16 else m.raw.view(np.uint16)
     if x.shape[0] * m.shape[0] * m.shape[1] >= PARALLEL_MIN_MACS:
         if m.shape[0] < 2 * STREAM_CHUNK and x.shape[0] >= 2 * ROWSPLIT_MIN_ROWS:
             from gguflm.quant.rowsplit import f16_matmul_xrows  # one weight chunk: split x
@@ -331,13 +331,9 @@ ROUND_PARALLEL_MIN = 1 << 16  # values from which _round_f16 shares out the rows
 
 def _round_bf16(x: np.ndarray) -> np.ndarray:
     """float32 -> nearest bfloat16 (ties to even) -> float32, as ggml's fp32_to_bf16."""
-    u = x.view(np.uint32)
-    r = ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))))
-         & np.uint32(0xFFFF0000))
-    nan = np.isnan(x)
-    if nan.any():
-        r[nan] = (u[nan] & np.uint32(0xFFFF0000)) | np.uint32(0x00400000)
-    return r.view(np.float32)
+    from gguflm.quant.float_tiles import rounded_bf16, rounded_bf16_par  # numba: on first use
+
+    return (rounded_bf16_par if x.size >= ROUND_PARALLEL_MIN else rounded_bf16)(x)
 
 
 # F16/BF16 weights multiply activations rounded to their own type, as ggml's vec_dot does
@@ -347,7 +343,7 @@ def _fast_path(t: GGMLType):  # noqa: ANN202 - returns a private dispatcher or N
     """The kernel dispatcher for type ``t``, or None when only the fallback exists."""
     if t in KERNEL_TYPES:  # the declarations the kernels are built from
         return _quantized_kernel
-    if t == GGMLType.F16:
+    if t in (GGMLType.F16, GGMLType.BF16):
         return _f16_kernel
     if t == GGMLType.F32:
         return _f32_product
