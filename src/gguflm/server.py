@@ -42,6 +42,7 @@ from .access import AccessPolicy
 from .api import LLM, InvalidRequestError, QueueFullError
 from .engine.errors import ConstraintFailure, NoTokenAllowed
 from .http_protocol import hardened_protocol
+from .model_pool import CURRENT, ModelPool, PoolError, PoolScope
 from .replies import ChatShaper, CompletionShaper
 from .server_metrics import ServerMetrics
 from .wire.openai import parse_chat, parse_completion, parse_embeddings
@@ -176,10 +177,11 @@ def _uvicorn_server(config: Any, on_exit: Callable[[], None]) -> Any:
 
 
 class APIServer:
-    """The HTTP server over one ``LLM``: bound at construction, served by ``serve_forever``
+    """The HTTP server over one ``LLM``, or over a ``ModelPool`` of several (each request's
+    ``model`` picks one: ``use_model``): bound at construction, served by ``serve_forever``
     (in any thread), stopped by ``shutdown`` from another."""
 
-    def __init__(self, llm: LLM, host: str = "127.0.0.1", port: int = 8080, *,
+    def __init__(self, llm: LLM | ModelPool, host: str = "127.0.0.1", port: int = 8080, *,
                  max_queue: int | None = None, verbose: bool = False, webui: bool = True,
                  cors: Iterable[str] = (), api_key: str | None = None,
                  allowed_hosts: Iterable[str] = ()) -> None:
@@ -188,10 +190,9 @@ class APIServer:
         # ValueError for a bad origin, key or host name
         self.access = AccessPolicy(cors, api_key, (host, *allowed_hosts))
         self.webui = webui  # serve the chat page at GET /
-        self.llm = llm
-        self.engine = llm.engine
-        if max_queue is not None:
-            self.engine.max_queue = max_queue
+        self.pool = llm if isinstance(llm, ModelPool) else ModelPool.single_model(llm)
+        if max_queue is not None and not isinstance(llm, ModelPool):
+            llm.engine.max_queue = max_queue
         self.verbose = verbose
         self.started = int(time.time())
         self.counters = ServerMetrics()
@@ -240,6 +241,7 @@ class APIServer:
 
     def server_close(self) -> None:
         self.sock.close()
+        self.pool.close()
 
     def log(self, message: str) -> None:
         sys.stderr.write(f"gguflm serve: {message}\n")
@@ -248,18 +250,54 @@ class APIServer:
     # --- the application -----------------------------------------------------------------
 
     def app(self) -> Any:
-        """The ASGI application: the access checks and the page around the API routes."""
+        """The ASGI application: the access checks and the page around the API routes, each
+        request holding the models it uses until its answer is sent (``PoolScope``)."""
         api = self.api_app()
         known = {r.path for r in api.routes} | set(webui_page.ROUTES)
-        return _Access(api, self, known)
+        return _Access(PoolScope(api, self.pool), self, known)
+
+    # --- the request's model -------------------------------------------------------------
+
+    @property
+    def llm(self) -> LLM:
+        """The model of the request being answered (picked by ``use_model``); a
+        single-model server's one model."""
+        held = CURRENT.get()
+        if held is not None and held.llm is not None:
+            return held.llm
+        if self.pool.single:
+            return self.pool.default_llm
+        raise RequestError(400, "this server serves several models: name one in 'model'",
+                           param="model")
+
+    @property
+    def engine(self) -> Any:
+        return self.llm.engine
+
+    async def use_model(self, body: dict[str, Any], keep_alive: float | None = None) -> LLM:
+        """The model ``body`` names (``model``), loaded if it is not, held until this
+        request's answer is sent and then kept ``keep_alive`` seconds (None: its ttl) for
+        the next; ``self.llm`` is it from here on. A single-model server's one model takes
+        any name. RequestError: an unknown model (404, listing what is served), or one that
+        does not fit (503)."""
+        if self.pool.single:
+            return self.llm
+        name = body.get("model")
+        if name is not None and not isinstance(name, str):
+            raise RequestError(400, "'model' must be a string", param="model")
+        held = CURRENT.get()
+        assert held is not None, "requests run inside PoolScope"
+        try:
+            r = await asyncio.to_thread(held.take, self.pool, name)
+        except PoolError as e:
+            raise RequestError(e.status, str(e), param="model", code=e.code,
+                               type="invalid_request_error" if e.status < 500
+                               else "server_error") from None
+        held.llm, held.keep_alive = r.llm, keep_alive
+        return r.llm
 
     def api_app(self) -> Starlette:
         routes = [
-            Route("/health", self.health, methods=["GET"]),
-            Route("/slots", self.slots, methods=["GET"]),
-            Route("/metrics", self.metrics, methods=["GET"]),
-            Route("/v1/models", self.models, methods=["GET"]),
-            Route("/models", self.models, methods=["GET"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
@@ -267,9 +305,9 @@ class APIServer:
             Route("/v1/embeddings", self.embeddings, methods=["POST"]),
             Route("/embeddings", self.embeddings, methods=["POST"]),
         ]
-        from .routes import anthropic, ollama, responses  # (they import this module)
+        from .routes import anthropic, models, ollama, rerank, responses  # (they import this)
 
-        for api in (anthropic, ollama, responses):
+        for api in (models, anthropic, ollama, responses, rerank):
             routes += api.routes(self)
         return Starlette(routes=routes, exception_handlers={
             HTTPException: self._http_error, Exception: self._internal_error})
@@ -296,34 +334,13 @@ class APIServer:
         return RequestError(500, f"internal error: {type(exc).__name__}", type="server_error"
                             ).response()
 
-    async def health(self, request: Request) -> Response:
-        e = self.engine
-        busy = e.n_running
-        return JSONResponse({"status": "ok", "slots_idle": e.n_slots - busy,
-                             "slots_processing": busy, "queue": e.n_waiting,
-                             "n_ctx": self.llm.n_ctx, "model": self.llm.model_id})
-
-    async def slots(self, request: Request) -> Response:
-        return JSONResponse(self.engine.slots_info())
-
-    async def models(self, request: Request) -> Response:
-        llm = self.llm
-        return JSONResponse({"object": "list", "data": [{
-            "id": llm.model_id, "object": "model", "created": self.started,
-            "owned_by": "gguflm", "meta": {"n_ctx": llm.n_ctx,
-                                           "n_vocab": llm.tokenizer.n_vocab,
-                                           "parallel": self.engine.n_slots}}]})
-
-    async def metrics(self, request: Request) -> Response:
-        return Response(self.counters.text(self.engine),
-                        media_type="text/plain; version=0.0.4; charset=utf-8")
-
     # --- generation ----------------------------------------------------------------------
 
     async def completions(self, request: Request) -> Response:
         try:
             body = await read_json_body(request)
             call = self.call(lambda: parse_completion(body))
+            await self.use_model(body)
             req, ptext = await asyncio.to_thread(self.call, lambda: self.llm.completion_request(
                 call.prompt, call.spec, call.echo))
         except RequestError as e:
@@ -336,6 +353,7 @@ class APIServer:
         try:
             body = await read_json_body(request)
             call = self.call(lambda: parse_chat(body))
+            await self.use_model(body)
             req, plan = await asyncio.to_thread(self.call, lambda: self.llm.chat_request(
                 call.messages, call.spec))
         except RequestError as e:
@@ -497,6 +515,7 @@ class APIServer:
         try:
             body = await read_json_body(request)
             call = self.call(lambda: parse_embeddings(body))
+            await self.use_model(body)
             result = await self.embed(request, call.input,
                                       encoding_format=call.encoding_format, **call.extra)
         except RequestError as e:
@@ -504,14 +523,21 @@ class APIServer:
         return JSONResponse(result)
 
     async def embed(self, request: Request, inputs: Any, **options: Any) -> dict[str, Any]:
-        """``LLM.create_embedding`` of ``inputs`` in a thread, cancelled when the client
-        leaves or the server stops; a refusal as RequestError (503: the queue is full)."""
+        """``LLM.create_embedding`` of ``inputs`` (``in_thread``)."""
+        llm = self.llm
+        return await self.in_thread(request, lambda cancel: llm.create_embedding(
+            inputs, cancel=cancel, **options))
+
+    async def in_thread(self, request: Request, work: Callable[[Callable[[], bool]], Any]
+                        ) -> Any:
+        """``work(cancel)`` (an LLM call that polls ``cancel``) in a thread, cancelled when
+        the client leaves or the server stops; a refusal as RequestError (503: the queue is
+        full)."""
         gone = threading.Event()  # set when the client leaves or the server stops
         self._cancels.add(gone.set)
         watch = asyncio.ensure_future(self._watch_disconnect(request, gone))
         try:
-            result = await asyncio.to_thread(self.call, lambda: self.llm.create_embedding(
-                inputs, cancel=gone.is_set, **options))
+            result = await asyncio.to_thread(self.call, lambda: work(gone.is_set))
         except RequestError as e:
             if e.code == "cancelled":
                 self.count("disconnects")
@@ -579,7 +605,8 @@ def _closing(resp: Response) -> Response:
     return resp
 
 
-def make_server(llm: LLM, host: str = "127.0.0.1", port: int = 8080, **kwargs: Any) -> APIServer:
-    """A bound (not yet serving) server; call ``serve_forever()`` (port 0: any free port,
-    see ``server_address``)."""
+def make_server(llm: LLM | ModelPool, host: str = "127.0.0.1", port: int = 8080,
+                **kwargs: Any) -> APIServer:
+    """A bound (not yet serving) server over one model or a pool of them; call
+    ``serve_forever()`` (port 0: any free port, see ``server_address``)."""
     return APIServer(llm, host, port, **kwargs)

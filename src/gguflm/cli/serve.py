@@ -1,4 +1,5 @@
-"""``gguflm serve [MODEL]``: an OpenAI-compatible HTTP API on one model."""
+"""``gguflm serve [MODEL]``: an OpenAI-compatible HTTP API on one model, or on several
+(``-m`` repeated, ``--models-dir``, ``--models-config``: ``serve_models.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from .common import (
     add_kv_cache_options,
     add_load_options,
     add_lookup_option,
-    add_model_argument,
     add_status_options,
     add_threads_argument,
     batch_size,
@@ -26,6 +26,7 @@ from .common import (
     say_if_not_compiled,
 )
 from .reasoning import add_reasoning_options, chat_defaults
+from .serve_models import add_pool_options, model_names, pool_for, several_models
 from .textfiles import read_text_file
 
 
@@ -39,15 +40,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serve MODEL (a GGUF file or a known model name, default "
                     f"{DEFAULT_MODEL}) over HTTP: GET /health and /v1/models, POST "
                     "/v1/completions and /v1/chat/completions (JSON, or Server-Sent Events "
-                    "with \"stream\": true), POST /v1/embeddings, POST /v1/responses "
+                    "with \"stream\": true), POST /v1/embeddings, POST /v1/rerank and "
+                    "/v1/reranking (a reranker's scores), POST /v1/responses "
                     "(OpenAI's Responses API), POST /v1/messages and "
                     "/v1/messages/count_tokens (Anthropic's Messages API), Ollama's POST "
                     "/api/chat, /api/generate, /api/embed, /api/embeddings, /api/show, "
                     "/api/pull and GET /api/tags, /api/ps, /api/version, GET /slots and "
                     "/metrics, and a chat page at GET /. Up to --parallel requests are "
                     "computed together (continuous batching); the rest wait in arrival "
-                    "order.")
-    add_model_argument(p, optional=True)
+                    "order. With several models (-m repeated, --models-dir, "
+                    "--models-config), the request's model field picks one, loaded on "
+                    "first use; GET /models lists them, POST /models/load and "
+                    "/models/unload load and free one.")
+    add_models_arguments(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8080,
@@ -72,7 +77,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     stops=False)
     add_access_options(p)
     add_load_options(p)
+    add_pool_options(p)
     p.set_defaults(func=serve, serving=True)  # workers spin briefly between products
+
+
+def add_models_arguments(p: argparse.ArgumentParser) -> None:
+    """MODEL, and ``-m MODEL`` that may be repeated (``common.add_model_argument``'s ``-m``
+    is one model: ``serve`` reconciles its own, in ``serve``)."""
+    from ..hub import DEFAULT_MODEL
+    from .pull import add_hf_options
+
+    add_hf_options(p)
+    p.add_argument("model", nargs="?", metavar="MODEL",
+                   help=f"GGUF file or known model name (default: {DEFAULT_MODEL})")
+    p.add_argument("-m", "--model", dest="model_flags", action="append", default=[],
+                   metavar="MODEL", help="a model to serve (the same as MODEL); repeat to "
+                                         "serve several")
+    p.set_defaults(model_default=DEFAULT_MODEL)
 
 
 def add_access_options(p: argparse.ArgumentParser) -> None:
@@ -180,7 +201,7 @@ def load_llm(args: argparse.Namespace, parallel: int | None = None,  # noqa: ANN
 
 
 def serve(args: argparse.Namespace) -> int:
-    from ..engine.params import cli_sampler_params, cli_values
+    from ..engine.params import cli_sampler_params
     from ..engine.sampling import SamplingError
     from ..engine.scheduler import DEFAULT_MAX_QUEUE
     from ..server import make_server
@@ -195,21 +216,17 @@ def serve(args: argparse.Namespace) -> int:
         cli_sampler_params(args)  # bad defaults fail here, not in every request
     except SamplingError as e:
         raise UsageError(f"invalid sampling option: {e}".replace("_", "-")) from None
-    llm = load_llm(args, parallel=args.parallel, max_queue=max_queue)
-    llm.sampling_defaults = {k: v for k, v in cli_values(args).items()
-                             if v is not None and k != "seed"}
-    if args.sampling_seed is not None and args.sampling_seed >= 0:
-        llm.seed = args.sampling_seed
+    if several_models(args):
+        target, what = _several(args, max_queue)
+    else:
+        target = _one(args, max_queue)
+        what = _describe(target)
     try:
-        server = make_server(llm, args.host, args.port, verbose=args.verbose, **access)
+        server = make_server(target, args.host, args.port, verbose=args.verbose, **access)
     except OSError as e:
         raise CLIError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
-    what = ("an embedding model: /v1/embeddings only" if llm.model.is_encoder
-            else f"chat template: {llm.chat_template.name}")
     log = (lambda *a, **k: None) if args.log_disable else print  # noqa: E731
-    log(f"gguflm serve: {llm.model_id} (n_ctx {llm.n_ctx}, {llm.engine.n_slots} slots, "
-        f"{llm.threads} threads, {what}) listening on {server.url}/v1",
-        file=sys.stderr, flush=True)
+    log(f"gguflm serve: {what} listening on {server.url}/v1", file=sys.stderr, flush=True)
     if access["webui"]:
         # 0.0.0.0 means every address; a browser on this machine reaches it as 127.0.0.1
         page = server.url.replace("//0.0.0.0:", "//127.0.0.1:") + "/"
@@ -223,3 +240,61 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
     return 0
+
+
+def _sampling_setup(args: argparse.Namespace):  # noqa: ANN202 - a setter of LLMs
+    """What sets a loaded model's request defaults from the sampling options."""
+    from ..engine.params import cli_values
+
+    defaults = {k: v for k, v in cli_values(args).items() if v is not None and k != "seed"}
+
+    def setup(llm) -> None:  # noqa: ANN001 - an LLM
+        llm.sampling_defaults = dict(defaults)
+        if args.sampling_seed is not None and args.sampling_seed >= 0:
+            llm.seed = args.sampling_seed
+    return setup
+
+
+def _one(args: argparse.Namespace, max_queue: int):  # noqa: ANN202 - an LLM
+    from .common import finish_model_argument
+
+    names = model_names(args)
+    args.model, args.model_flag = None, names[0] if names else None
+    finish_model_argument(args)  # -hf, the default model
+    llm = load_llm(args, parallel=args.parallel, max_queue=max_queue)
+    _sampling_setup(args)(llm)
+    return llm
+
+
+def _describe(llm) -> str:  # noqa: ANN001 - an LLM
+    what = ("a reranker: /v1/rerank" if llm.model.is_encoder and llm.model.classifier
+            else "an embedding model: /v1/embeddings only" if llm.model.is_encoder
+            else f"chat template: {llm.chat_template.name}")
+    return (f"{llm.model_id} (n_ctx {llm.n_ctx}, {llm.engine.n_slots} slots, "
+            f"{llm.threads} threads, {what})")
+
+
+def _several(args: argparse.Namespace, max_queue: int) -> tuple:
+    """The ModelPool of ``args`` and a line saying what it serves."""
+    from ..engine.scheduler import DEFAULT_SLOTS
+
+    setup = _sampling_setup(args)
+    defaults = chat_defaults(args)  # checked before any model loads
+
+    def prepare(llm) -> None:  # noqa: ANN001 - an LLM
+        setup(llm)
+        llm.chat_defaults = defaults
+        if getattr(args, "warmup", True):
+            llm.warm_up()
+
+    base = {"n_ctx": args.ctx_size, "threads": args.threads, "chat_template":
+            args.chat_template, "parallel": args.parallel or DEFAULT_SLOTS,
+            "max_queue": max_queue, "pooling": args.pooling, "lookup": args.lookup,
+            "kv_cache_type": kv_cache_type(args), "n_batch": batch_size(args),
+            **load_options(args)}
+    pool = pool_for(args, base, prepare)
+    budget = f"{pool.budget / 2**20:.0f} MiB"
+    return pool, (f"{len(pool.specs)} models ({', '.join(s.name for s in pool.specs)}; "
+                  f"loaded on first use, memory budget {budget}"
+                  + (f", at most {pool.max_loaded} at once" if pool.max_loaded else "")
+                  + f", idle ttl {args.ttl:g} s)")

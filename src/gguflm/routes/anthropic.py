@@ -24,6 +24,7 @@ def routes(server: Any) -> list[Route]:
         try:
             body = await read_json_body(request)
             call = server.call(lambda: parse_messages(body))
+            await server.use_model(body)
             req, plan = await asyncio.to_thread(server.call, lambda: server.llm.chat_request(
                 call.messages, call.spec))
         except RequestError as e:
@@ -37,6 +38,7 @@ def routes(server: Any) -> list[Route]:
         try:
             body = await read_json_body(request)
             call = server.call(lambda: parse_messages(body, counting=True))
+            await server.use_model(body)
             req, _ = await asyncio.to_thread(server.call, lambda: server.llm.chat_request(
                 call.messages, call.spec))
         except RequestError as e:

@@ -26,6 +26,7 @@ def routes(server: Any) -> list[Route]:
         try:
             body = await read_json_body(request)
             call = server.call(lambda: parse_responses(body, store))
+            await server.use_model(body)
             req, plan = await asyncio.to_thread(server.call, lambda: server.llm.chat_request(
                 call.messages, call.spec))
         except RequestError as e:

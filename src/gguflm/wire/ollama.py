@@ -6,8 +6,9 @@ objects (streamed as NDJSON, the default), errors as ``{"error": message}``.
 "until the end"; ``stop``, the sampling parameters by their own names); the runner's knobs
 (``num_ctx``, ``num_thread``, ``num_gpu``, ``num_batch``, ``use_mmap``, ...) are accepted and
 have no effect: the server's context, threads and memory are set when it starts. ``format``
-is ``"json"`` (any JSON object) or a JSON schema. ``keep_alive`` is accepted (one model,
-always loaded). ``images`` are refused; ``/api/generate`` takes ``raw`` (the prompt as it
+is ``"json"`` (any JSON object) or a JSON schema. ``keep_alive`` is how long the model
+stays loaded after the request on a server of several models (model_pool.py).
+``images`` are refused; ``/api/generate`` takes ``raw`` (the prompt as it
 is) or renders ``system`` and ``prompt`` through the model's chat template, and refuses
 ``template`` (Go templates) and ``suffix``. ``think`` turns thinking on or off (a level:
 the reasoning effort), and a chat's reasoning comes back in ``message.thinking``.
