@@ -11,7 +11,8 @@ tokenized (``check_fits``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .chatformat.thinking import template_variables
@@ -78,7 +79,8 @@ class Intake:
         from .engine.tools import plan_tools
 
         self.require_generator()
-        setup = self.chat_setup(spec)
+        with template_errors():  # the chat format renders the template too
+            setup = self.chat_setup(spec)
         template = self.template_for(spec.tools is not None and spec.tool_choice != "none")
         tools = plan_tools(messages, spec.tools, spec.tool_choice, template.source,
                            spec.parallel_tool_calls, setup.native())
@@ -86,7 +88,8 @@ class Intake:
             messages, template_tools = tools.messages, tools.template_tools
         else:
             template_tools = None
-        prompt, tags = setup.tags(text_messages(messages), template_tools)
+        with template_errors():
+            prompt, tags = setup.tags(text_messages(messages), template_tools)
         g = self.grammar(**spec.constraint)
         forced_call = tools is not None and tools.grammar is not None
         if forced_call:
@@ -132,9 +135,7 @@ class Intake:
         if self._format is None:
             from .chatformat import ChatFormat
 
-            t = self.llm.chat_template
-            self._format = ChatFormat(t.source, t.special_tokens.get("bos_token", ""),
-                                      t.special_tokens.get("eos_token", ""))
+            self._format = ChatFormat(self.llm.chat_template)
         return self._format
 
     def speller(self) -> Speller:
@@ -229,14 +230,9 @@ class Intake:
         """The prompt text the chat template (``template``, default the model's) makes of
         ``messages``, with ``kwargs`` as its extra variables."""
         template = template or self.llm.chat_template
-        try:
+        with template_errors():
             return template.render(text_messages(messages), add_generation_prompt,
                                    tools=tools, **dict(kwargs or {}))
-        except TemplateLimitError as e:  # an untrusted template broke a bound
-            raise InvalidRequestError(str(e), param="messages",
-                                      code="invalid_chat_template") from None
-        except ChatTemplateError as e:
-            raise InvalidRequestError(str(e), param="messages") from None
 
     def chat_ids(self, messages: Sequence[Mapping[str, Any]],
                  tools: Sequence[Mapping[str, Any]] | None = None,
@@ -262,6 +258,19 @@ class Intake:
             raise InvalidRequestError(
                 f"the {param} is at least {at_least} tokens ({n_bytes} bytes), longer than "
                 f"the context of {self.llm.n_ctx}", param=param, code="context_length_exceeded")
+
+
+@contextmanager
+def template_errors() -> Iterator[None]:
+    """A chat template's failure as the API's 400 (``invalid_chat_template`` when an
+    untrusted template broke a bound)."""
+    try:
+        yield
+    except TemplateLimitError as e:
+        raise InvalidRequestError(str(e), param="messages",
+                                  code="invalid_chat_template") from None
+    except ChatTemplateError as e:
+        raise InvalidRequestError(str(e), param="messages") from None
 
 
 def check_text(text: str, param: str) -> None:

@@ -23,9 +23,15 @@ _DEFAULT_MESSAGES = ({"role": "system", "content": "You are a helpful assistant.
 class ChatFormat:
     """A chat template together with the family that writes replies for it."""
 
-    def __init__(self, template_text: str, bos_token: str = "", eos_token: str = "") -> None:
-        self.template = ChatTemplate(template_text, {"bos_token": bos_token,
-                                                     "eos_token": eos_token})
+    def __init__(self, template_text: str | ChatTemplate, bos_token: str = "",
+                 eos_token: str = "") -> None:
+        """``template_text``: the template's source, or a ``ChatTemplate`` already made
+        (a model's: its name, special tokens and limits are kept)."""
+        if isinstance(template_text, ChatTemplate):
+            self.template, template_text = template_text, template_text.source
+        else:
+            self.template = ChatTemplate(template_text, {"bos_token": bos_token,
+                                                         "eos_token": eos_token})
         self.caps = probe_caps(self.template)
         family = detect_family(template_text)
         # llama.cpp learns the reasoning tags of templates it has no parser of its own for,
