@@ -192,3 +192,30 @@ def test_the_gelu_table_kernel_is_its_numpy_twin() -> None:
                                                          6e-8, -6e-8, 65000]]).astype(np.float32)
     x = x.reshape(2, -1)
     assert np.array_equal(gelu_f16(x), ops.gelu_f16(x))
+
+
+def test_a_quantized_reranker_loads(paths: dict[str, Path], tmp_path: Path,
+                                    llms: dict[str, LLM]) -> None:
+    """llama-quantize (and gguflm quantize, byte for byte the same) writes the [n_embd, 1]
+    head as a 1-D tensor, as ggml leaves out trailing dimensions of 1; it loads, and its
+    scores stay near the F32 file's (Q8_0 weights)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "bert-q8_0.gguf"
+    subprocess.run([sys.executable, "-m", "gguflm.cli", "quantize", str(paths["bert"]),
+                    str(out), "Q8_0"], check=True, capture_output=True)
+    from gguflm.gguf import open as open_gguf
+
+    assert len(open_gguf(out).tensors["cls.output.weight"].shape) == 1
+    q = LLM(str(out), parallel=1)
+    try:
+        docs = ["a cat sat on the mat", "stock markets fell", "the cat is on the mat"]
+        def scores(llm: LLM) -> list[float]:
+            results = llm.rerank("where is the cat", docs)["results"]
+            return [r["relevance_score"] for r in sorted(results, key=lambda r: r["index"])]
+
+        got, want = scores(q), scores(llms["bert"])
+        assert np.allclose(got, want, atol=0.1), (got, want)  # 8-bit weights, tiny model
+    finally:
+        q.close()

@@ -61,7 +61,7 @@ class Weights:
             raise TensorInfoError(
                 f"missing: the {self.arch!r} architecture needs it with shape "
                 f"{_ggml_order(shape)} (ggml order)", tensor=name)
-        if tuple(t.np_shape) != tuple(shape):
+        if _squeezed(t.np_shape) != _squeezed(shape):
             raise TensorInfoError(
                 f"has shape {_ggml_order(t.np_shape)}, the {self.arch!r} architecture expects "
                 f"{_ggml_order(shape)} (ggml order: row length first)", tensor=name)
@@ -77,8 +77,8 @@ class Weights:
         t = self.info(name, shape)
         if len(shape) == 2 and name.endswith(".bias"):  # experts' biases: a row each
             return vector(t).reshape(shape)
-        if len(shape) == 2:
-            return QMatrix.from_tensor(t)
+        if len(shape) == 2:  # (a row vector that llama.cpp wrote 1-D: the same tensor)
+            return QMatrix(t.type, t.data, tuple(shape), name=t.name)
         if len(shape) == 3:
             return expert_matrices(t)
         if len(shape) == 1:
@@ -169,3 +169,13 @@ def vector(t: TensorInfo) -> np.ndarray:
     from ..quant import dequantize
 
     return dequantize(t).reshape(-1).astype(np.float32, copy=False)
+
+
+def _squeezed(np_shape: Any) -> tuple[int, ...]:
+    """A numpy shape less its leading 1s: ggml's trailing dimensions of 1, which llama.cpp's
+    writer leaves out (llama-quantize writes a [768, 1] head as [768]), as its loader
+    reads them."""
+    dims = [int(d) for d in np_shape]
+    while len(dims) > 1 and dims[0] == 1:
+        dims.pop(0)
+    return tuple(dims)
