@@ -75,10 +75,9 @@ class Speller:
     (``<[id]>``): llguidance sees a special token as itself, not as its text."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
-        from .engine.constraints import token_bytes
+        from .engine.constraints import special_tokens
 
-        pieces, special = token_bytes(tokenizer)
-        self.ids = {pieces[i].decode("utf-8", "replace"): i for i in special}
+        self.ids = special_tokens(tokenizer)
         names = sorted(self.ids, key=len, reverse=True)
         self.split = regex.compile("(" + "|".join(map(regex.escape, names)) + ")") \
             if names else None
@@ -124,7 +123,12 @@ class ChatSetup:
 
     def tags(self, messages: Sequence[Mapping[str, Any]],
              tools: Sequence[Mapping[str, Any]] | None) -> tuple[str, ReasoningTags | None]:
-        """The generation prompt and the reasoning block of the reply (None: none)."""
+        """The generation prompt and the reasoning block of the reply (None: none). A
+        family that marks no reasoning and reads its reply in blocks has no use for the
+        prompt: the two renders that find it are skipped (most plain chat models)."""
+        family = self.fmt.family
+        if not any(family.think) and family.reader is None:
+            return "", None
         prompt = self.fmt.generation_prompt(messages, tools, self.kwargs)
         if self.reasoning_format == "none":
             return prompt, None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .reply import Call, Reply, Request, partial_tail_cut
+from .reply import Call, Reply, Request, partial_tail_cut, text_until
 
 __all__ = ["gemma4", "gemma4_messages"]
 
@@ -105,14 +105,6 @@ def _thought(text: str, pos: int, request: Request, reply: Reply) -> int:
     return len(text) if stop < 0 else stop + len(_CHANNEL_END)
 
 
-def _content(text: str, pos: int, stops: tuple[str, ...], request: Request) -> tuple[str, int]:
-    found = [at for tag in stops if (at := text.find(tag, pos)) >= 0]
-    if found:
-        return text[pos:min(found)], min(found)
-    body = text[pos:]
-    if request.partial:
-        body = min((partial_tail_cut(body, tag) for tag in stops), key=len)
-    return body, len(text)
 
 
 def _calls(text: str, pos: int, request: Request) -> list[Call]:
@@ -142,7 +134,7 @@ def gemma4(text: str, request: Request) -> Reply:
         after = _thought(text, pos, request, reply)
         if after == pos and text.startswith(_CHANNEL, pos):
             break
-        piece, pos = _content(text, after, stops, request)
+        piece, pos = text_until(text, after, stops, request)
         reply.content += piece
         if pos == after and not text.startswith(_CHANNEL, pos):
             break

@@ -7,7 +7,7 @@ argument<|sep|>`` per argument (typed by the tool's schema) and ``<|close|>call<
 from __future__ import annotations
 
 from .calls import tagged_calls
-from .reply import Reply, Request, partial_tail_cut
+from .reply import Reply, Request, text_until
 from .xml_families import ParamSyntax, xml_reader
 
 __all__ = ["kimi_k3"]
@@ -23,16 +23,6 @@ _SYNTAX = ParamSyntax('tool="', '"', '<|open|>argument key="', '"', "<|sep|>",
 _read_call = xml_reader(_SYNTAX)
 
 
-def _until(text: str, pos: int, stops: tuple[str, ...], request: Request) -> tuple[str, int]:
-    """The text from ``pos`` to the first of ``stops`` (or to the end, less a half-written
-    stop in a partial reply) and where it ends."""
-    found = [at for tag in stops if (at := text.find(tag, pos)) >= 0]
-    if found:
-        return text[pos:min(found)], min(found)
-    body = text[pos:]
-    if request.partial:
-        body = min((partial_tail_cut(body, tag) for tag in stops), key=len)
-    return body, len(text)
 
 
 def _skip(text: str, pos: int, tag: str) -> int:
@@ -42,12 +32,12 @@ def _skip(text: str, pos: int, tag: str) -> int:
 def kimi_k3(text: str, request: Request) -> Reply:
     """The think section (reasoning), the response (content) and the tools section."""
     pos = _skip(text, _skip(text, 0, _MSG_START), _THINK)
-    thought, pos = _until(text, pos, (_THINK_END, _RESP), request)
+    thought, pos = text_until(text, pos, (_THINK_END, _RESP), request)
     pos = _skip(text, _skip(text, pos, _THINK_END), _RESP)
     if request.partial and _RESP.startswith(text[pos:pos + len(_RESP)]) and \
             len(text) - pos < len(_RESP):
         pos = len(text)  # the response's open tag being written
-    content, pos = _until(text, pos, (_RESP_END, _TOOLS, _MSG_END), request)
+    content, pos = text_until(text, pos, (_RESP_END, _TOOLS, _MSG_END), request)
     thought = thought if thought.strip() else ""
     pos = _skip(text, pos, _RESP_END)
     reply = Reply(content, thought) if request.extract_reasoning else Reply(thought + content)

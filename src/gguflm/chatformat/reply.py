@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["STRICT", "Call", "Reply", "Request", "Spacing", "json_value", "split_reasoning"]
+__all__ = ["STRICT", "Call", "Reply", "Request", "Spacing", "json_value", "split_reasoning",
+           "text_until"]
 
 _DECODER = json.JSONDecoder()
 
@@ -147,6 +148,19 @@ def partial_tail_cut(text: str, tag: str) -> str:
         if tag.startswith(text[-n:]):
             return text[:-n]
     return text
+
+
+def text_until(text: str, pos: int, stops: tuple[str, ...], request: Request
+               ) -> tuple[str, int]:
+    """The text from ``pos`` to the first of ``stops`` (or to the end, less a half-written
+    stop in a partial reply) and where it ends."""
+    found = [at for tag in stops if (at := text.find(tag, pos)) >= 0]
+    if found:
+        return text[pos:min(found)], min(found)
+    body = text[pos:]
+    if request.partial:
+        body = min((partial_tail_cut(body, tag) for tag in stops), key=len)
+    return body, len(text)
 
 
 def json_value(text: str, pos: int) -> tuple[Any, int] | None:

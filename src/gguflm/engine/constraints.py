@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from .grammar import Grammar
 
 __all__ = ["Constraint", "apply_bitmask", "fill_bitmasks",
-           "ll_tokenizer", "ll_tokenizer_build_seconds", "token_bytes"]
+           "ll_tokenizer", "ll_tokenizer_build_seconds", "special_tokens", "token_bytes"]
 
 
 # --- the tokenizer, as llguidance sees it ----------------------------------------------------
@@ -118,6 +118,7 @@ class _TokEntry:
     lock: threading.Lock
     matchers: OrderedDict[str, tuple[llguidance.LLMatcher, int]]  # compiled, unstarted;
     # with the memory each took (bytes)
+    special: dict[str, int]  # the special tokens' texts -> ids (as llguidance sees them)
 
 
 _TOKENIZERS: weakref.WeakKeyDictionary[Any, _TokEntry] = weakref.WeakKeyDictionary()
@@ -139,11 +140,14 @@ def _entry(tokenizer: Tokenizer) -> _TokEntry:
             if not eos_ids:
                 raise ConstraintError("the model's vocabulary has no end-of-generation token, "
                                       "which constrained decoding needs")
-            wrapper = llguidance.TokenizerWrapper(_Vocab(tokenizer, eos_ids[0]))
+            vocab = _Vocab(tokenizer, eos_ids[0])
+            wrapper = llguidance.TokenizerWrapper(vocab)
             ll = llguidance.LLTokenizer(wrapper, n_vocab=tokenizer.n_vocab,
                                         eos_token=list(eos_ids))
+            special = {vocab.tokens[i].decode("utf-8", "replace"): i
+                       for i in vocab.special_token_ids}
             entry = _TokEntry(ll, eos_ids, time.perf_counter() - t0, threading.Lock(),
-                              OrderedDict())
+                              OrderedDict(), special)
             _TOKENIZERS[tokenizer] = entry
         return entry
 
@@ -153,6 +157,12 @@ def ll_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
     as ``tokenizer`` lives (building takes ~0.3 s for a 49k vocabulary, ~3 s for 262k; call
     this when loading a model to have it ready)."""
     return _entry(tokenizer).ll
+
+
+def special_tokens(tokenizer: Tokenizer) -> dict[str, int]:
+    """The texts of the tokens llguidance takes as special (``<[id]>`` in a grammar), with
+    their ids; from the same walk of the vocabulary as ``ll_tokenizer``."""
+    return _entry(tokenizer).special
 
 
 def ll_tokenizer_build_seconds(tokenizer: Tokenizer) -> float:

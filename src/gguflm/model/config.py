@@ -271,6 +271,25 @@ class ModelConfig:
             factor, 1.0)
 
 
+def per_layer_kv_heads(meta: Meta, n_layer: int, n_head: int, zero: str
+                       ) -> tuple[int, ...]:
+    """``attention.head_count_kv`` per layer, for hybrids whose recurrent layers have no KV
+    heads: an array of n_layer counts (0: ``zero``, the recurrent kind), each else dividing
+    the heads; or one count for every layer."""
+    key = meta.key("attention.head_count_kv")
+    value = meta.metadata.get(key)
+    if not isinstance(value, np.ndarray):
+        return (meta.int("attention.head_count_kv"),) * n_layer
+    if value.shape != (n_layer,) or value.dtype.kind not in "iu" or value.min() < 0:
+        raise MetadataError(f"expected {n_layer} counts, one per layer (0: {zero}), got "
+                            f"{value.tolist()}", key=key)
+    heads = tuple(int(h) for h in value)
+    if any(h and n_head % h for h in heads):
+        raise MetadataError(f"each must divide attention.head_count ({n_head}), got "
+                            f"{list(heads)}", key=key)
+    return heads
+
+
 def _experts(m: Meta) -> dict[str, int]:
     n = m.int("expert_count", 0, minimum=0)
     used = m.int("expert_used_count", 0, minimum=0)

@@ -64,17 +64,24 @@ class Granite(Llama):
                        for layer in self.layers]
 
     def _forward(self, batch: Batch) -> np.ndarray:
-        c = self.config
-        x = self.token_embd.rows(batch.ids)
-        if c.embedding_scale:
-            x = x * np.float32(c.embedding_scale)
-        rope = (ops.rope_table(batch.pos, c.rope_dim, c.rope_base, c.rope_freq_scale,
-                               self.rope_freqs) if c.rope
-                else no_rope_table(len(batch.pos), c.rope_dim))
-        x = self.run_layers(x, batch, (rope,))
-        return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
+        return scaled_forward(self, batch)
 
     def head(self, x: np.ndarray, pause: Pause | None = None) -> np.ndarray:
         """The output projection, then the logits times 1 / ``logit_scale`` (float32, as
         ggml_scale takes it)."""
         return super().head(x, pause) * (np.float32(1.0) / np.float32(self.config.logit_scale))
+
+
+def scaled_forward(model: Any, batch: Batch) -> np.ndarray:
+    """Granite's trunk (granite, granitemoe, granitehybrid): embeddings times
+    ``embedding_scale``, RoPE only where ``rope`` (``rope.scaling.finetuned``), the layers,
+    the final norm. (rows, n_embd)."""
+    c = model.config
+    x = model.token_embd.rows(batch.ids)
+    if c.embedding_scale:
+        x = x * np.float32(c.embedding_scale)
+    rope = (ops.rope_table(batch.pos, c.rope_dim, c.rope_base, c.rope_freq_scale,
+                           model.rope_freqs) if c.rope
+            else no_rope_table(len(batch.pos), c.rope_dim))
+    x = model.run_layers(x, batch, (rope,))
+    return ops.rmsnorm(x, model.output_norm, c.norm_eps)

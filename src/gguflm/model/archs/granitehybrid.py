@@ -24,14 +24,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ...gguf.errors import MetadataError
-from .. import ops
 from ..base import Model
 from ..batch import Batch, Pause
-from ..config import Meta, ModelConfig
+from ..config import Meta, ModelConfig, per_layer_kv_heads
 from ..kv_cache import KVArena, RecurrentShape
-from ..layer import GLU, Attention, Block, Mamba2, experts, glu, linear, no_rope_table, qkv, split
+from ..layer import GLU, Attention, Block, Mamba2, experts, glu, linear, qkv, split
 from ..weights import Layer, Shape, Weights
 from . import register
+from .granite import scaled_forward
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,8 @@ class GraniteHybridConfig(ModelConfig):
         def scale(name: str) -> float:  # llama.cpp's unset is 0; else a positive one
             return meta.float(name) if meta.float(name, 0.0, positive=False) else 0.0
 
-        v = dict(n_head_kv_l=_kv_heads(meta, common["n_layer"], common["n_head"]),
+        v = dict(n_head_kv_l=per_layer_kv_heads(meta, common["n_layer"], common["n_head"],
+                                           "a Mamba2 layer"),
                  d_conv=meta.int("ssm.conv_kernel"), d_inner=meta.int("ssm.inner_size"),
                  d_state=meta.int("ssm.state_size"), n_ssm_head=meta.int("ssm.time_step_rank"),
                  n_group=meta.int("ssm.group_count"),
@@ -100,22 +101,6 @@ def _check_ssm(meta: Meta, v: dict[str, Any], n_embd: int) -> None:
         raise MetadataError(f"must be at least 2 (a state of conv_kernel - 1 inputs), got "
                             f"{v['d_conv']}", key=meta.key("ssm.conv_kernel"))
 
-
-def _kv_heads(meta: Meta, n_layer: int, n_head: int) -> tuple[int, ...]:
-    """``attention.head_count_kv`` per layer: an array of n_layer counts, 0 for a Mamba2
-    layer, each else dividing the heads; or one count for every layer."""
-    key = meta.key("attention.head_count_kv")
-    value = meta.metadata.get(key)
-    if not isinstance(value, np.ndarray):
-        return (meta.int("attention.head_count_kv"),) * n_layer
-    if value.shape != (n_layer,) or value.dtype.kind not in "iu" or value.min() < 0:
-        raise MetadataError(f"expected {n_layer} counts, one per layer (0: a Mamba2 "
-                            f"layer), got {value.tolist()}", key=key)
-    heads = tuple(int(h) for h in value)
-    if any(h and n_head % h for h in heads):
-        raise MetadataError(f"each must divide attention.head_count ({n_head}), got "
-                            f"{list(heads)}", key=key)
-    return heads
 
 
 @register("granitehybrid")
@@ -222,15 +207,7 @@ class GraniteHybrid(Model):
                        layers=self.kv_shapes())
 
     def _forward(self, batch: Batch) -> np.ndarray:
-        c = self.config
-        x = self.token_embd.rows(batch.ids)
-        if c.embedding_scale:
-            x = x * np.float32(c.embedding_scale)
-        rope = (ops.rope_table(batch.pos, c.rope_dim, c.rope_base, c.rope_freq_scale,
-                               self.rope_freqs) if c.rope
-                else no_rope_table(len(batch.pos), c.rope_dim))
-        x = self.run_layers(x, batch, (rope,))
-        return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
+        return scaled_forward(self, batch)
 
     def head(self, x: np.ndarray, pause: Pause | None = None) -> np.ndarray:
         """The output projection, then the logits times 1 / ``logit_scale`` when set."""

@@ -22,7 +22,7 @@ from ...gguf.errors import MetadataError
 from .. import ops
 from ..base import Model
 from ..batch import Batch
-from ..config import Meta, ModelConfig
+from ..config import Meta, ModelConfig, per_layer_kv_heads
 from ..kv_cache import KVArena, RecurrentShape
 from ..layer import Attention, Block, ShortConv, glu, linear, qkv
 from ..weights import Layer, Shape, Weights
@@ -45,7 +45,8 @@ class Lfm2Config(ModelConfig):
         if l_cache < 2:
             raise MetadataError(f"must be at least 2 (a state of l_cache - 1 inputs), got "
                                 f"{l_cache}", key=meta.key("shortconv.l_cache"))
-        return {"n_head_kv_l": _kv_heads(meta, common["n_layer"], common["n_head"]),
+        return {"n_head_kv_l": per_layer_kv_heads(meta, common["n_layer"], common["n_head"],
+                                           "a short convolution"),
                 "l_cache": l_cache}
 
     @property
@@ -53,22 +54,6 @@ class Lfm2Config(ModelConfig):
         """Which layers are short convolutions (llama.cpp's is_recr: no KV heads)."""
         return tuple(h == 0 for h in self.n_head_kv_l)
 
-
-def _kv_heads(meta: Meta, n_layer: int, n_head: int) -> tuple[int, ...]:
-    """``attention.head_count_kv`` per layer: an array of n_layer counts, 0 for a short
-    convolution, each else dividing the heads; or one count for every layer."""
-    key = meta.key("attention.head_count_kv")
-    value = meta.metadata.get(key)
-    if not isinstance(value, np.ndarray):
-        return (meta.int("attention.head_count_kv"),) * n_layer
-    if value.shape != (n_layer,) or value.dtype.kind not in "iu" or value.min() < 0:
-        raise MetadataError(f"expected {n_layer} counts, one per layer (0: a short "
-                            f"convolution), got {value.tolist()}", key=key)
-    heads = tuple(int(h) for h in value)
-    if any(h and n_head % h for h in heads):
-        raise MetadataError(f"each must divide attention.head_count ({n_head}), got "
-                            f"{list(heads)}", key=key)
-    return heads
 
 
 @register("lfm2")
