@@ -257,3 +257,20 @@ def test_anthropic_and_ollama_get_the_thinking_apart(client: tuple[str, openai.O
     plain, _ = _both(c, max_tokens=16, extra_body={"think": True})  # Ollama has no budget
     assert (o.message.thinking or "") == plain["reasoning_content"]
     assert o.message.content == (plain["content"] or "")
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--chat-template-kwargs", "[1]"], "--chat-template-kwargs must be a JSON object"),
+    (["--chat-template-kwargs", "{nope"], "--chat-template-kwargs is not JSON"),
+    (["--reasoning-budget", "-3"], "--reasoning-budget must be -1 (no limit) or more"),
+    (["--reasoning-format", "bogus"], "invalid choice"),
+])
+def test_bad_reasoning_options_are_one_error_line(qwen35_path: Path, args: list[str],
+                                                  words: str) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "gguflm.cli", "serve", str(qwen35_path), *args],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and words in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
