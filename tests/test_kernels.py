@@ -479,7 +479,8 @@ def test_batch_tiles_equal_rows_alone(zoo, name: str) -> None:  # noqa: ANN001
             np.testing.assert_array_equal(batch[i], alone[0])
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q5_0", "IQ4_NL"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q3_K", "Q2_K", "Q8_0", "Q5_0", "IQ4_NL",
+                                  "IQ4_XS"])
 def test_gemm_runs_and_equals_rows_alone(zoo, name: str) -> None:  # noqa: ANN001
     """The interleaved GEMM (``int_gemm``, AVX512-VNNI) runs these types' groups of 8 weight
     rows itself (it returns where the 1-7 rows it leaves begin), and each activation row's
@@ -498,7 +499,8 @@ def test_gemm_runs_and_equals_rows_alone(zoo, name: str) -> None:  # noqa: ANN00
         a32, ak = act_quant.activation_sets(np.array([kind]), 1, x)
         a = ak if kind in act_quant.Q8_K_KINDS else a32
         out = np.full((n, 27), np.nan, np.float32)
-        assert int_gemm.gemm_rows(kind, w, 0, 27, a.qa, a.da, a.aux, a.qu, F16_TABLE, out) == 24
+        assert int_gemm.gemm_rows(kind, w, 0, 27, a.qa, a.da, a.aux, a.cor, a.qu, F16_TABLE,
+                                  out) == 24
         assert np.isnan(out[:, 24:]).all()  # the rows past the last group: the caller's
         for i in range(n):
             alone = np.empty((1, 27), np.float32)

@@ -15,6 +15,7 @@ from ..gguf.types import GGMLType
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from .floatbits import round_f16
 from .int_blocks import vnni_offset, wide_plus_128
+from .int_gemm import PLUS_128_KINDS as GEMM_PLUS_128
 from .int_tiles import BATCH_MIN_ROWS
 from .kerneltypes import KERNEL_TYPES, pack_activation_blocks
 
@@ -161,8 +162,10 @@ def activation_blocks(x: np.ndarray, act: GGMLType) -> np.ndarray:
 
 # -- the arrays that let VNNI skip the sign step (int_tiles._emit_block's ``shift``) --------
 
-# the types whose 512-bit lanes tiles multiply the Q8_K activations plus 128
-_PLUS_128_KINDS = tuple(int(t) for t, k in KERNEL_TYPES.items() if wide_plus_128(k)) or (-1,)
+# the types whose 512-bit lanes tiles or interleaved GEMM multiply the Q8_K activations
+# plus 128
+_PLUS_128_KINDS = tuple(int(t) for t, k in KERNEL_TYPES.items() if wide_plus_128(k)
+                        or (k.act == GGMLType.Q8_K and int(t) in GEMM_PLUS_128)) or (-1,)
 _OFFSETS = [(int(t), vnni_offset(k)) for t, k in KERNEL_TYPES.items() if vnni_offset(k)]
 _OFFSET_KINDS = tuple(t for t, _ in _OFFSETS) or (-1,)  # constant tuples for numba
 _OFFSET_VALUES = tuple(o for _, o in _OFFSETS) or (0,)

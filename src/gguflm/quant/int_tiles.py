@@ -656,7 +656,7 @@ def qmatmul_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1):  # noqa: ANN0
     have no rows), by the type's row kernel. A type without one (or not ``prepare``d)
     gives NaN, never a silent 0."""
     if kind in GEMM_KINDS and qa.shape[0] >= GEMM_MIN_ROWS:
-        r0 = gemm_rows(kind, w, r0, r1, qa, da, aux, qu, tbl, out)  # groups of 8 rows
+        r0 = gemm_rows(kind, w, r0, r1, qa, da, aux, cor, qu, tbl, out)  # groups of 8 rows
         if r0 == r1:
             return
     if not _call_rows_kernel(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1):

@@ -1,0 +1,284 @@
+"""The K-quants in the interleaved GEMM (``int_gemm``): Q4_K and Q6_K with their two
+parity lanes (``KernelType.parity_lanes``), Q3_K and Q2_K with the per-row tiles' 8
+lanes (``int_tiles._scaled_dot``: lane c sums, over the block's 64-value pairs, scale
+times values 8c..8c+7 of the pair). Each type: how a block of 8 rows goes into the buffer
+(``_pack_*``), and the per-activation-row integer lanes of a buffered block (``_isums_*``).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..gguf.types import GGMLType
+from .formats import FORMATS
+from .gemm_ir import (
+    cat,
+    dpbusd,
+    layout,
+    load,
+    pack_d,
+    pack_starts,
+    ptr,
+    qwords,
+    row_values,
+    scale_index,
+    splat,
+    store,
+)
+from .vector_ir import F32, I8, I16, I32, VectorIR, vec
+
+L4 = layout(GGMLType.Q4_K, 64, 32 + 256)
+L6 = layout(GGMLType.Q6_K, 128, 64)
+L3 = layout(GGMLType.Q3_K, 128, 4 * 64)
+L2 = layout(GGMLType.Q2_K, 128, 32 + 256)  # dmin, then the mins as words (``_pack_q2k``)
+_F4, _F6 = FORMATS[GGMLType.Q4_K], FORMATS[GGMLType.Q6_K]
+_F3, _F2 = FORMATS[GGMLType.Q3_K], FORMATS[GGMLType.Q2_K]
+_ZERO16 = ir.Constant(vec(I32, 16), [0] * 16)
+
+
+def _c8(x: int) -> ir.Constant:
+    return ir.Constant(vec(I32, 8), [x] * 8)
+
+
+# -- Q4_K ----------------------------------------------------------------------------------
+
+def pack_q4k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
+    """Q4_K block at ``off`` of the 8 rows into the buffer block ``out``: value 64p + l is
+    the low nibble of byte 32p + l of a row's ``qs``, 64p + 32 + l the high one."""
+    bld = g.b
+    for p in range(4):
+        for j, v in enumerate(qwords(g, rows, bld.add(off, g.c64(_F4["qs"].offset + 32 * p)))):
+            store(g, bld.and_(v, g.splat8(15, 64)), out, 64 * (8 * p + j))
+            store(g, bld.and_(bld.lshr(v, g.splat8(4, 64)), g.splat8(15, 64)), out,
+                  64 * (8 * p + 4 + j))
+    sz, mz = _k_scales8(g, rows, bld.add(off, g.c64(_F4["scales"].offset)))
+    store(g, sz, out, L4.scales)
+    mins = bld.shuffle_vector(mz, mz, ir.Constant(  # [group][row]
+        vec(I32, 64), [8 * n + s for s in range(8) for n in range(8)]))
+    store(g, bld.uitofp(bld.zext(mins, vec(I32, 64)), vec(F32, 64)), out, L4.extra + 32)
+    pack_d(g, rows, off, _F4["d"].offset, out, L4.d)
+    pack_d(g, rows, off, _F4["dmin"].offset, out, L4.extra)
+
+
+def _k_scales8(g: VectorIR, rows: list, at) -> tuple[ir.Value, ir.Value]:  # noqa: ANN001
+    """The 8 rows' six-bit scales and mins (ggml's get_scale_min_k4) from the 12 bytes at
+    ``at`` of each row, as two <64 x i8>, [row][group]: ``int_blocks``' word-wide masks,
+    for the 8 rows at once."""
+    bld = g.b
+    u0, u1, u2 = (row_values(g, rows, bld.add(at, g.c64(4 * k)), I32) for k in range(3))
+    s_lo, m_lo = bld.and_(u0, _c8(0x3F3F3F3F)), bld.and_(u1, _c8(0x3F3F3F3F))
+    s_hi = bld.or_(bld.and_(u2, _c8(0x0F0F0F0F)),
+                   bld.shl(bld.and_(bld.lshr(u0, _c8(6)), _c8(0x03030303)), _c8(4)))
+    m_hi = bld.or_(bld.and_(bld.lshr(u2, _c8(4)), _c8(0x0F0F0F0F)),
+                   bld.shl(bld.and_(bld.lshr(u1, _c8(6)), _c8(0x03030303)), _c8(4)))
+    side = ir.Constant(vec(I32, 16), [n + 8 * h for n in range(8) for h in range(2)])
+    return (bld.bitcast(bld.shuffle_vector(s_lo, s_hi, side), vec(I8, 64)),
+            bld.bitcast(bld.shuffle_vector(m_lo, m_hi, side), vec(I8, 64)))
+
+
+def isums_q4k(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # noqa: ANN001, ARG001
+    """Per activation row (``acts[a](value)``: its 8 bytes from there, broadcast), its one
+    <16 x i32> (``j`` 0): lane 4L + 2 odd + t, weight row 2L + t's scaled integer dot of
+    the block's even (odd = 0) or odd spans (``starts``: none, the values are unsigned)."""
+    bld = g.b
+    sz = load(g, blk, L4.scales, vec(I8, 64))
+    isums = [None] * len(acts)
+    for p in range(4):
+        idx = ir.Constant(vec(I32, 32), scale_index(8, 2 * p, 2 * p + 1))
+        sc = bld.zext(bld.shuffle_vector(sz, sz, idx), vec(I16, 32))
+        even, odd = [_ZERO16] * len(acts), [_ZERO16] * len(acts)
+        for q in range(4):  # each row's two words: 16 values of one group (< 2**15)
+            we = load(g, blk, 64 * (8 * p + q), vec(I8, 64))
+            wo = load(g, blk, 64 * (8 * p + 4 + q), vec(I8, 64))
+            for a, act in enumerate(acts):
+                even[a] = dpbusd(g, even[a], we, act(64 * p + 8 * q))
+                odd[a] = dpbusd(g, odd[a], wo, act(64 * p + 32 + 8 * q))
+        for a in range(len(acts)):
+            isums[a] = g.pack_madd(even[a], odd[a], sc, isums[a])
+    return isums
+
+
+def offset_q4k(g: VectorIR, blk, act, b, dab, term) -> ir.Value:  # noqa: ANN001
+    """Q4_K's mins' term of block ``b`` for one activation row: ``term - (d_act * dmin) *
+    sum(min * 32-sum)`` over the 8 weight rows."""
+    bld = g.b
+    msum = None  # integers below 2**24 in float: exact in any order
+    for s in range(8):
+        mn = load(g, blk, L4.extra + 32 + 32 * s, vec(F32, 8))
+        x = splat(g, g.load_f32(act.aux, bld.add(bld.mul(b, g.c64(8)), g.c64(s))), 8)
+        msum = bld.fmul(mn, x) if msum is None else g.call("llvm.fma.v8f32", vec(F32, 8),
+                                                          [mn, x, msum])
+    scale = bld.fmul(splat(g, dab, 8), load(g, blk, L4.extra, vec(F32, 8)))
+    return bld.fsub(term, bld.fmul(scale, msum))
+
+
+# -- Q6_K ----------------------------------------------------------------------------------
+
+def pack_q6k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
+    """Q6_K block at ``off`` of the 8 rows into the buffer block ``out``, the values with
+    their 32 taken off (signed). Per 128 values h: value 128h + 32c + l is nibble c // 2 of
+    ``ql[64h + 32 (c % 2) + l]`` with bits 2c, 2c + 1 of ``qh[32h + l]`` above it."""
+    bld = g.b
+    ql, qh = _F6["ql"].offset, _F6["qh"].offset
+    for h in range(2):
+        lows = [qwords(g, rows, bld.add(off, g.c64(ql + 64 * h + 32 * m))) for m in range(2)]
+        highs = qwords(g, rows, bld.add(off, g.c64(qh + 32 * h)))
+        for c in range(4):
+            for j in range(4):
+                lo = bld.and_(bld.lshr(lows[c % 2][j], g.splat8(4 * (c // 2), 64)),
+                              g.splat8(15, 64))
+                hi = bld.shl(bld.and_(bld.lshr(highs[j], g.splat8(2 * c, 64)), g.splat8(3, 64)),
+                             g.splat8(4, 64))
+                store(g, bld.sub(bld.or_(lo, hi), g.splat8(32, 64)), out,
+                      64 * (16 * h + 4 * c + j))
+    for n, r in enumerate(rows):
+        store(g, g.vload(r, bld.add(off, g.c64(_F6["scales"].offset)), 16), out,
+              L6.scales + 16 * n)
+    pack_d(g, rows, off, _F6["d"].offset, out, L6.d)
+    pack_starts(g, out, isums_q6k, 1, L6.extra)
+
+
+def _scales16(g: VectorIR, blk, at: int) -> ir.Value:  # noqa: ANN001
+    """<128 x i8>: the 8 rows' 16 scales at ``at`` of the buffer block, [row][group]."""
+    return cat(g, load(g, blk, at, vec(I8, 64)), load(g, blk, at + 64, vec(I8, 64)))
+
+
+def isums_q6k(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # noqa: ANN001, ARG001
+    """``isums_q4k`` for Q6_K, each row's lanes from ``starts[0]``: the activations plus
+    128 (unsigned) times the signed values; each result holds 4 values (< 2**15), so the
+    scales apply per two."""
+    bld = g.b
+    sz = _scales16(g, blk, L6.scales)
+    isums = [starts[0]] * len(acts)
+    for p in range(4):
+        for half in range(2):  # 16-value groups 4p + half (even span), 4p + 2 + half (odd)
+            idx = ir.Constant(vec(I32, 32), scale_index(16, 4 * p + half, 4 * p + 2 + half))
+            sc = bld.sext(bld.shuffle_vector(sz, sz, idx), vec(I16, 32))
+            for q in (2 * half, 2 * half + 1):
+                we = load(g, blk, 64 * (8 * p + q), vec(I8, 64))
+                wo = load(g, blk, 64 * (8 * p + 4 + q), vec(I8, 64))
+                for a, act in enumerate(acts):
+                    even = dpbusd(g, _ZERO16, act(64 * p + 8 * q), we)
+                    odd = dpbusd(g, _ZERO16, act(64 * p + 32 + 8 * q), wo)
+                    isums[a] = g.pack_madd(even, odd, sc, isums[a])
+    return isums
+
+
+# -- Q3_K and Q2_K: 2-bit planes, 16-value groups, the tiles' 8 lanes ----------------------
+
+def _pack_2bit(g: VectorIR, rows: list, off, out, field: int, top=None) -> None:  # noqa: ANN001
+    """The 256 values of a Q2_K/Q3_K block at ``off`` of the 8 rows into the buffer: per
+    128 values h, value 128h + 32c + l is bits 2c, 2c + 1 of byte 32h + l of the plane at
+    ``field``; ``top(h, c, j)`` (Q3_K) gives what to OR in and subtract for values
+    128h + 32c + 8j.. of the 8 rows (<64 x i8>, or None)."""
+    bld = g.b
+    for h in range(2):
+        lows = qwords(g, rows, bld.add(off, g.c64(field + 32 * h)))
+        for c in range(4):
+            for j in range(4):
+                v = bld.and_(bld.lshr(lows[j], g.splat8(2 * c, 64)), g.splat8(3, 64))
+                if top is not None:
+                    hi, bias = top(h, c, j)
+                    v = bld.sub(bld.or_(v, hi), bias)
+                store(g, v, out, 64 * (16 * h + 4 * c + j))
+
+
+def pack_q3k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
+    """Q3_K block at ``off`` of the 8 rows into the buffer block ``out``: the 2-bit values
+    with bit 4h + c of ``hmask[l]`` as their bit 2, minus 4 (signed); the 16 six-bit
+    scales minus 32 [row][group]; d; the lane starts."""
+    bld = g.b
+    hq = qwords(g, rows, bld.add(off, g.c64(_F3["hmask"].offset)))
+
+    def top(h: int, c: int, j: int) -> tuple:
+        bit = bld.and_(bld.lshr(hq[j], g.splat8(4 * h + c, 64)), g.splat8(1, 64))
+        return bld.shl(bit, g.splat8(2, 64)), g.splat8(4, 64)
+
+    _pack_2bit(g, rows, off, out, _F3["qs"].offset, top)
+    at = bld.add(off, g.c64(_F3["scales"].offset))
+    u0, u1, u2 = (row_values(g, rows, bld.add(at, g.c64(4 * k)), I32) for k in range(3))
+    parts = [bld.or_(bld.and_(bld.lshr(u, _c8(4 * (i // 2))), _c8(0x0F0F0F0F)),
+                     bld.shl(bld.and_(bld.lshr(u2, _c8(2 * i)), _c8(0x03030303)), _c8(4)))
+             for i, u in enumerate((u0, u1, u0, u1))]  # int_blocks._q3_scales, 8 rows
+    sc = bld.shuffle_vector(cat(g, parts[0], parts[1]), cat(g, parts[2], parts[3]),
+                            ir.Constant(vec(I32, 32), [n + 8 * i for n in range(8)
+                                                       for i in range(4)]))
+    sc = bld.sub(bld.bitcast(sc, vec(I8, 128)), g.splat8(32, 128))
+    store(g, sc, out, L3.scales)
+    pack_d(g, rows, off, _F3["d"].offset, out, L3.d)
+    pack_starts(g, out, isums_q3k, 4, L3.extra)
+
+
+def pack_q2k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
+    """Q2_K block at ``off`` of the 8 rows into the buffer block ``out``: the 2-bit values;
+    the nibble scales [row][group]; d; dmin; the nibble mins as words, vector k holding in
+    dword i row i // 2's mins of groups 4k + 2 (i % 2) and the next (``offset_q2k``)."""
+    bld = g.b
+    _pack_2bit(g, rows, off, out, _F2["qs"].offset)
+    raw = [g.vload(r, bld.add(off, g.c64(_F2["scales"].offset)), 16) for r in rows]
+    raw = cat(g, cat(g, cat(g, raw[0], raw[1]), cat(g, raw[2], raw[3])),
+              cat(g, cat(g, raw[4], raw[5]), cat(g, raw[6], raw[7])))  # <128 x i8>
+    store(g, bld.and_(raw, g.splat8(15, 128)), out, L2.scales)
+    mins = bld.lshr(raw, g.splat8(4, 128))
+    for k in range(4):
+        idx = [16 * (i // 2) + 4 * k + 2 * (i % 2) + t for i in range(16) for t in range(2)]
+        words = bld.zext(bld.shuffle_vector(mins, mins, ir.Constant(vec(I32, 32), idx)),
+                         vec(I16, 32))
+        store(g, words, out, L2.extra + 32 + 64 * k)
+    pack_d(g, rows, off, _F2["d"].offset, out, L2.d)
+    pack_d(g, rows, off, _F2["dmin"].offset, out, L2.extra)
+
+
+def _isums_2bit(g: VectorIR, blk, acts: list, starts: list, m: int, signed: bool) -> list:  # noqa: ANN001, PLR0913
+    """Per activation row, its <16 x i32> lane vector m: lane 4L + 2e + t, weight row 2L + t's
+    tile lane c = 2m + e (values 64p + 8c.. of each 64-value pair p, times their 16-value
+    group's scale, 4p + m for both e), from ``starts[m]`` (Q3_K: signed values times the
+    activations plus 128) or 0 (Q2_K: unsigned values times the activations)."""
+    bld = g.b
+    sz = _scales16(g, blk, L3.scales)  # L3.scales == L2.scales
+    ext = bld.sext if signed else bld.zext
+    isums = [starts[m] if starts else None for _ in acts]
+    for p in range(4):
+        grp = 4 * p + m
+        sc = ext(bld.shuffle_vector(sz, sz, ir.Constant(vec(I32, 32),
+                                                        scale_index(16, grp, grp))),
+                 vec(I16, 32))
+        wa = load(g, blk, 64 * (8 * p + 2 * m), vec(I8, 64))
+        wb = load(g, blk, 64 * (8 * p + 2 * m + 1), vec(I8, 64))
+        for a, act in enumerate(acts):
+            xa, xb = act(64 * p + 16 * m), act(64 * p + 16 * m + 8)
+            if signed:
+                da, db = dpbusd(g, _ZERO16, xa, wa), dpbusd(g, _ZERO16, xb, wb)
+            else:
+                da, db = dpbusd(g, _ZERO16, wa, xa), dpbusd(g, _ZERO16, wb, xb)
+            isums[a] = g.pack_madd(da, db, sc, isums[a])
+    return isums
+
+
+def isums_q3k(g: VectorIR, blk, acts: list, starts: list, m: int) -> list:  # noqa: ANN001
+    return _isums_2bit(g, blk, acts, starts, m, True)
+
+
+def isums_q2k(g: VectorIR, blk, acts: list, starts: list, m: int) -> list:  # noqa: ANN001
+    return _isums_2bit(g, blk, acts, starts, m, False)
+
+
+def offset_q2k(g: VectorIR, blk, act, b, dab, term) -> ir.Value:  # noqa: ANN001
+    """Q2_K's mins' term of block ``b`` for one activation row: ``term - (d_act * dmin) *
+    sum(min * 16-sum)`` over the 8 weight rows, the sums exact integers (``vpdpwssd`` of
+    the mins' words and the row's 16-sums as words, 4 at a time broadcast)."""
+    bld = g.b
+    acc = None
+    for k in range(4):
+        x = bld.load(ptr(g, act.sums16, bld.add(bld.mul(b, g.c64(32)), g.c64(8 * k)),
+                         ir.IntType(64)), align=1)
+        x = bld.insert_element(ir.Constant(vec(ir.IntType(64), 8), ir.Undefined), x,
+                               ir.Constant(I32, 0))
+        x = bld.shuffle_vector(x, x, ir.Constant(vec(I32, 8), [0] * 8))
+        mins = load(g, blk, L2.extra + 32 + 64 * k, vec(I16, 32))
+        acc = g.dpwssd512(acc, mins, bld.bitcast(x, vec(I16, 32)))
+    lanes = [bld.shuffle_vector(acc, acc, ir.Constant(vec(I32, 8), list(range(e, 16, 2))))
+             for e in range(2)]
+    msum = bld.sitofp(bld.add(*lanes), vec(F32, 8))
+    scale = bld.fmul(splat(g, dab, 8), load(g, blk, L2.extra, vec(F32, 8)))
+    return bld.fsub(term, bld.fmul(scale, msum))
