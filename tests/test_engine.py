@@ -42,9 +42,9 @@ class Counting:
     def new_arena(self, n_ctx: int, n_slots: int = 1):
         return self.model.new_arena(n_ctx, n_slots)
 
-    def forward_batch(self, parts, pause=None):
+    def forward_steps(self, parts, stoppable=False):
         self.batches.append([len(p.ids) for p in parts])
-        return self.model.forward_batch(parts, pause)
+        return self.model.forward_steps(parts, stoppable)
 
 
 def _engine(tiny, **kw) -> Engine:
@@ -150,16 +150,17 @@ class Arriving(Counting):
     def __init__(self, model, request: Request) -> None:
         super().__init__(model)
         self.request, self.engine, self.newcomer = request, None, None
+        self.paused = None  # the pass of the step that may be paused
         self.during: list[list[int]] = []  # the batches evaluated inside the paused step
 
-    def forward_batch(self, parts, pause=None):
-        if pause is None or self.newcomer is not None:
-            return super().forward_batch(parts, pause)
+    def forward_steps(self, parts, stoppable=False):
+        if self.paused is not None and not self.paused.done:
+            self.during.append([len(p.ids) for p in parts])
+        if not stoppable or self.newcomer is not None:
+            return super().forward_steps(parts, stoppable)
         self.newcomer = self.engine.submit(self.request)
-        before = len(self.batches)
-        out = super().forward_batch(parts, pause)
-        self.during = self.batches[before + 1:]
-        return out
+        self.paused = super().forward_steps(parts, stoppable)
+        return self.paused
 
 
 def test_a_newcomer_cuts_into_the_step_in_flight_and_changes_nobodys_tokens(tiny) -> None:
@@ -327,13 +328,17 @@ class Recording(Counting):
 
     def __init__(self, model) -> None:
         super().__init__(model)
-        self.logits = []
+        self.runs = []
 
-    def forward_batch(self, parts, pause=None):
-        out = super().forward_batch(parts, pause)
-        if len(out):
-            self.logits.append(np.array(out))
-        return out
+    def forward_steps(self, parts, stoppable=False):
+        run = super().forward_steps(parts, stoppable)
+        self.runs.append(run)
+        return run
+
+    @property
+    def logits(self) -> list[np.ndarray]:
+        """The logits of every batch evaluated (those that have any)."""
+        return [r.logits for r in self.runs if len(r.logits)]
 
 
 def test_embeddings_and_generation_never_reuse_each_others_cache(tiny) -> None:
@@ -351,7 +356,7 @@ def test_embeddings_and_generation_never_reuse_each_others_cache(tiny) -> None:
         engine = Engine(rec, tok, n_ctx=256, n_slots=1)
         if before is not None:
             engine.run(before)
-        rec.logits.clear()
+        rec.runs.clear()
         seq = engine.run(Request(prompt, GREEDY, max_tokens=4))
         engine.close()
         return seq.tokens, np.concatenate(rec.logits)

@@ -17,6 +17,7 @@ import pytest
 import gguflm.gguf as gguf
 from gguflm.gguf.types import GGMLType
 from gguflm.quant import dequantize, kernels, kerneltypes
+from gguflm.quant.float_tiles import NO_BIAS
 from gguflm.quant.matrix import QMatrix
 
 KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
@@ -72,7 +73,7 @@ def test_f16_kernel_matches_twin(k: int) -> None:
     out = np.full((2, 45), np.nan, np.float32)
     kernels.f16_matmul_rows(w, x, out, 0, 45)
     assert _rel(out, twin) < 1e-6
-    kernels.f16_matmul_par(w, x, out)
+    kernels.f16_matmul_par(w, x, out, NO_BIAS, 0)
     assert _rel(out, twin) < 1e-6
 
 
@@ -128,7 +129,7 @@ def test_bf16_tiles_match_twin_and_give_each_row_its_own_numbers(k: int) -> None
         out = np.full((n, 45), np.nan, np.float32)
         kernels.f16_matmul_rows(w, x[:n], out, 0, 45)
         assert np.array_equal(out, alone[:n]), n
-    kernels.f16_matmul_par(w, x, out := np.empty((9, 45), np.float32))
+    kernels.f16_matmul_par(w, x, out := np.empty((9, 45), np.float32), NO_BIAS, 0)
     assert np.array_equal(out, alone)
 
 
@@ -240,16 +241,16 @@ def test_qmatrix_real_model_embedding_and_output(smollm2_path) -> None:  # noqa:
 
 def test_qmatrix_padded_rows_and_paused_halves_change_no_number(smollm2_path,  # noqa: ANN001
                                                                  monkeypatch) -> None:
-    """QMatrix.matmul pads 6-7 rows past a multiple of 8 (then runs 1x8 tiles) and, given a
-    pause, runs a big matrix in two halves with the pause run between them when its flag
-    is set: each row's products are still bit for bit that row's alone."""
-    from gguflm.model.batch import Pause
-    from gguflm.quant import matrix
+    """QMatrix.matmul pads 6-7 rows past a multiple of 8 (then runs 1x8 tiles) and, in a
+    pass that may stop, a big output product runs in two halves with a stop between them
+    when one is asked (``forward_pass.output_product``): each row's products are still bit
+    for bit that row's alone."""
+    from gguflm.model import forward_pass
 
     with gguf.open(smollm2_path) as f:
         m = QMatrix.from_tensor(f.tensors["token_embd.weight"])  # 49152 x 576 Q8_0
-        monkeypatch.setattr(matrix, "PAUSE_BYTES", m.nbytes // 2)
-        runs: list[int] = []
+        monkeypatch.setattr(forward_pass, "SPLIT_BYTES", m.nbytes // 2)
+        runs: list[str] = []
         for n in (1, 5, 6, 7, 15):
             x = _x(n, m.shape[1], seed=20 + n)
             alone = np.concatenate([m.matmul(x[i:i + 1]) for i in range(n)])
@@ -258,9 +259,12 @@ def test_qmatrix_padded_rows_and_paused_halves_change_no_number(smollm2_path,  #
             np.testing.assert_array_equal(got, alone)
             np.testing.assert_array_equal(m.matmul(x, np.empty_like(alone)), alone)
             for flag in (0, 1):
-                pause = Pause(lambda: runs.append(1), np.array([flag, 0], np.int64))
-                np.testing.assert_array_equal(m.matmul(x, pause=pause), alone)
-        assert len(runs) == 5  # once per product whose flag was set
+                run = forward_pass.Pass(lambda _, m=m, x=x: forward_pass.output_product(m, x), True)
+                if flag:
+                    run.stop()
+                runs.extend(run)
+                np.testing.assert_array_equal(run.logits, alone)
+        assert runs == [forward_pass.HALF] * 5  # once per product whose flag was set
         del m
 
 

@@ -102,13 +102,8 @@ class LLM:
         # llama-cpp-python's names for the same things
         model, threads = _lcpp_aliases(model, model_path, threads, n_threads, ignored)
         name = os.fspath(model) if model is not None else DEFAULT_MODEL
-        for arg, value in (("threads", threads), ("parallel", parallel),
-                           ("max_queue", max_queue), ("n_ctx", n_ctx), ("n_batch", n_batch)):
-            least = 0 if arg == "n_ctx" else 1  # n_ctx 0: the model's own, as in llama.cpp
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < least):
-                raise InvalidRequestError(
-                    f"{arg} must be an integer of at least {least}, got {value!r}", param=arg)
+        _check_sizes(threads=threads, parallel=parallel, max_queue=max_queue, n_ctx=n_ctx,
+                     n_batch=n_batch)
         if kv_cache_type not in KV_TYPES:
             raise InvalidRequestError(f"kv_cache_type must be one of {', '.join(KV_TYPES)}, "
                                       f"got {kv_cache_type!r}", param="kv_cache_type")
@@ -119,7 +114,7 @@ class LLM:
         self.threads = thread_count(threads)
         self.verbose = bool(verbose)
         self.lookup = check_lookup_value(lookup)
-        self.seed = self._default_seed(seed)
+        self.seed = _default_seed(seed)
         # sampling keywords for calls that leave them out (serve --temp ...); checked here
         self.sampling_defaults: dict[str, Any] = {}
         self.chat_defaults = ChatDefaults()  # serve --chat-template-kwargs, --reasoning-*
@@ -374,15 +369,6 @@ class LLM:
 
         return Reranker(self).rerank(query, documents, top_n, **kwargs)
 
-    @staticmethod
-    def _default_seed(seed: Any) -> int | None:
-        if seed is None or seed == -1 or seed == 0xFFFFFFFF:  # llama.cpp's "random" seeds
-            return None
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-            raise InvalidRequestError(f"seed must be in 0..4294967295 (or -1), got {seed!r}",
-                                      param="seed")
-        return seed
-
     # --- the rest ----------------------------------------------------------------------------
 
     def warm_up(self) -> float:
@@ -416,6 +402,27 @@ class LLM:
     def __repr__(self) -> str:
         return (f"LLM({self.model_id!r}, n_ctx={self.n_ctx}, threads={self.threads}, "
                 f"parallel={self.engine.n_slots})")
+
+
+def _check_sizes(**sizes: int | None) -> None:
+    """Each of the LLM's sizes None or an integer of at least 1 (``n_ctx`` 0: the model's
+    own, as in llama.cpp)."""
+    for arg, value in sizes.items():
+        least = 0 if arg == "n_ctx" else 1
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < least):
+            raise InvalidRequestError(
+                f"{arg} must be an integer of at least {least}, got {value!r}", param=arg)
+
+
+def _default_seed(seed: Any) -> int | None:
+    """The LLM's ``seed``: None for llama.cpp's "random" seeds, else checked."""
+    if seed is None or seed == -1 or seed == 0xFFFFFFFF:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise InvalidRequestError(f"seed must be in 0..4294967295 (or -1), got {seed!r}",
+                                  param="seed")
+    return seed
 
 
 def _prompt_list(prompt: Any) -> list[Any]:

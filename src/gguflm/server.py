@@ -196,7 +196,7 @@ class APIServer:
         self.verbose = verbose
         self.started = int(time.time())
         self.counters = ServerMetrics()
-        self.count, self.observe = self.counters.count, self.counters.observe
+        self.count = self.counters.count
         self.sock = socket.create_server((host, port), backlog=ACCEPT_BURST)
         self.server_address = self.sock.getsockname()[:2]
         # stay under the file-descriptor limit: past it accept() fails, asyncio stops
@@ -313,20 +313,8 @@ class APIServer:
             HTTPException: self._http_error, Exception: self._internal_error})
 
     async def _http_error(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
         self.count("errors")
-        method, path = request.method, request.url.path
-        if exc.status_code == 404:
-            msg = f"no such endpoint: {method} {path}"
-        elif exc.status_code == 405:
-            msg = f"{method} is not allowed on {path}"
-        else:
-            msg = str(exc.detail)
-        # the body of a refused request is not read: close, so it is never parsed as the
-        # next request on this connection
-        resp = RequestError(exc.status_code, msg).response()
-        resp.headers["Connection"] = "close"
-        return resp
+        return _refusal(request, exc)
 
     async def _internal_error(self, request: Request, exc: Exception) -> Response:
         self.log(f"internal error on {request.method} {request.url.path}: "
@@ -428,15 +416,9 @@ class APIServer:
     def _ended(self, seq: Any) -> None:
         """Bookkeeping at a sequence's end; its error, if any, as an answer."""
         self._cancels.discard(seq.cancel)
-        self._observe(seq)
+        self.counters.ended(seq)
         if seq.finish_reason == "error":
             raise sequence_error(seq)
-
-    def _observe(self, seq: Any) -> None:
-        t = seq.timings
-        if t.first_token:
-            self.observe("ttft", t.first_token - t.submitted)
-        self.observe("duration", t.ended - t.submitted)
 
     async def _generate(self, seq: Any, wake: asyncio.Event
                         ) -> AsyncIterator[tuple[str, Any]]:
@@ -483,16 +465,6 @@ class APIServer:
         self._ended(seq)
         return seq
 
-    @staticmethod
-    async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
-        """Set ``gone`` when the client of ``request`` disconnects (for work that runs in a
-        thread, which cannot await the disconnect itself)."""
-        while not gone.is_set():
-            if await request.is_disconnected():
-                gone.set()
-                return
-            await asyncio.sleep(0.25)
-
     def stream(self, items: AsyncIterator[Any], wire: Wire = OPENAI) -> Response:
         """``items`` framed as ``wire`` frames them; errors found once the stream has
         started are sent as ``wire``'s error object in the stream."""
@@ -535,7 +507,7 @@ class APIServer:
         full)."""
         gone = threading.Event()  # set when the client leaves or the server stops
         self._cancels.add(gone.set)
-        watch = asyncio.ensure_future(self._watch_disconnect(request, gone))
+        watch = asyncio.ensure_future(_watch_disconnect(request, gone))
         try:
             result = await asyncio.to_thread(self.call, lambda: work(gone.is_set))
         except RequestError as e:
@@ -549,6 +521,33 @@ class APIServer:
             self._cancels.discard(gone.set)
         self.count("requests")
         return result
+
+
+def _refusal(request: Request, exc: Exception) -> Response:
+    """Starlette's 404/405 (or another HTTPException) as an OpenAI error object."""
+    assert isinstance(exc, HTTPException)
+    method, path = request.method, request.url.path
+    if exc.status_code == 404:
+        msg = f"no such endpoint: {method} {path}"
+    elif exc.status_code == 405:
+        msg = f"{method} is not allowed on {path}"
+    else:
+        msg = str(exc.detail)
+    # the body of a refused request is not read: close, so it is never parsed as the
+    # next request on this connection
+    resp = RequestError(exc.status_code, msg).response()
+    resp.headers["Connection"] = "close"
+    return resp
+
+
+async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
+    """Set ``gone`` when the client of ``request`` disconnects (for work that runs in a
+    thread, which cannot await the disconnect itself)."""
+    while not gone.is_set():
+        if await request.is_disconnected():
+            gone.set()
+            return
+        await asyncio.sleep(0.25)
 
 
 class _Access:

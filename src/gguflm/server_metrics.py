@@ -61,6 +61,13 @@ class ServerMetrics:
         self.latency[what][i] += 1
         self.latency_sum[what] += seconds
 
+    def ended(self, seq: Any) -> None:
+        """A sequence's latencies (its ``timings``) into the histograms."""
+        t = seq.timings
+        if t.first_token:
+            self.observe("ttft", t.first_token - t.submitted)
+        self.observe("duration", t.ended - t.submitted)
+
     def text(self, engine: Any) -> str:
         """Prometheus' text format of the engine's counts and the histograms."""
         uptime = max(time.time() - engine.started, 1e-9)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..model.base import import_kernels
-from ..model.batch import ALL, LAST, NONE, Part, Pause
+from ..model.batch import ALL, LAST, NONE, Part
 from .embed import EmbedRequest, EmbedSequence
 from .sequence import DECODE, DONE, PREFILL, Request, Sequence
 
@@ -135,8 +135,8 @@ class Engine:
         self._in_step: set[int] = set()  # the slots of the step in flight (_cut_in)
         self._cut_done = False  # a newcomer has cut into the step in flight
         self._cut_seconds = 0.0  # how long that took
-        # lets a newcomer cut into a decoding step; submit sets its flag (_cut_in)
-        self._pause = Pause(self._cut_in)
+        # the step in flight, when a newcomer may cut into it: submit asks it to stop
+        self._in_flight: Any = None  # model.forward_pass.Pass
         self._waiting: deque[Sequence] = deque()
         self._tasks: deque[tuple[Callable[[], Any], list[Any], threading.Event]] = deque()
         self._cv = threading.Condition()
@@ -177,7 +177,8 @@ class Engine:
                                      "or queued)")
             self.stats.requests += 1
             self._waiting.append(seq)
-            self._pause.flag[0] = 1  # the step in flight may let it cut in (_cut_in)
+            if self._in_flight is not None:  # it may cut in at the next stop (_evaluate)
+                self._in_flight.stop()
             self._cv.notify()
         return seq
 
@@ -296,7 +297,6 @@ class Engine:
                         done.set()
                     return
                 if not tasks:
-                    self._pause.flag[0] = 0  # whoever is waiting now is seen here
                     self._admit()
             if tasks:  # between two steps, before anything new is admitted
                 for fn, box, done in tasks:
@@ -406,8 +406,7 @@ class Engine:
         self._cut_done = False
         free = any(s.seq is None for s in self.slots)
         try:
-            logits = self.model.forward_batch(parts, self._pause if decoding and free
-                                              else None)
+            logits = self._evaluate(parts, bool(decoding) and free)
         finally:
             self._in_step = set()
         self._settle(parts, owners, logits)
@@ -466,18 +465,37 @@ class Engine:
         self.stats.steps += 1
         self.stats.busy_seconds += elapsed
 
+    def _evaluate(self, parts: list[Part], stoppable: bool = False) -> np.ndarray:
+        """Run one batch through the model (``Model.forward_steps``) and return its logits.
+        ``stoppable``: a request arriving meanwhile (``submit``) asks the pass to stop, at
+        its next layer or before (or inside) its output product, and ``_cut_in`` runs
+        there before the pass goes on."""
+        run = self.model.forward_steps(parts, stoppable)
+        if stoppable:
+            with self._cv:
+                self._in_flight = run
+                if self._waiting:  # arrived since _admit
+                    run.stop()
+        try:
+            for _ in run:
+                self._cut_in()
+        finally:
+            if stoppable:
+                with self._cv:
+                    self._in_flight = None
+            run.close()
+        return run.logits
+
     def _cut_in(self) -> None:
-        """Called by the model during a decoding step: before its output product, and
-        between two layers after a request has arrived (``submit`` sets the pause's flag;
-        the team stops at the next layer). Newcomers whose whole prompt fits in one chunk
-        are admitted and get a step of their own now, inside the step in flight, instead
-        of after it: a request arriving beside busy streams waits a layer for its first
-        token, not the rest of a whole step (Gemma 3 beside 7 streams: a 7-row step ran
-        40-60 ms in the server, the newcomer's own 13 ms). At most once per step, so the
-        running streams wait for at most one such step. The newcomers' slots are free
-        slots, none in the step in flight, whose caches it does not touch; every row's
-        numbers are its own, so this changes no sequence's tokens."""
-        self._pause.flag[0] = 0
+        """At a stop of a decoding step in flight, where a request has arrived (``submit``
+        asked the pass to stop; the team stops at the next layer). Newcomers whose whole
+        prompt fits in one chunk are admitted and get a step of their own now, inside the
+        step in flight, instead of after it: a request arriving beside busy streams waits a
+        layer for its first token, not the rest of a whole step (Gemma 3 beside 7 streams:
+        a 7-row step ran 40-60 ms in the server, the newcomer's own 13 ms). At most once
+        per step, so the running streams wait for at most one such step. The newcomers'
+        slots are free slots, none in the step in flight, whose caches it does not touch;
+        every row's numbers are its own, so this changes no sequence's tokens."""
         if self._cut_done or not self._waiting or self._closed:
             return
         t0 = time.perf_counter()
@@ -494,7 +512,7 @@ class Engine:
             parts: list[Part] = []
             owners: list[tuple[Slot, bool, list[int]]] = []
             self._add_prompts(quick, chunk, parts, owners)
-            self._settle(parts, owners, self.model.forward_batch(parts))
+            self._settle(parts, owners, self._evaluate(parts))
             self._account(parts, time.perf_counter() - t0)
         self._cut_seconds += time.perf_counter() - t0
 

@@ -9,7 +9,8 @@ head's dimensions). The layers' plan (``executor.plan``: compiled, or why not) i
 once here, after ``load_tensors``.
 This class does the rest: checking ids, splitting long batches, advancing the caches, and
 handing out the final hidden states (for embeddings) and the logits each sequence asked for.
-A batch may hold several sequences (``forward_batch``); ``forward`` is the one-sequence case.
+A batch may hold several sequences (``forward_batch``); ``forward`` is the one-sequence case;
+``forward_steps`` is a batch's pass that its caller (the engine) runs a stretch at a time.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..gguf.reader import GGUFFile
 from . import bidirectional, executor, ops
 from .batch import ALL, LAST, NONE, Batch, Part, Pause
 from .config import ModelConfig
+from .forward_pass import HEAD, Pass, Stops, output_product
 from .kv_cache import KVArena, KVCache, KVShape, check_kv_type
 from .layer import Attention, Block, LatentAttention, experts, glu, linear, qkv
 from .weights import Layer, Weights
@@ -131,11 +133,11 @@ class Model:
         return executor.run(self.plan, self.blocks, x, batch, ropes, rows=batch.out,
                             inputs=inputs)
 
-    def head(self, x: np.ndarray, pause: Pause | None = None) -> np.ndarray:
+    def head(self, x: np.ndarray) -> np.ndarray:
         """Logits (rows, n_vocab) of final hidden states x (rows, n_embd): the output
-        projection (and whatever the architecture does after it); ``pause`` as
-        ``QMatrix.matmul`` takes it."""
-        return self.output.matmul(x, pause=pause)
+        projection (and whatever the architecture does after it: an override calls this
+        one for the product, which may stop between its halves: ``output_product``)."""
+        return output_product(self.output, x)
 
     # -- the interface --------------------------------------------------------------------------
     def use_kv_type(self, kv_type: str) -> None:
@@ -185,21 +187,33 @@ class Model:
         and which logits it wants) and append each one's ids to its cache. Returns the
         wanted logits (rows, n_vocab) in part order. A sequence's logits are bit-identical
         to evaluating it alone. The caller keeps the batch small (see MAX_BATCH).
+        ``pause``: run through its stops by ``batch.Pause.drive``."""
+        if pause is None:
+            return self.forward_steps(parts, stoppable=False).run()
+        return pause.drive(self.forward_steps(parts))
 
-        ``pause``, if given, lets other batches of the arena run before the output product
-        and, when asked, between two layers (``batch.Pause``)."""
+    def forward_steps(self, parts: list[Part], stoppable: bool = True) -> Pass:
+        """``forward_batch`` as a pass its caller runs a stretch at a time
+        (``forward_pass.Pass``): with ``stoppable``, iterating it stops, where ``stop()``
+        has asked, between two layers, before the output product and between the halves
+        of a big one, so that the caller may evaluate other sequences of the arena there;
+        ``logits`` at the end. The ids are checked here, before it runs."""
         self._require_causal()
         for p in parts:
             p.ids = self._check_ids(p.ids)
+        return Pass(lambda stops: self._pass(parts, stops), stoppable)
+
+    def _pass(self, parts: list[Part], stops: Stops | None) -> np.ndarray:
+        """The body of ``forward_steps``' pass, meeting ``stops`` (if any) on the way."""
         for p in parts:  # a truncated recurrent state: first the ids from its snapshot on
             replay = p.cache.take_replay()
             if replay is not None:
                 self.forward_batch([Part(p.cache, replay, NONE)])
         batch = Batch(parts)
-        batch.pause = pause
+        batch.stops = stops
         x = self._forward(batch)                           # (len(batch.out), n_embd)
-        if pause is not None:
-            pause.run()
+        if stops is not None:
+            stops.at(HEAD)
         batch.advance()
         for p, rows in batch.hidden_rows:
             p.hidden_states = x[rows]
@@ -207,7 +221,7 @@ class Model:
             x = x[batch.logit_rows]
         if not len(x):
             return np.zeros((0, self.config.n_vocab), np.float32)
-        return self.head(x, pause)
+        return self.head(x)
 
     def forward(self, ids: list[int] | np.ndarray, cache: KVCache,
                 all_logits: bool = False) -> np.ndarray:

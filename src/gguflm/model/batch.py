@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from .forward_pass import Pass, Stops
 
 # What a sequence wants back from a batch, of logits and of final hidden states: those of
 # its last row, of every row, or none
@@ -47,16 +51,25 @@ def _rows(want: str, row: int, n: int) -> np.ndarray:
 
 @dataclass
 class Pause:
-    """How a batch in flight lets other batches of its arena run inside its forward pass
-    (``Model.forward_batch``): ``run()`` is called before the output product, and, when
-    ``flag[0]`` is nonzero there (any thread may set it; ``run`` clears it as it sees fit),
-    between two layers where they run as team calls (``team.run_stack``) and between the
-    halves of a big output product (``QMatrix.matmul``). ``run`` may evaluate other
-    sequences (``forward_batch`` without a pause), not the paused batch's. ``flag[1]`` is
-    where the team calls stopped."""
+    """A caller's way to run a pass through its stops with one callback (``Model.
+    forward_batch(parts, pause)``; the engine drives ``forward_steps`` itself): while
+    ``flag[0]`` is nonzero the pass is asked to stop at each of its stops (between two
+    layers, before the output product, between the halves of a big one) and ``run()`` is
+    called there. ``run`` may evaluate other sequences of the arena, not the paused
+    batch's."""
 
     run: Callable[[], None]
     flag: np.ndarray = field(default_factory=lambda: np.zeros(2, np.int64))
+
+    def drive(self, steps: Pass) -> np.ndarray:
+        """Run ``steps`` to its end, ``run()`` at each stop asked; its logits."""
+        if self.flag[0]:
+            steps.stop()
+        for _ in steps:
+            self.run()
+            if self.flag[0]:
+                steps.stop()
+        return steps.logits
 
 
 class Batch:
@@ -75,7 +88,8 @@ class Batch:
             raise ValueError("a sequence may appear only once in a batch")
         self.arena = arena
         self.parts = list(parts)
-        self.pause: Pause | None = None  # Model.forward_batch
+        # where the pass may stop (``Model.forward_steps``; None: it runs through)
+        self.stops: Stops | None = None
         # the recurrent layers that wrote each slot's new state, made live by advance
         self._staged: dict[int, set[int]] = {}
         ids, pos, slot, out, logit_rows, flash = [], [], [], [], [], []

@@ -148,33 +148,50 @@ def encoder_attention_twin(q: np.ndarray, k: np.ndarray, v: np.ndarray, spans: n
     return out
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _norm_row(x, w, b, eps, out):  # noqa: ANN001, ANN202
+    """One row: ``(x - mean) / sqrt(var + eps) * w + b`` (``out`` may be ``x``)."""
+    n = x.shape[0]
+    total = 0.0
+    for i in range(n):
+        total += np.float64(x[i])
+    mean = np.float32(total / n)
+    sq = 0.0
+    for i in range(n):
+        c = x[i] - mean
+        sq += np.float64(c * c)
+    scale = np.float32(1.0) / np.sqrt(np.float32(sq / n + eps))
+    for i in range(n):
+        out[i] = (x[i] - mean) * scale * w[i] + b[i]
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def layer_norm(x, w, b, eps, out):  # noqa: ANN001, ANN201
     """x (T, n) f32 -> out (T, n): ``(x - mean) / sqrt(var + eps) * w + b`` per row, as
     ggml_norm (float64 sums, the scale in float32) then ggml_mul and ggml_add; rows in
     parallel. ``out`` may be ``x``."""
-    n = x.shape[1]
     for t in prange(x.shape[0]):
-        total = 0.0
-        for i in range(n):
-            total += np.float64(x[t, i])
-        mean = np.float32(total / n)
-        sq = 0.0
-        for i in range(n):
-            c = x[t, i] - mean
-            sq += np.float64(c * c)
-        scale = np.float32(1.0) / np.sqrt(np.float32(sq / n + eps))
-        for i in range(n):
-            out[t, i] = (x[t, i] - mean) * scale * w[i] + b[i]
+        _norm_row(x[t], w, b, eps, out[t])
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def add_layer_norm(x, y, w, b, eps, out):  # noqa: ANN001, ANN201
+    """``layer_norm(x + y)`` (x, y (T, n) f32; the residual sum in float32, as ggml_add),
+    the sum made row by row in ``out`` instead of a separate array (``out`` may be x)."""
+    for t in prange(x.shape[0]):
+        for i in range(x.shape[1]):
+            out[t, i] = x[t, i] + y[t, i]
+        _norm_row(out[t], w, b, eps, out[t])
 
 
 _GELU_TABLE: list[np.ndarray] = []  # ggml's float16 GELU table as float32, made on first use
 
 
-def gelu_f16(x: np.ndarray) -> np.ndarray:
-    """x (T, n) f32 -> GELU as ggml-cpu computes it (GGML_GELU_FP16: 0 for x <= -10, x for
-    x >= 10, else x rounded to float16 and looked up in its float16 table); compiled, rows
-    in parallel. ``ops.gelu_f16`` is its numpy twin (and makes the table)."""
+def gelu_f16(x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """x (T, n) f32 (plus ``bias`` (n,), added in float32 first, as ggml_add) -> GELU as
+    ggml-cpu computes it (GGML_GELU_FP16: 0 for x <= -10, x for x >= 10, else x rounded to
+    float16 and looked up in its float16 table); compiled, rows in parallel.
+    ``ops.gelu_f16`` is its numpy twin (and makes the table)."""
     from . import ops
 
     if not _GELU_TABLE:
@@ -182,15 +199,17 @@ def gelu_f16(x: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):
             _GELU_TABLE.append(ops.gelu_f16(halves.astype(np.float32)))
     out = np.empty(x.shape, np.float32)
-    _gelu_table(np.ascontiguousarray(x, np.float32), _GELU_TABLE[0], out)
+    b = np.zeros(x.shape[-1], np.float32) if bias is None else bias  # not added if None
+    _gelu_table(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(b, np.float32),
+                bias is not None, _GELU_TABLE[0], out)
     return out
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _gelu_table(x, table, out):  # noqa: ANN001, ANN202
+def _gelu_table(x, bias, biased, table, out):  # noqa: ANN001, ANN202
     for t in prange(x.shape[0]):
         for j in range(x.shape[1]):
-            v = x[t, j]
+            v = x[t, j] + bias[j] if biased else x[t, j]
             if v <= np.float32(-10.0):
                 out[t, j] = np.float32(0.0)
             elif v >= np.float32(10.0):

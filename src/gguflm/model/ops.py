@@ -15,14 +15,9 @@ import numpy as np
 # -- products --------------------------------------------------------------------------------
 
 
-def linear(x: np.ndarray, w: Any, b: np.ndarray | None = None, pause: Any = None
-           ) -> np.ndarray:
-    """x (T, d_in) @ W.T (+ b) -> (T, d_out); W a QMatrix (d_out, d_in), b (d_out,) or None;
-    ``pause`` as ``QMatrix.matmul`` takes it."""
-    y = w.matmul(x, pause=pause)
-    if b is not None:
-        y += b
-    return y
+def linear(x: np.ndarray, w: Any, b: np.ndarray | None = None) -> np.ndarray:
+    """x (T, d_in) @ W.T (+ b) -> (T, d_out); W a QMatrix (d_out, d_in), b (d_out,) or None."""
+    return w.matmul(x, bias=b)
 
 
 def linears(x: np.ndarray, lins: Any) -> list[np.ndarray]:
@@ -31,11 +26,7 @@ def linears(x: np.ndarray, lins: Any) -> list[np.ndarray]:
     (``quant.matrix.matmul_many``: x quantized once a call, one parallel region)."""
     from gguflm.quant.matrix import matmul_many
 
-    ys = matmul_many([lin.w for lin in lins], x)
-    for y, lin in zip(ys, lins, strict=True):
-        if lin.b is not None:
-            y += lin.b
-    return ys
+    return matmul_many([lin.w for lin in lins], x, [lin.b for lin in lins])
 
 
 # -- normalisation -------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..quant.matrix import matmul_many
 from . import ops
+from .forward_pass import LAYER
 from .layer import (
     GLU,
     Attention,
@@ -313,8 +314,8 @@ def stack(x: np.ndarray, blocks: list[Block], batch: object, ropes: tuple[np.nda
 
 
 def between_layers(batch: object, il: int, last: int) -> None:
-    """After layer ``il``: other batches of the arena may run here (the batch's ``pause``,
-    when its flag is set), except after the last layer (the output product pauses)."""
-    pause = getattr(batch, "pause", None)
-    if il < last and pause is not None and pause.flag[0]:
-        pause.run()
+    """After layer ``il``: a stop of the batch's pass (``forward_pass.Stops``), except after
+    the last layer (the pass stops before its output product instead)."""
+    stops = getattr(batch, "stops", None)
+    if il < last and stops is not None:
+        stops.at(LAYER)

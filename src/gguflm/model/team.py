@@ -53,6 +53,7 @@ from gguflm.quant.kernels import work_items as _work_items
 from . import blocks
 from .attention import _attend_one, store_rows
 from .blocks import add_bias, pre_norm, qk_heads
+from .forward_pass import LAYER
 from .layer import Block, Linear
 from .rowkernels import rmsnorm_rows
 
@@ -94,7 +95,7 @@ _YIELD = sys.platform != "win32"
 
 
 @intrinsic
-def _spin_pause(typingctx, rounds):  # noqa: ANN001, ANN202, ARG001
+def _spin_hint(typingctx, rounds):  # noqa: ANN001, ANN202, ARG001
     """One round of a spin wait: the CPU's pause hint (x86); every 4096th round gives the
     core away (``sched_yield``), so that a member waiting for one whose thread lost its
     core to another process lets that thread run."""
@@ -129,7 +130,7 @@ def _wait(sync, k, total):  # noqa: ANN001, ANN202
     """Until step ``k`` has finished ``total`` items."""
     r = 0
     while _load_acquire(sync, k + _LINE) < total:
-        _spin_pause(r)
+        _spin_hint(r)
         r += 1
 
 
@@ -338,8 +339,8 @@ def stack_team(x, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, rots, r
                windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs,
                sync, stop, l0, l1, threads):
     """x (T, n_embd) f32 -> (T, n_embd) f32 through layers l0:l1, on ``threads`` members,
-    or up to the layer ``stop[1]`` where they stopped (``stop``: ``batch.Pause.flag``, or
-    empty: no stops):
+    or up to the layer ``stop[1]`` where they stopped (``stop``: ``forward_pass.Stops.flag``,
+    or empty: no stops):
     ``x + attn(x)``, then ``+ ffn(.)``, in each. ``wtab`` (L, 7, 3) i64: each layer's
     matrices (Q, K, V, output, gate, up, down) as (address, rows, row bytes); ``ktab`` (4
     L, MAX_FUSED) i64 the product groups' type ids; ``ntab`` (L, 7, 2) i64 the attention,
@@ -489,10 +490,10 @@ class Stack:
 
 def run_stack(st: Stack, x: np.ndarray, batch: Any, ropes: tuple) -> np.ndarray | None:
     """Every layer over x (T, n_embd) as one team call (``stack_team``, or ``stack_alone``
-    below ``matrix.PARALLEL_MIN_MACS`` multiply-adds per layer; with ``batch.pause``,
-    stopping between two layers when its flag asks, for ``pause.run()``, then going on
-    with another call), or None where the team does not apply (more than MAX_ROWS rows or
-    MAX_BYTES of activations)."""
+    below ``matrix.PARALLEL_MIN_MACS`` multiply-adds per layer; with ``batch.stops``,
+    stopping between two layers when their flag asks, for a stop of the pass
+    (``forward_pass.Stops``), then going on with another call), or None where the team
+    does not apply (more than MAX_ROWS rows or MAX_BYTES of activations)."""
     n = len(x)
     rows = matrix.padded_rows(n)
     if n > MAX_ROWS or rows * st.row_bytes > MAX_BYTES:
@@ -517,17 +518,17 @@ def run_stack(st: Stack, x: np.ndarray, batch: Any, ropes: tuple) -> np.ndarray 
     args = (st.wtab, st.ktab, st.ntab, st.btab, itab, icount, kernels.F16_TABLE, st.heads,
             st.eps, rots, st.rot_sel, st.neox, st.windows, arena.k, arena.v, slot, pos,
             st.scale, st.cap, arena.f16, flash, st.gelu)
-    pause = batch.pause
-    stop = _NO_STOPS if pause is None else pause.flag
+    stops = batch.stops
+    stop = _NO_STOPS if stops is None else stops.flag
     l0 = 0
     while True:
-        bufs = st.buffers(rows)  # (again after a pause: another batch may have carved them)
+        bufs = st.buffers(rows)
         x = (stack_team(x, *args, *bufs, stop, l0, n_layer, threads) if team
              else stack_alone(x, *args, *bufs, stop, l0, n_layer))
-        if pause is None or stop[1] >= n_layer:
+        if stops is None or stop[1] >= n_layer:
             return x[:n]
         l0 = int(stop[1])
-        pause.run()
+        stops.at(LAYER)
 
 
 _NO_STOPS = np.zeros(0, np.int64)

@@ -30,8 +30,11 @@ def bf16_bits(raw: np.ndarray) -> np.ndarray:
 
 def _widen(bld: ir.IRBuilder, v: ir.Value, bf16: bool) -> ir.Value:
     """16-bit weight bits (i16 or <16 x i16>) as float32: fp16 converted (``vcvtph2ps``),
-    or bf16's bits moved to the top of a float32's (exact)."""
+    or bf16's bits moved to the top of a float32's (exact); float32 weights (already
+    widened, ``widen_rows``) as they are."""
     n = v.type.count if isinstance(v.type, ir.VectorType) else 0
+    if (v.type.element if n else v.type) == F32:
+        return v
     if not bf16:
         return bld.fpext(bld.bitcast(v, vec(ir.HalfType(), n) if n else ir.HalfType()),
                          vec(F32, n) if n else F32)
@@ -42,23 +45,33 @@ def _widen(bld: ir.IRBuilder, v: ir.Value, bf16: bool) -> ir.Value:
 
 def _make_f16_rowdot(nr: int, na: int = 1):  # noqa: ANN202 - returns a numba intrinsic
     """Intrinsic ``f16dot(w (R, K) u16 (F16) or i16 (BF16), r0, rs, x (n, K) f32, i0,
-    out (n, R) f32)``:
-    ``out[i0+i, r0+j*rs] = W[r0+j*rs] . x[i0+i]`` for ``j < nr``, ``i < na``, 16 values per
-    step: each weight vector is converted once for the ``na`` activation rows. Every tile
-    shape runs the same per-element sequence (one ``fma`` per 16 values into 16 lanes, the
-    tail in order, then ``VectorIR.hsum``), so results do not depend on the tile."""
+    out (n, R) f32, bias (R or 1,) f32, biased)``:
+    ``out[i0+i, r0+j*rs] = W[r0+j*rs] . x[i0+i] (+ bias[r0+j*rs] if biased)`` for
+    ``j < nr``, ``i < na``, 16 values per step: each weight vector is converted once for
+    the ``na`` activation rows. Every tile shape runs the same per-element sequence (one
+    ``fma`` per 16 values into 16 lanes, the tail in order, then ``VectorIR.hsum``, then the
+    bias added, as ``y += b`` after the product would), so results do not depend on the
+    tile."""
 
     @intrinsic
-    def f16dot(typingctx, w, r0, rs, x, i0, out):  # noqa: ANN001, ANN202, ARG001
-        sig = types.int64(w, r0, rs, x, i0, out)
+    def f16dot(typingctx, w, r0, rs, x, i0, out, bias, biased):  # noqa: ANN001, ANN202, ARG001
+        sig = types.int64(w, r0, rs, x, i0, out, bias, biased)
         bf16 = w.dtype == types.int16
+        wt = F32 if w.dtype == types.float32 else I16
 
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            ws, r0_, rs_, xs, i0_, outs = array_args(context, builder, signature, args)
+            ws, r0_, rs_, xs, i0_, outs, bs, on = array_args(context, builder, signature, args)
             bld = builder
             g = VectorIR(bld, None)
+            on = bld.icmp_unsigned("!=", on, ir.Constant(on.type, 0))
+
+            def store(i: int, j: int, value: ir.Value) -> None:
+                at = bld.select(on, ridx[j], g.c64(0))  # bias[0] exists when not biased
+                b = bld.load(bld.gep(bs.data, [at]))
+                g.store_2d(outs, iidx[i], ridx[j], bld.select(on, bld.fadd(value, b), value))
+
             ridx = [bld.add(r0_, bld.mul(rs_, g.c64(j))) for j in range(nr)]
-            rows = [row_pointer(bld, ws, ri, I16) for ri in ridx]
+            rows = [row_pointer(bld, ws, ri, wt) for ri in ridx]
             iidx = [bld.add(i0_, g.c64(i)) for i in range(na)]
             xrows = [row_pointer(bld, xs, ii, F32) for ii in iidx]
             k = cgutils.unpack_tuple(bld, ws.shape)[1]
@@ -74,7 +87,7 @@ def _make_f16_rowdot(nr: int, na: int = 1):  # noqa: ANN202 - returns a numba in
                 xv = [bld.load(bld.bitcast(bld.gep(xr, [off]), v16.as_pointer()), align=4)
                       for xr in xrows]
                 for j, row in enumerate(rows):
-                    hv = bld.load(bld.bitcast(bld.gep(row, [off]), vec(I16, 16).as_pointer()),
+                    hv = bld.load(bld.bitcast(bld.gep(row, [off]), vec(wt, 16).as_pointer()),
                                   align=2)
                     wf = _widen(bld, hv, bf16)
                     for i in range(na):
@@ -90,14 +103,12 @@ def _make_f16_rowdot(nr: int, na: int = 1):  # noqa: ANN202 - returns a numba in
             if nr * na == 16:  # a 4x4 tile: the 16 sums reduced together
                 sums = _hsum16(bld, [bld.load(accp[j][i]) for i in range(na) for j in range(nr)])
                 for n, (i, j) in enumerate((i, j) for i in range(na) for j in range(nr)):
-                    g.store_2d(outs, iidx[i], ridx[j],
-                               bld.fadd(bld.extract_element(sums, ir.Constant(I32, n)),
-                                        bld.load(tailp[j][i])))
+                    store(i, j, bld.fadd(bld.extract_element(sums, ir.Constant(I32, n)),
+                                         bld.load(tailp[j][i])))
                 return context.get_constant(types.int64, 0)
             for j in range(nr):
                 for i in range(na):
-                    g.store_2d(outs, iidx[i], ridx[j],
-                               bld.fadd(g.hsum(bld.load(accp[j][i])), bld.load(tailp[j][i])))
+                    store(i, j, bld.fadd(g.hsum(bld.load(accp[j][i])), bld.load(tailp[j][i])))
             return context.get_constant(types.int64, 0)
 
         return sig, codegen
@@ -129,11 +140,22 @@ TILE_CHUNK = 32  # weight rows kept hot while every activation row passes them
 
 @njit(cache=True, nogil=True)
 def f16_matmul_rows(w, x, out, r0, r1):  # noqa: ANN001, ANN201
+    """W rows r0:r1 (R, K) fp16 bits (uint16; BF16: int16 bits) @ x (n, K) f32 ->
+    out[:, r0:r1] (n, R) f32 (``f16_matmul_rows_bias`` without a bias)."""
+    f16_matmul_rows_bias(w, x, out, r0, r1, NO_BIAS, 0)
+
+
+NO_BIAS = np.zeros(1, np.float32)
+
+
+@njit(cache=True, nogil=True)
+def f16_matmul_rows_bias(w, x, out, r0, r1, bias, biased):  # noqa: ANN001, ANN201, PLR0913
     """The hot loop. W rows r0:r1 (R, K) fp16 bits (uint16; BF16: int16 bits) @ x (n, K)
-    f32 -> out[:, r0:r1] (n, R) f32. A batch: chunks of TILE_CHUNK weight rows, each
-    walked by every group of 4 activation rows in 4x4 tiles (a weight vector converted
-    once serves 4 rows); the rows past a multiple of 4 and token-by-token decoding: four
-    far-apart rows per pass (long sequential streams, as for the quantized types)."""
+    f32 (+ bias (R,) f32 if ``biased``; else ``bias`` any 1-element array) ->
+    out[:, r0:r1] (n, R) f32. A batch: chunks of TILE_CHUNK weight rows, each walked by
+    every group of 4 activation rows in 4x4 tiles (a weight vector converted once serves 4
+    rows); the rows past a multiple of 4 and token-by-token decoding: four far-apart rows
+    per pass (long sequential streams, as for the quantized types)."""
     n = x.shape[0]
     n4 = n - n % 4 if n >= TILE_MIN_ROWS else 0
     for c0 in range(r0, r1, TILE_CHUNK):
@@ -142,28 +164,58 @@ def f16_matmul_rows(w, x, out, r0, r1):  # noqa: ANN001, ANN201
         while i < n4:
             r = c0
             while r + 4 <= c1:
-                _f16_4x4(w, r, 1, x, i, out)
+                _f16_4x4(w, r, 1, x, i, out, bias, biased)
                 r += 4
             while r < c1:
-                _f16_1x4(w, r, 1, x, i, out)
+                _f16_1x4(w, r, 1, x, i, out, bias, biased)
                 r += 1
             i += 4
     quarter = (r1 - r0) // 4
     for i in range(n4, n):
         for k in range(quarter):
-            _f16_4(w, r0 + k, quarter, x, i, out)
+            _f16_4(w, r0 + k, quarter, x, i, out, bias, biased)
         for r in range(r0 + 4 * quarter, r1):
-            _f16_1(w, r, 1, x, i, out)
+            _f16_1(w, r, 1, x, i, out, bias, biased)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def f16_matmul_par(w, x, out):  # noqa: ANN001, ANN201
-    """W (R, K) fp16 bits (uint16; BF16: int16 bits) @ x (n, K) f32 -> out (n, R) f32, rows
-    in parallel."""
+def f16_matmul_par(w, x, out, bias, biased):  # noqa: ANN001, ANN201
+    """W (R, K) fp16 bits (uint16; BF16: int16 bits) @ x (n, K) f32 (+ bias) -> out (n, R)
+    f32, rows in parallel."""
     rows = w.shape[0]
     nchunk = (rows + STREAM_CHUNK - 1) // STREAM_CHUNK
     for c in prange(nchunk):
-        f16_matmul_rows(w, x, out, c * STREAM_CHUNK, min(rows, (c + 1) * STREAM_CHUNK))
+        f16_matmul_rows_bias(w, x, out, c * STREAM_CHUNK, min(rows, (c + 1) * STREAM_CHUNK),
+                             bias, biased)
+
+
+@intrinsic
+def _round16_f16(typingctx, src, dst, i):  # noqa: ANN001, ANN202, ARG001
+    """``dst[i:i+16] = src[i:i+16]`` rounded to float16 values (1-D float32 arrays): one
+    ``vcvtps2ph`` and one ``vcvtph2ps`` for 16 values, the rounding of ``to_f16``."""
+    sig = types.int64(src, dst, i)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+        s, d, i_ = array_args(context, builder, signature, args)
+        v16 = vec(F32, 16)
+        ps = builder.bitcast(builder.gep(s.data, [i_]), v16.as_pointer())
+        pd = builder.bitcast(builder.gep(d.data, [i_]), v16.as_pointer())
+        half = builder.fptrunc(builder.load(ps, align=4), vec(ir.HalfType(), 16))
+        builder.store(builder.fpext(half, v16), pd, align=4)
+        return context.get_constant(types.int64, 0)
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True)
+def _round_row_f16(src, dst):  # noqa: ANN001, ANN202
+    """src (K,) f32 -> dst (K,) rounded to float16 values, 16 at a time, the tail one by one."""
+    k = src.shape[0]
+    n16 = k - k % 16
+    for e in range(0, n16, 16):
+        _round16_f16(src, dst, e)
+    for e in range(n16, k):
+        dst[e] = to_f16(src[e])
 
 
 @njit(cache=True, nogil=True)
@@ -172,19 +224,17 @@ def rounded_f16(x):  # noqa: ANN001, ANN201
     F16 weight multiplies (ggml converts the activations to the weight's type)."""
     out = np.empty_like(x)
     for t in range(x.shape[0]):
-        for e in range(x.shape[1]):
-            out[t, e] = to_f16(x[t, e])
+        _round_row_f16(x[t], out[t])
     return out
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def rounded_f16_par(x):  # noqa: ANN001, ANN201
     """``rounded_f16`` with the rows shared out: an encoder's batch rounds millions of
-    values per product (numpy's astype there took a quarter of the embedding time)."""
+    values per product."""
     out = np.empty_like(x)
     for t in prange(x.shape[0]):
-        for e in range(x.shape[1]):
-            out[t, e] = to_f16(x[t, e])
+        _round_row_f16(x[t], out[t])
     return out
 
 

@@ -69,15 +69,15 @@ class QMatrix:
 
     # -- products --------------------------------------------------------------------------
     def matmul(self, x: np.ndarray, out: np.ndarray | None = None,
-               pause: Any = None) -> np.ndarray:
-        """``x (n, d_in) f32 @ W.T -> (n, d_out) f32``; writes into ``out`` when given.
+               bias: np.ndarray | None = None) -> np.ndarray:
+        """``x (n, d_in) f32 @ W.T (+ bias (d_out,)) -> (n, d_out) f32``; writes into
+        ``out`` when given. The bias is added to each finished product, as ``y += bias``
+        after it would (the float kernels add it as they store each product).
 
         Without ``out``, 6 or 7 rows past a multiple of 8 are padded with copies of the
         last row for the integer kernels (PAD_ROWS_FROM; the result is a view of the
-        padded product's first n rows). ``pause`` (the model's ``batch.Pause``): a matrix
-        of PAUSE_BYTES or more runs in two halves, with ``pause.run()`` between them when
-        its flag is set (the output product of a decoding step: a newcomer may cut in).
-        Each row's products are its own either way."""
+        padded product's first n rows). Each row's products are its own: the same
+        numbers whatever the other rows, and from any range of this matrix's rows."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != self.shape[1]:
             raise ValueError(f"{self!r}: matmul wants (n, {self.shape[1]}), got {x.shape}")
@@ -92,23 +92,18 @@ class QMatrix:
             return res
         if self._round is not None:  # ggml converts x to the weight's type first
             x = self._round(x)
-        if pause is not None and self.nbytes >= PAUSE_BYTES and self._fast is not None:
-            self._matmul_halves(x, res, pause)
-        elif self._fast is None or not self._fast(self, x, res):
-            self._matmul_tiles(x, res)
+        self._product(x, res, bias)
         return res if len(res) == n else res[:n]
 
-    def _matmul_halves(self, x: np.ndarray, out: np.ndarray, pause: Any) -> None:
-        """``matmul`` in two halves of the rows, ``pause`` between them (see there)."""
-        d_out, d_in = self.shape
-        half = (d_out + 1) // 2
-        tmp = np.empty(len(x) * half, np.float32)  # a half's products, then copied
-        for r0, r1 in ((0, half), (half, d_out)):
-            if r0 and pause.flag[0]:
-                pause.run()
-            part = tmp[:len(x) * (r1 - r0)].reshape(len(x), r1 - r0)
-            QMatrix(self.type, self.raw[r0:r1], (r1 - r0, d_in)).matmul(x, part)
-            out[:, r0:r1] = part
+    def _product(self, x: np.ndarray, res: np.ndarray, bias: np.ndarray | None) -> None:
+        """``matmul``'s product of x, already in the weight's activation type."""
+        if self._fast is _f16_kernel and (bias is None or bias.shape == self.shape[:1]):
+            _f16_kernel(self, x, res, bias)
+            return
+        if self._fast is None or not self._fast(self, x, res):
+            self._matmul_tiles(x, res)
+        if bias is not None:
+            res += bias
 
     def matvec(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """``W (d_out, d_in) @ x (d_in,) -> (d_out,)`` f32."""
@@ -154,13 +149,6 @@ class QMatrix:
             out[:, r0:r1] = part[:, :r1 - r0]
 
 
-# A product that may be paused (``QMatrix.matmul``) runs in two halves from this many
-# weight bytes (a big output matrix such as Gemma 3's), where a newcomer arriving during it
-# would wait for all of it. Copying each half's products into place costs a little time,
-# paid only while a slot is free for a newcomer (``Engine._step``); figures in
-# docs/internals.md.
-PAUSE_BYTES = 64 << 20
-
 # Rows past a multiple of 8 from which a product's rows are padded to the next multiple
 # (``QMatrix.matmul``): they then run as 1x8 tiles instead of a 1x4 tile and 1x1 passes,
 # or, for a big matrix, a stream: 8 rows run faster than 7.
@@ -178,25 +166,46 @@ ROWSPLIT_MIN_ROWS = 16  # quant/rowsplit: activation rows per thread worth shari
 SPIN_PARALLEL_MIN_MACS = 1 << 18
 
 
-def matmul_many(mats: Sequence[QMatrix], x: np.ndarray) -> list[np.ndarray]:
-    """``[m.matmul(x) for m in mats]``, the same numbers, in one kernel call when every
-    matrix has an integer kernel (Q, K and V; gate and up): ``x`` is quantized once and all
-    their rows share one parallel region instead of one region per product (a call per
-    MAX_FUSED matrices beyond that)."""
+def matmul_many(mats: Sequence[QMatrix], x: np.ndarray,
+                biases: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
+    """``[m.matmul(x, bias=b) for m, b in zip(mats, biases)]``, the same numbers, in one
+    kernel call when every matrix has an integer kernel (Q, K and V; gate and up): ``x`` is
+    quantized once and all their rows share one parallel region instead of one region per
+    product (a call per MAX_FUSED matrices beyond that); for float weights x is converted
+    once."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     from gguflm.quant.kernels import MAX_FUSED
 
+    biases = list(biases) if biases is not None else [None] * len(mats)
     if len(mats) > MAX_FUSED:  # calls of MAX_FUSED products
         return [y for i in range(0, len(mats), MAX_FUSED)
-                for y in matmul_many(mats[i:i + MAX_FUSED], x)]
+                for y in matmul_many(mats[i:i + MAX_FUSED], x, biases[i:i + MAX_FUSED])]
     n = x.shape[0] if x.ndim == 2 else 0
     plan = _plan(mats) if n else None
     if plan is None or x.shape[1] != mats[0].shape[1]:
-        return [m.matmul(x) for m in mats]
+        return _each(mats, x, biases)
     kinds, ws, rows, count = plan
     outs = [np.empty((n, r), np.float32) for r in rows]
     padded = tuple(outs) + (outs[0],) * (len(ws) - count)
     _run_plan(kinds, ws, x, padded, count, n * x.shape[1] * sum(rows) >= PARALLEL_MIN_MACS)
+    for y, b in zip(outs, biases, strict=True):
+        if b is not None:
+            y += b
+    return outs
+
+
+def _each(mats: Sequence[QMatrix], x: np.ndarray, biases: list[np.ndarray | None]
+          ) -> list[np.ndarray]:
+    """``[m.matmul(x, bias=b) ...]``, x converted once to the weights' activation type
+    when they share it (F16 Q, K and V)."""
+    rnd = mats[0]._round
+    if rnd is None or x.ndim != 2 or not len(x) or x.shape[1] != mats[0].shape[1] \
+            or any(m._round is not rnd or m.shape[1] != x.shape[1] for m in mats):
+        return [m.matmul(x, bias=b) for m, b in zip(mats, biases, strict=True)]
+    xr = rnd(x)
+    outs = [np.empty((len(x), m.shape[0]), np.float32) for m in mats]
+    for m, out, b in zip(mats, outs, biases, strict=True):
+        m._product(xr, out, b)
     return outs
 
 
@@ -301,22 +310,24 @@ def _quantized_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
     return True
 
 
-def _f16_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray) -> bool:
+def _f16_kernel(m: QMatrix, x: np.ndarray, out: np.ndarray,
+                bias: np.ndarray | None = None) -> bool:
     # every batch size here, never BLAS: each element is summed in the same order
     # whatever the batch (the serving engine's determinism rule); BF16 too (int16 bits)
     from gguflm.quant import kernels
-    from gguflm.quant.float_tiles import STREAM_CHUNK, bf16_bits
+    from gguflm.quant.float_tiles import NO_BIAS, STREAM_CHUNK, bf16_bits, f16_matmul_rows_bias
 
     w = bf16_bits(m.raw) if m.type == GGMLType.BF16 else m.raw.view(np.uint16)
+    b, on = (NO_BIAS, 0) if bias is None else (np.ascontiguousarray(bias, np.float32), 1)
     if x.shape[0] * m.shape[0] * m.shape[1] >= PARALLEL_MIN_MACS:
         if m.shape[0] < 2 * STREAM_CHUNK and x.shape[0] >= 2 * ROWSPLIT_MIN_ROWS:
             from gguflm.quant.rowsplit import f16_matmul_xrows  # one weight chunk: split x
 
-            f16_matmul_xrows(w, x, out)
+            f16_matmul_xrows(w, x, out, b, on)
         else:
-            kernels.f16_matmul_par(w, x, out)
+            kernels.f16_matmul_par(w, x, out, b, on)
     else:
-        kernels.f16_matmul_rows(w, x, out, 0, m.shape[0])
+        f16_matmul_rows_bias(w, x, out, 0, m.shape[0], b, on)
     return True
 
 

@@ -13,17 +13,17 @@ from __future__ import annotations
 from numba import njit, prange
 
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
-from .float_tiles import f16_matmul_rows
+from .float_tiles import f16_matmul_rows_bias
 
 ROW_BLOCK = 16  # activation rows per work item (small: a waiting thread's share moves)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def f16_matmul_xrows(w, x, out):  # noqa: ANN001, ANN201
-    """W (R, K) fp16 bits (uint16) @ x (n, K) f32 -> out (n, R) f32, blocks of ROW_BLOCK
-    activation rows in parallel."""
+def f16_matmul_xrows(w, x, out, bias, biased):  # noqa: ANN001, ANN201
+    """W (R, K) fp16 bits (uint16) @ x (n, K) f32 (+ bias (R,) if ``biased``) -> out (n, R)
+    f32, blocks of ROW_BLOCK activation rows in parallel."""
     n = x.shape[0]
     for b in prange((n + ROW_BLOCK - 1) // ROW_BLOCK):
         a = b * ROW_BLOCK
         e = min(n, a + ROW_BLOCK)
-        f16_matmul_rows(w, x[a:e], out[a:e], 0, w.shape[0])
+        f16_matmul_rows_bias(w, x[a:e], out[a:e], 0, w.shape[0], bias, biased)

@@ -30,7 +30,6 @@ from ..classifier import load_classifier
 from ..config import Meta, ModelConfig
 from ..kv_cache import KVArena
 from ..layer import qkv
-from ..reference import product
 from ..weights import Weights
 from . import register
 
@@ -73,13 +72,18 @@ class BertConfig(ModelConfig):
         return {"n_token_types": int(types), "causal": False}
 
 
-def layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    """x (T, n) -> (x - mean) / sqrt(var + eps) * w + b per row (ggml_norm, then w and b)."""
-    from ..encoder import layer_norm  # numba: loading a model does not import it
+def layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float,
+              residual: np.ndarray | None = None) -> np.ndarray:
+    """x (T, n) (plus ``residual`` (T, n), added first) -> (x - mean) / sqrt(var + eps) * w
+    + b per row (ggml_norm, then w and b)."""
+    from ..encoder import add_layer_norm, layer_norm  # numba: not imported by loading a model
 
     out = np.empty((len(x), x.shape[1]), np.float32)
-    layer_norm(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w, np.float32),
-               np.ascontiguousarray(b, np.float32), float(eps), out)
+    x, w, b = (np.ascontiguousarray(a, np.float32) for a in (x, w, b))
+    if residual is None:
+        layer_norm(x, w, b, float(eps), out)
+    else:
+        add_layer_norm(x, np.ascontiguousarray(residual, np.float32), w, b, float(eps), out)
     return out
 
 
@@ -168,7 +172,7 @@ class Bert(Model):
 
         # GELU through ggml-cpu's float16 table, as llama.cpp computes it: in float32, a
         # cross-encoder's scores moved 2.5e-3 (relative) away from llama.cpp's
-        h = gelu_f16(ops.linear(x, layer.ffn_up, layer.ffn_up_bias))
+        h = gelu_f16(ops.linear(x, layer.ffn_up), layer.ffn_up_bias)
         return ops.linear(h, layer.ffn_down, layer.ffn_down_bias)
 
     def _block(self, x: np.ndarray, layer: Any, spans: np.ndarray, rot: np.ndarray | None
@@ -176,9 +180,10 @@ class Bert(Model):
         c = self.config
         n = len(x)
         lq, lk, lv = qkv(layer, c.n_embd_q, c.n_embd_k, c.n_embd_v)  # fused or not
-        q = product(x, lq).reshape(n, c.n_head, c.head_dim)          # (T, H, d)
-        k = product(x, lk).reshape(n, c.n_head_kv, c.head_dim)
-        v = product(x, lv).reshape(n, c.n_head_kv, c.head_dim_v)
+        q, k, v = ops.linears(x, (lq, lk, lv))  # x converted to the weights' type once
+        q = q.reshape(n, c.n_head, c.head_dim)                         # (T, H, d)
+        k = k.reshape(n, c.n_head_kv, c.head_dim)
+        v = v.reshape(n, c.n_head_kv, c.head_dim_v)
         if rot is not None:
             q, k = ops.rope_neox(q, rot), ops.rope_neox(k, rot)
         from ..encoder import encoder_attention  # numba: not imported by loading a model
@@ -189,10 +194,10 @@ class Bert(Model):
                           np.ascontiguousarray(v, np.float32), spans,
                           1.0 / math.sqrt(c.head_dim), att)
         y = ops.linear(att.reshape(len(x), -1), layer.attn_output, layer.attn_output_bias)
-        x = layernorm(x + y, layer.attn_output_norm, layer.attn_output_norm_bias, c.norm_eps)
+        x = layernorm(x, layer.attn_output_norm, layer.attn_output_norm_bias, c.norm_eps, y)
         y = self._ffn(x, layer)
-        return layernorm(x + y, layer.layer_output_norm, layer.layer_output_norm_bias,
-                         c.norm_eps)
+        return layernorm(x, layer.layer_output_norm, layer.layer_output_norm_bias, c.norm_eps,
+                         y)
 
     def _forward(self, batch: Any) -> np.ndarray:
         raise ValueError("this is an encoder (bert): it computes embeddings (embed_batch), "

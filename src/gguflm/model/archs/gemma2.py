@@ -134,8 +134,8 @@ class Gemma2(Model):
         4's per-layer embeddings); None: none."""
         return None
 
-    def head(self, x: np.ndarray, pause: Any = None) -> np.ndarray:
-        logits = self.output.matmul(x, pause=pause)  # (rows, n_vocab)
+    def head(self, x: np.ndarray) -> np.ndarray:
+        logits = super().head(x)  # (rows, n_vocab)
         if self.config.final_softcap > 0:
             logits = ops.softcap(logits, self.config.final_softcap)
         return logits

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import ops
-from ..batch import Batch, Pause
+from ..batch import Batch
 from ..config import Meta, ModelConfig
 from ..layer import no_rope_table
 from ..weights import Weights
@@ -66,10 +66,10 @@ class Granite(Llama):
     def _forward(self, batch: Batch) -> np.ndarray:
         return scaled_forward(self, batch)
 
-    def head(self, x: np.ndarray, pause: Pause | None = None) -> np.ndarray:
+    def head(self, x: np.ndarray) -> np.ndarray:
         """The output projection, then the logits times 1 / ``logit_scale`` (float32, as
         ggml_scale takes it)."""
-        return super().head(x, pause) * (np.float32(1.0) / np.float32(self.config.logit_scale))
+        return super().head(x) * (np.float32(1.0) / np.float32(self.config.logit_scale))
 
 
 def scaled_forward(model: Any, batch: Batch) -> np.ndarray:

@@ -25,7 +25,7 @@ import numpy as np
 
 from ...gguf.errors import MetadataError
 from ..base import Model
-from ..batch import Batch, Pause
+from ..batch import Batch
 from ..config import Meta, ModelConfig, per_layer_kv_heads
 from ..kv_cache import KVArena, RecurrentShape
 from ..layer import GLU, Attention, Block, Mamba2, experts, glu, linear, qkv, split
@@ -209,9 +209,9 @@ class GraniteHybrid(Model):
     def _forward(self, batch: Batch) -> np.ndarray:
         return scaled_forward(self, batch)
 
-    def head(self, x: np.ndarray, pause: Pause | None = None) -> np.ndarray:
+    def head(self, x: np.ndarray) -> np.ndarray:
         """The output projection, then the logits times 1 / ``logit_scale`` when set."""
-        logits = super().head(x, pause)
+        logits = super().head(x)
         if not self.config.logit_scale:
             return logits
         return logits * (np.float32(1.0) / np.float32(self.config.logit_scale))

@@ -75,8 +75,11 @@ class Qwen2(Model):
         x = self.run_layers(self.token_embd.rows(batch.ids), batch, (rope,))
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
 
-    def head(self, x: np.ndarray, pause: Any = None) -> np.ndarray:
-        return ops.linear(x, self.output, self.output_bias, pause)  # (rows, n_vocab)
+    def head(self, x: np.ndarray) -> np.ndarray:
+        logits = super().head(x)  # (rows, n_vocab)
+        if self.output_bias is not None:
+            logits += self.output_bias
+        return logits
 
     def attn_extras(self, layer: Layer) -> dict[str, Any]:
         """``Attention`` fields beyond Qwen2's (a subclass's hook: Qwen3's Q/K norms)."""
