@@ -64,3 +64,23 @@ def test_a_compilation_that_ended_without_the_layers_is_not_waited_for(tiny_llam
     _release(lock)
     assert model.plan.waiting() and model.plan.waiting()  # the reference path, for good
     assert "ended without them" in model.plan.describe()
+
+
+def test_a_scripts_run_joins_a_compilation_in_progress(tiny_llama: str, lock,  # noqa: ANN001
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that may not leave a background compilation behind (a script: ``warm_up``
+    without ``background``) that finds one in progress waits for it on the reference path
+    instead of compiling the same code again beside it; with none running it starts none."""
+    from gguflm.model import base
+
+    monkeypatch.setattr(base, "compiled", lambda *a: False)  # as on a first run
+    monkeypatch.setattr(base, "_compile_steps", lambda kinds, prompts: {
+        "decoding": ("decoding layers", 60.0), "prompts": ("prompt layers", 10.0)})
+    model = load_model(tiny_llama)
+    model.warm_up()
+    assert model.plan.waiting(), "joined the compilation in progress"
+    assert "compiled in the background" in model.plan.describe()
+    _release(lock)
+    assert background.Compiling.start(tiny_llama, lambda: True, join_only=True) is None
+    monkeypatch.setattr(base, "compiled", lambda *a: True)
+    assert not model.plan.waiting()

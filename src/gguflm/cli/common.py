@@ -340,14 +340,15 @@ def refuse_encoder(model: Any, path: Any) -> None:
                        "generate text or score tokens; use `gguflm embed` or /v1/embeddings")
 
 
-def warm_up(model: Any, background: bool = False) -> float:
+def warm_up(model: Any, background: bool = False, join: bool = True) -> float:
     """Run the compiled paths once (``Model.warm_up``) so that the timed work that follows
     pays neither their compilation (first run: its steps shown on stderr) nor their
     loading; the seconds. ``background``: on a first run the compiled layers compile in a
-    background process and this command runs on the reference path meanwhile (said)."""
+    background process and this command runs on the reference path meanwhile (said);
+    ``join``: so it does when such a compilation is found in progress."""
     t0 = time.perf_counter()
     progress = _CompileProgress()
-    model.warm_up(report=progress, background=background)
+    model.warm_up(report=progress, background=background, join=join)
     progress.finish(model.plan)
     return time.perf_counter() - t0
 

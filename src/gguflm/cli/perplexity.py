@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"perplexity: {len(tokens)} tokens, n_ctx {args.ctx_size}, {n_chunks} chunks",
               file=sys.stderr)
-    warmup = warm_up(model) if args.warmup else 0.0
+    warmup = warm_up(model, join=False) if args.warmup else 0.0  # it measures
     progress = Progress("perplexity", n_chunks, "chunks", enabled=not args.json)
 
     def step(i: int, n: int, ppl: float) -> None:

@@ -96,10 +96,13 @@ class Compiling:
         self._next = 0.0
 
     @classmethod
-    def start(cls, model_path: str, cached: Callable[[], bool]) -> Compiling | None:
+    def start(cls, model_path: str, cached: Callable[[], bool], join_only: bool = False
+              ) -> Compiling | None:
         """Start compiling the layers of the model in ``model_path`` in a niced background
         process that outlives this one (or join the compilation already running); None
-        when no process can be started (then the caller compiles them itself)."""
+        when no process can be started (then the caller compiles them itself).
+        ``join_only``: never start one (a script's run, which leaves nothing running
+        after it), but join one in progress rather than compile the same code again."""
         try:
             fd = open_lock()
         except OSError:
@@ -109,6 +112,8 @@ class Compiling:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return cls(None, cached)  # another process is compiling them already
+            if join_only:
+                return None  # nothing running (closing the file frees the lock again)
             # the child inherits the locked file and holds the lock until it exits
             proc = python_child("gguflm.model.background", "compile_layers", model_path,
                                 pass_fds=(fd,), start_new_session=True)
@@ -156,4 +161,4 @@ def compile_layers(model_path: str) -> None:
 
     matrix.entry_point_defaults()
     model = load_model(model_path)
-    model.warm_up(prompts=True)
+    model.warm_up(prompts=True, join=False)  # (its own lock: nothing to join)

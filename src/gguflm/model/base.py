@@ -249,7 +249,7 @@ class Model:
         return self.forward(ids, self.new_cache(max(1, len(ids))), all_logits=True)
 
     def warm_up(self, prompts: bool = False, report: Callable[[int, int, str, float], None]
-                | None = None, background: bool = False) -> None:
+                | None = None, background: bool = False, join: bool = True) -> None:
         """Run the compiled paths once, so that later calls only load their machine code
         (or, on a first run, compile it now rather than in the middle of a request):
         decoding (two tokens, then one: the team), and a prompt longer than the team takes
@@ -261,7 +261,10 @@ class Model:
         called as each starts (seconds: about how long it takes); the prompt path compiles
         in a second process meanwhile when the machine has a second core. ``background``:
         the team and the blocks compile in a background process instead (``background.py``)
-        and this one runs on the reference path until they are ready."""
+        and this one runs on the reference path until they are ready. ``join`` (unless
+        ``background``): a background compilation found in progress is waited for on the
+        reference path in the same way, rather than compiled beside (False: compile here,
+        as the background process itself and the measuring commands do)."""
         from ..quant import kernels
 
         if self.is_encoder:  # an embedding model: its one path
@@ -271,8 +274,11 @@ class Model:
         kinds = self.kernel_types()
         blocks = prompts or not compiled()
         steps = _compile_steps(kinds, blocks)
-        defer = (background and bool(steps.keys() & {"decoding", "prompts"})
-                 and self._can_defer())
+        defer = bool(steps.keys() & {"decoding", "prompts"}) and self._can_defer()
+        joined = None
+        if defer and not background:  # a script's run joins a compilation in progress
+            joined = self._compiling(kinds, join_only=True) if join else None
+            defer = joined is not None
         if defer:
             steps = {k: v for k, v in steps.items() if k == "types"}
             steps["reference"] = ("the reference path's kernels (the compiled layers: in "
@@ -282,7 +288,10 @@ class Model:
             say(next(step), len(steps), *steps["types"])
             kernels.prepare(kinds)
             kernels.warm_up(sorted(kinds))
-        if defer and not self._defer(kinds):  # no process: compile them here after all
+        pending = joined or (self._compiling(kinds) if defer else None)
+        if pending is not None:
+            self.plan.defer(pending)
+        elif defer:  # no process: compile them here after all
             steps["reference"] = ("decoding layers", _STEP_SECONDS["decoding"])
         self._warm_layers(steps, step, say, blocks and not self.plan.waiting())
 
@@ -314,16 +323,14 @@ class Model:
         return (self.plan.compiled and bool(getattr(self.gguf, "path", None))
                 and (os.cpu_count() or 1) >= 2)
 
-    def _defer(self, kinds: set[int]) -> bool:
-        """Start compiling the compiled layers in a background process and run on the
-        reference path meanwhile; False when no process could be started."""
-        path = self.gguf.path
+    def _compiling(self, kinds: set[int], join_only: bool = False) -> Any:
+        """A background compilation of the compiled layers (``background.Compiling``):
+        started in a process of its own, or, with ``join_only`` (or when one is running
+        already), the one in progress joined; None when there is none to join or no
+        process could be started."""
         from .background import Compiling
 
-        pending = Compiling.start(str(path), lambda: compiled(kinds))
-        if pending is not None:
-            self.plan.defer(pending)
-        return pending is not None
+        return Compiling.start(str(self.gguf.path), lambda: compiled(kinds), join_only)
 
     def embed_batch(self, seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """The final hidden states (len(ids), n_embd) of each id sequence, each evaluated
