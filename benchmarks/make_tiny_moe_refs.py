@@ -6,7 +6,7 @@ converter writes, a vocabulary borrowed from a tiny reference model (granite's L
 cut to 3005 tokens; ernie4_5's SentencePiece cut to 4000), the nine prompts of the
 references, each evaluated as one batch and then one token at a time, greedy.
 
-    .venv/bin/python benchmarks/make_tiny_moe_refs.py record [ARCH ...]   # writes the JSON
+    .venv/bin/python benchmarks/make_tiny_moe_refs.py record [ARCH ...] [--seed N] [--out DIR]
     .venv/bin/python benchmarks/make_tiny_moe_refs.py features [ARCH ...] # what each matters
 
 ``record`` and ``features`` run llama.cpp through llama-cpp-python in another virtualenv
@@ -253,8 +253,14 @@ def prompts() -> list[dict[str, Any]]:
     return [{k: c[k] for k in ("id", "prompt", "special")} for c in cases]
 
 
-def record(arch: str, seed: int = 0) -> Path:
-    """llama.cpp's greedy cases on the tiny model of ``seed``, to tests/data/moe2_<arch>.json
+def record_name(arch: str, seed: int = 0) -> str:
+    """The record's file name: ``moe2_<arch>.json`` for seed 0, ``moe2_<arch>_s<seed>.json``
+    for the held-out seeds."""
+    return f"moe2_{arch.replace('-', '_')}" + (f"_s{seed}" if seed else "") + ".json"
+
+
+def record(arch: str, seed: int = 0, out_dir: Path = DATA) -> Path:
+    """llama.cpp's greedy cases on the tiny model of ``seed``, to ``out_dir/record_name``
     (logits rounded to 5 decimals: far below the bars)."""
     with tempfile.TemporaryDirectory() as tmp:
         model = build(arch, Path(tmp) / f"tiny-{arch}-f16.gguf", seed)
@@ -267,7 +273,8 @@ def record(arch: str, seed: int = 0) -> Path:
             "reference": "llama.cpp (libllama at /work/llama-build) via llama-cpp-python "
                          "0.3.36, n_threads=2, greedy", "n_predict": N_PREDICT,
             "top_k_logits": TOP_K, "made_by": "benchmarks/make_tiny_moe_refs.py record"}
-    out = DATA / f"moe2_{arch.replace('-', '_')}.json"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / record_name(arch, seed)
     out.write_text(json.dumps({"meta": meta, "cases": result["cases"]}, separators=(",", ":"))
                    + "\n")
     return out
@@ -302,7 +309,7 @@ FEATURES: dict[str, dict[str, dict[str, Any]]] = {
 def features(arch: str, seed: int = 0) -> None:
     """Print, per variant, llama.cpp's teacher-forced top-20 movement against the record
     (de-shifted: max over steps of max |d - median d|; median step likewise)."""
-    data = json.loads((DATA / f"moe2_{arch.replace('-', '_')}.json").read_text())
+    data = json.loads((DATA / record_name(arch, seed)).read_text())
     seqs = [[c["prompt_tokens"] + c["generated_tokens"], len(c["prompt_tokens"]) - 1,
              [[i for i, _ in step] for step in c["top_logits"]]] for c in data["cases"]]
     for label, variant in FEATURES[arch].items():
@@ -323,6 +330,7 @@ def main() -> int:
     ap.add_argument("command", choices=("record", "features", "build", "oracle"))
     ap.add_argument("args", nargs="*")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=DATA, help="record: the folder written")
     a = ap.parse_args()
     if a.command == "oracle":
         json.dump(oracle(a.args[0], json.loads(sys.stdin.read())), sys.stdout)
@@ -333,7 +341,7 @@ def main() -> int:
         return 0
     for arch in a.args or list(SPECS):
         if a.command == "record":
-            print(record(arch, a.seed))
+            print(record(arch, a.seed, a.out))
         else:
             features(arch, a.seed)
     return 0
