@@ -8,6 +8,7 @@ the render and parse rates and the cases that differ, by template. ``-v`` shows 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,7 +16,9 @@ from typing import Any
 
 from gguflm.chatformat import ChatFormat
 
-REFERENCE = Path("/work/shared/reference/chat")
+# ../shared/reference beside the repository, or GGUFLM_REFERENCE (as the tests read it)
+REFERENCE = Path(os.environ.get("GGUFLM_REFERENCE", Path(__file__).resolve().parents[2]
+                                / "shared" / "reference")) / "chat"
 CLOCK = datetime(2026, 1, 15, 12, 0, 0, tzinfo=UTC)
 
 

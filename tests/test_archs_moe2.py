@@ -12,7 +12,6 @@ expert, ERNIE's selection bias) in our spec fails those bars; bad metadata names
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -25,19 +24,15 @@ import gguflm
 from gguflm.gguf.errors import MetadataError
 from gguflm.model.layer import GLU, Experts
 from refcheck import Steps, assert_batch_invariant, compare_case, greedy_tokens, teacher_forced_ids
+from scripts import benchmark_module
 from tinymodel import declared_tensors, tiny_metadata
 
-REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 ARCHS = ["granitemoe", "ernie4_5-moe"]
 
 
 def _tool() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "make_tiny_moe_refs", REPO / "benchmarks" / "make_tiny_moe_refs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("make_tiny_moe_refs")
 
 
 def _record(arch: str) -> dict[str, Any]:

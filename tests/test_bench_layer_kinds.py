@@ -5,7 +5,6 @@ other numbers; llama.cpp loading them is checked by running the benchmark."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +13,11 @@ import pytest
 
 import gguflm
 from gguflm.gguf.reader import GGUFFile
-
-REPO = Path(__file__).resolve().parent.parent
+from scripts import benchmark_module
 
 
 def _tool() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "bench_layer_kinds", REPO / "benchmarks" / "bench_layer_kinds.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("bench_layer_kinds")
 
 
 def _kinds(kind: str, s: dict[str, Any]) -> list[str]:

@@ -1,20 +1,19 @@
 """The chat-format layer against llama.cpp's own renders and parses of its templates
-(/work/shared/reference/chat, made by llama.cpp's chat layer), and its cost bound."""
+(../shared/reference/chat, made by llama.cpp's chat layer), and its cost bound."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
-from pathlib import Path
 
 import pytest
 
 import gguflm
+from conftest import REFERENCE as REFERENCE_ROOT
 from gguflm.chatformat import ChatFormat
+from scripts import benchmark_module
 
-REFERENCE = Path("/work/shared/reference/chat")
-CHECKER = Path(__file__).resolve().parents[1] / "benchmarks" / "check_chat_formats.py"
+REFERENCE = REFERENCE_ROOT / "chat"
 
 # the rates reached so far; raise them as families are added, never lower them
 RENDER_RATE = 0.98  # issue 47's bar
@@ -32,11 +31,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
     "type": "object", "properties": {"city": {"type": "string"}}}}}]
 
 
-def _checker():
-    spec = importlib.util.spec_from_file_location("check_chat_formats", CHECKER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _checker():  # noqa: ANN202 - the script as a module
+    return benchmark_module("check_chat_formats")
 
 
 @pytest.fixture(scope="module")
