@@ -60,8 +60,9 @@ def test_lookup_keeps_limits_and_the_slot_cache_right(llm: LLM, copying: list[in
     got = engine.run(Request(copying, GREEDY, max_tokens=40, lookup=8))
     assert got.tokens == want and got.n_drafted > got.n_draft_kept > 20  # some rejected
     # the slot holds exactly the prompt and the generated tokens but the last
-    slot = next(s for s in engine.slots if s.tokens[:len(copying)] == copying)
-    assert slot.tokens == copying + want[:-1] and slot.cache.n == len(slot.tokens)
+    held = next(s.cache.ids.tolist() for s in engine.slots
+                if s.cache.ids[:len(copying)].tolist() == copying)  # the cache owns its ids
+    assert held == copying + want[:-1]
     # a request continuing that text reuses the cache the drafts left
     again = engine.run(Request(copying + want[:10], GREEDY, max_tokens=30, lookup=8))
     assert again.n_cached > len(copying) and again.tokens == want[10:40]

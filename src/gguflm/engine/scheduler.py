@@ -56,23 +56,20 @@ def default_n_ctx(n_ctx_train: int) -> int:
     return min(DEFAULT_N_CTX, n_ctx_train) if n_ctx_train > 0 else DEFAULT_N_CTX
 
 
-def common_prefix(a: Seq[int], b: Seq[int]) -> int:
+def common_prefix(a: Seq[int] | np.ndarray, b: Seq[int] | np.ndarray) -> int:
     """Length of the longest common prefix of two id sequences."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if len(differ) else n
 
 
 @dataclass
 class Slot:
-    """One place for a running sequence: a KV cache and the ids it holds."""
+    """One place for a running sequence: a KV cache, which owns the ids it holds
+    (``cache.ids``)."""
 
     index: int
     cache: Any                     # model.kv_cache.KVCache
-    tokens: list[int] = field(default_factory=list)  # what the cache holds
     seq: Sequence | None = None
     last_used: float = 0.0
     # the cache's keys and values were computed with flash attention (embeddings): its
@@ -232,7 +229,6 @@ class Engine:
         with self._cv:
             for s in self.slots:
                 if s.seq is None:
-                    s.tokens = []
                     s.cache.clear()
 
     def close(self) -> None:
@@ -333,7 +329,7 @@ class Engine:
             self._waiting.popleft()
             prompt = seq.prompt_ids
             flash = embedding and seq.request.flash_attn
-            shared = {s.index: common_prefix(s.tokens, prompt) if s.flash == flash else 0
+            shared = {s.index: common_prefix(s.cache.ids, prompt) if s.flash == flash else 0
                       for s in free}  # the prefix this request may reuse from each slot
             # the slot sharing the longest prefix, when that prefix is worth keeping (at least
             # half the prompt or 16 tokens, like llama-server's slot similarity); otherwise an
@@ -341,7 +337,7 @@ class Engine:
             # evict another conversation's cache
             slot = max(free, key=lambda s: (shared[s.index], -s.last_used))
             if shared[slot.index] < min(16, len(prompt) // 2 + 1):
-                empty = [s for s in free if not s.tokens]
+                empty = [s for s in free if s.cache.n == 0]
                 slot = empty[0] if empty else min(free, key=lambda s: s.last_used)
             keep = min(shared[slot.index], len(prompt) - 1)
             if embedding and seq.request.pooling != "last":
@@ -349,7 +345,6 @@ class Engine:
             # a recurrent state cannot be cut back: it resumes at a snapshot (``reusable``)
             slot.cache.truncate(slot.cache.reusable(min(keep, slot.cache.n)))
             keep = slot.cache.n
-            slot.tokens = slot.tokens[:keep]
             slot.flash = flash
             slot.seq = seq
             seq.admit(slot, keep)
@@ -440,7 +435,6 @@ class Engine:
             seq = s.seq
             if seq.state == PREFILL:
                 n = len(part.ids)
-                s.tokens.extend(seq.prompt_ids[seq.n_prompt_done:seq.n_prompt_done + n])
                 done = seq.evaluated(n)
                 self.stats.prompt_tokens += n
                 if isinstance(seq, EmbedSequence):
@@ -451,8 +445,6 @@ class Engine:
                 if not wants:
                     continue
                 seq.start_decoding()
-            else:
-                s.tokens.append(seq.tokens[-1])
             self._sample(s, logits[row:row + 1 + len(draft)], draft)
             row += 1 + len(draft)
 
@@ -536,7 +528,6 @@ class Engine:
             if i == len(draft) or seq.tokens[-1] != draft[i]:
                 break
         slot.cache.truncate(n_cache + i)
-        slot.tokens.extend(draft[:i])
         seq.drafted(len(draft), i)
         self.stats.drafted_tokens += len(draft)
         self.stats.accepted_tokens += i

@@ -192,4 +192,4 @@ class Batch:
             self.arena.live[slot] ^= 1
         self._staged.clear()
         for p in self.parts:
-            p.cache.advance(len(p.ids), p.ids)
+            p.cache.advance(p.ids)

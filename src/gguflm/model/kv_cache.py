@@ -17,7 +17,9 @@ half the bytes attention reads per position; the kernel converts them exactly
 Q8_0 blocks (``kv_q8``): keys and values (n_layer, n_slots, n_head_kv, n_ctx, bytes) int8,
 34 bytes per 32 numbers, 53% of f16's memory. The memory is anonymous and committed only
 when written (see ``_lazy_zeros``), so it grows with use.
-Positions are absolute: slot position i holds the sequence's token i.
+Positions are absolute: slot position i holds the sequence's token i. Each slot also keeps
+the ids of its positions (``KVCache.ids``, int32: the one record of what a slot holds,
+which the engine's prefix reuse reads).
 
 Layers of multi-head latent attention (``layer.LatentAttention``: DeepSeek-V2/V3) keep
 one row per position instead, the compressed latent and the rotated key part (kv_lora +
@@ -229,8 +231,7 @@ class KVArena:
         self.conv = _lazy_zeros((2, r.n_layer, n_slots, r.conv_rows, r.conv_dim))
         self.ssm = _lazy_zeros((2, r.n_layer, n_slots, r.n_head, r.head_dim, r.head_dim))
         self.live = np.zeros(n_slots, np.int64)
-        self.states = [_SlotState(None if recurrent is None else np.zeros(n_ctx, np.int64))
-                       for _ in range(n_slots)]
+        self.states = [_SlotState(np.zeros(n_ctx, np.int32)) for _ in range(n_slots)]
 
     def _keys_values(self, lead: tuple[int, ...], s: KVShape
                      ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -282,11 +283,11 @@ class KVArena:
 
 @dataclass
 class _SlotState:
-    """One slot's bookkeeping (``KVCache``'s): positions cached, positions the recurrent
-    state holds (< n: a replay is due), its snapshots, and the ids cached (recurrent
-    layers only)."""
+    """One slot's bookkeeping (``KVCache``'s): the ids of its positions (n_ctx, the first
+    n cached), positions the recurrent state holds (< n: a replay is due), and its
+    snapshots."""
 
-    ids: np.ndarray | None
+    ids: np.ndarray
     n: int = 0
     state_n: int = 0
     checkpoints: list = field(default_factory=list)
@@ -295,10 +296,12 @@ class _SlotState:
 class KVCache:
     """One sequence's cached positions: slot ``slot`` of ``arena``.
 
-    ``n`` is the number of positions cached. A forward pass stores each layer's new keys
-    and values at positions ``n..n+T`` and then ``advance``s by T once all layers are done.
+    ``n`` is the number of positions cached and ``ids`` their ids (the cache is their one
+    owner: the engine reads them to reuse a prefix). A forward pass stores each layer's
+    new keys and values at positions ``n..n+T`` and then ``advance``s by its T ids once all
+    layers are done.
 
-    With recurrent layers the cache also keeps the ids it holds and snapshots of the state
+    With recurrent layers the cache also keeps snapshots of the state
     (``MAX_CHECKPOINTS``): ``truncate(n)`` returns to the last snapshot at or before n, and
     the ids from there to n are evaluated again before the next batch (``take_replay``,
     run by ``Model.forward_batch``), which gives the numbers of an uncut sequence
@@ -317,7 +320,14 @@ class KVCache:
                         lambda self, v: setattr(self._s, "state_n", v))
     _checkpoints = property(lambda self: self._s.checkpoints,
                             lambda self, v: setattr(self._s, "checkpoints", v))
-    _ids = property(lambda self: self._s.ids)
+
+    @property
+    def ids(self) -> np.ndarray:
+        """The ids of the cached positions, (n,) int32: a read-only view (``advance`` and
+        ``truncate`` change them)."""
+        view = self._s.ids[:self.n]
+        view.flags.writeable = False
+        return view
 
     @property
     def n_ctx(self) -> int:
@@ -356,18 +366,19 @@ class KVCache:
                 f"{n_new} more tokens do not fit: {self.n} of the context's {self.n_ctx} "
                 f"positions are used")
 
-    def advance(self, n_new: int, ids: np.ndarray | None = None) -> None:
-        """Mark n_new more positions (``ids``) as cached, after every layer has stored
-        them (and the recurrent states are committed: then a snapshot may be taken)."""
-        if self._ids is not None:
-            if ids is None or len(ids) != n_new or self._state_n != self.n:
-                raise ValueError("a recurrent cache advances by the ids it evaluated")
-            self._ids[self.n:self.n + n_new] = ids
+    def advance(self, ids: np.ndarray) -> None:
+        """Mark ``ids`` as cached at the next positions, after every layer has stored them
+        (and the recurrent states are committed: then a snapshot may be taken)."""
+        n_new = len(ids)
+        self.check_room(n_new)
+        if not self.rewinds and self._state_n != self.n:
+            raise ValueError("a truncated recurrent cache evaluates its replay first")
+        self._s.ids[self.n:self.n + n_new] = ids
         before = self.n
         self.n += n_new
         self._state_n = self.n
-        if self._ids is not None and (n_new > 1 or before // CHECKPOINT_EVERY
-                                      != self.n // CHECKPOINT_EVERY):
+        if not self.rewinds and (n_new > 1 or before // CHECKPOINT_EVERY
+                                 != self.n // CHECKPOINT_EVERY):
             conv, ssm = self.arena.state(self.slot)
             self._checkpoints.append((self.n, conv.copy(), ssm.copy()))
             del self._checkpoints[:-MAX_CHECKPOINTS]
@@ -376,7 +387,7 @@ class KVCache:
         """Forget every position from n on (e.g. to reuse a shared prompt prefix)."""
         if not 0 <= n <= self.n:
             raise ValueError(f"cannot truncate a cache of {self.n} positions to {n}")
-        if self._ids is not None:
+        if not self.rewinds:
             self._checkpoints = [c for c in self._checkpoints if c[0] <= n]
             at = self.reusable(n)
             if at != self._state_n and at:
@@ -390,14 +401,14 @@ class KVCache:
     @property
     def pending(self) -> bool:
         """Whether ids between the recurrent state and ``n`` wait to be evaluated again."""
-        return self._ids is not None and self._state_n != self.n
+        return not self.rewinds and self._state_n != self.n
 
     def take_replay(self) -> np.ndarray | None:
         """The ids between the recurrent state and ``n`` (to evaluate, without logits,
         before anything else), the cache set back to the state; None when there are none."""
-        if self._ids is None or self._state_n == self.n:
+        if not self.pending:
             return None
-        ids = self._ids[self._state_n:self.n].copy()
+        ids = self._s.ids[self._state_n:self.n].copy()
         self.n = self._state_n
         return ids
 
