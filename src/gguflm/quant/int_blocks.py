@@ -87,6 +87,16 @@ def quad_words(k: KernelType) -> bool:
     return bool(k.scales) and 4 * 255 * max_magnitude(k) < 1 << 15
 
 
+def row_bias(k: KernelType) -> int:
+    """The bias that type ``k``'s tiles of one activation row (decoding's 4x1, the 1x1
+    tails) leave on its values, which are then unsigned (no sign step: ``int_tiles``'
+    shift "u"), each lane started from ``-bias`` times its 4 activations' sum, worked out
+    once per block and activation row for all the tile's weight rows: the biased types of
+    ``quad_words`` (Q3_K, Q6_K) on x86; else 0 (portable IR has no sign step to skip,
+    and the lane sums would cost it multiplies)."""
+    return k.bias if quad_words(k) and SIMD != "generic" else 0
+
+
 def wide(k: KernelType) -> bool:
     """Whether type ``k``'s lanes tiles take the 512-bit block loop (``WIDE``; the types
     of ``quad_words``: the others' spans have a float step or a ``pmaddwd`` each)."""
@@ -193,27 +203,26 @@ def _k_scales(g: VectorIR, row, at):  # noqa: ANN001, ANN202
 
 def _q3_scales(g: VectorIR, row, at) -> ir.Value:  # noqa: ANN001
     """Q3_K's 16 six-bit scales from the 12 bytes at ``row + at``, minus 32, as <16 x i16>:
-    ggml's word-wide unpacking (low 4 bits from the nibbles of bytes 0-7, top 2 from bytes
-    8-11)."""
+    ggml's unpacking (low 4 bits from the nibbles of bytes 0-7, top 2 from bytes 8-11) in
+    vector steps, from one 16-byte load that ends with the scales (the 4 bytes before them
+    are the block's own ``qs``, so the load never leaves the block)."""
     bld = g.b
-
-    def word(k: int) -> ir.Value:
-        p = bld.bitcast(g.at(row, bld.add(at, g.c64(4 * k))), I32.as_pointer())
-        return bld.load(p, align=1)
-
-    def c(v: int) -> ir.Constant:
-        return ir.Constant(I32, v)
-
-    u0, u1, u2 = word(0), word(1), word(2)
-    lo4, hi2 = c(0x0F0F0F0F), c(0x03030303)
-    parts = [bld.or_(bld.and_(bld.lshr(u, c(4 * (i // 2))), lo4),
-                     bld.shl(bld.and_(bld.lshr(u2, c(2 * i)), hi2), c(4)))
-             for i, u in enumerate((u0, u1, u0, u1))]
-    v = ir.Constant(vec(I32, 4), ir.Undefined)
-    for i, x in enumerate(parts):
-        v = bld.insert_element(v, x, c(i))
-    v8 = bld.sub(bld.bitcast(v, vec(I8, 16)), g.splat8(32, 16))
+    v = g.vload(row, bld.sub(at, g.c64(4)), 16)  # byte 4 + i: scale byte i
+    # scales 0-7: the low nibbles of bytes 0-7; 8-15: their high nibbles
+    lo = bld.bitcast(g.lanes(v, [4 + i % 8 for i in range(16)]), vec(I64, 2))
+    lo = bld.and_(bld.bitcast(bld.lshr(lo, ir.Constant(vec(I64, 2), [0, 4])), vec(I8, 16)),
+                  g.splat8(15, 16))
+    # scale 4i + j's top 2 bits: bits 2i, 2i + 1 of byte 8 + j
+    hi = bld.bitcast(g.lanes(v, [12 + i % 4 for i in range(16)]), vec(I32, 4))
+    hi = bld.and_(bld.lshr(hi, ir.Constant(vec(I32, 4), [0, 2, 4, 6])),
+                  ir.Constant(vec(I32, 4), [0x03030303] * 4))
+    hi = bld.bitcast(bld.shl(hi, ir.Constant(vec(I32, 4), [4] * 4)), vec(I8, 16))
+    v8 = bld.sub(bld.or_(lo, hi), g.splat8(32, 16))
     return bld.sext(v8, vec(I16, 16))
+
+
+# _q3_scales' load starts 4 bytes before the scales: still inside the block
+assert all(k.format["scales"].offset >= 4 for k in KERNEL_TYPES.values() if k.scales == "q3k")
 
 
 def _iq4xs_scales(g: VectorIR, k: KernelType, row, off) -> ir.Value:  # noqa: ANN001

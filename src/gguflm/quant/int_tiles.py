@@ -36,7 +36,16 @@ from numba.extending import intrinsic
 
 from ..gguf.types import GGMLType
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
-from .int_blocks import block_scale, min_sums, quad_words, signed, unpack, vnni_offset, wide
+from .int_blocks import (
+    block_scale,
+    min_sums,
+    quad_words,
+    row_bias,
+    signed,
+    unpack,
+    vnni_offset,
+    wide,
+)
 from .int_gemm import GEMM_KINDS, GEMM_MIN_ROWS, gemm_rows
 from .kerneltypes import KERNEL_TYPES, KernelType
 from .vector_ir import (
@@ -45,6 +54,7 @@ from .vector_ir import (
     I32,
     I64,
     SIMD,
+    VNNI,
     WIDE,
     VectorIR,
     array_args,
@@ -160,14 +170,17 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
     (``int_blocks.unpack``), each lane's integer dot started from the activations' ``-offset
     * lane sum`` (``ActRow.cor``); "a" the activations plus 128, unsigned (``ActRow.qu``),
     times the signed weights, each lane started from ``-128 *`` the weights' lane sum, worked
-    out once per weight block for all the activation rows (the tiles)."""
+    out once per weight block for all the activation rows (the tiles); "u" (``row_bias``,
+    the tiles of one activation row) the weights with their bias left on, unsigned, each
+    lane started from ``-bias *`` the activations' lane sum, worked out once per block for
+    all the weight rows."""
     if shift.startswith("wide"):
         _emit_wide_block(g, k, t, b, dd, shift)
         return
     qk, ts = k.block_size, k.type_size
     bld = g.b
     _prefetch(g, k, t, b)
-    blocks = [unpack(g, k, row, bld.mul(b, g.c64(ts)), shift == "w") for row in t.rows]
+    blocks = [unpack(g, k, row, bld.mul(b, g.c64(ts)), shift in ("w", "u")) for row in t.rows]
     if t.lanes is None:
         dabs = [g.load_f32(a.da, b) for a in t.acts]
         da8 = None
@@ -183,6 +196,10 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
         cor = [[bld.load(bld.bitcast(g.at(a.cor, bld.add(cbase, g.c64(8 * s))),
                                      vec(I32, 8).as_pointer()), align=4)
                 for s in range(qk // 32)] for a in t.acts]
+    elif shift == "u":  # each span's 8 lanes of -bias * (sum of the lane's 4 activations)
+        zero = ir.Constant(vec(I32, 8), [0] * 8)
+        cor = [[bld.sub(zero, g.quad_sums(g.splat8(k.bias, 32), a)) for a in spans]
+               for spans in a8]
     for j, blk in enumerate(blocks):
         if shift == "a":  # each span's 8 lanes of -128 * (sum of the lane's 4 weights)
             zero = ir.Constant(vec(I32, 8), [0] * 8)
@@ -298,7 +315,7 @@ def _integer_dot(g: VectorIR, k: KernelType, blk, a8: list, cor: list | None,  #
     """<8 x i32>: one weight block's exact integer dot with one activation row's spans
     ``a8``, started from the lane corrections ``cor`` where ``shift`` asks for them."""
     if quad_words(k):
-        return _scaled_dot(g, k, blk, a8)
+        return _scaled_dot(g, k, blk, a8, cor if shift == "u" else None)
     isum = None
     for s, sp in enumerate(blk.spans):
         if shift == "a":
@@ -313,7 +330,8 @@ def _integer_dot(g: VectorIR, k: KernelType, blk, a8: list, cor: list | None,  #
     return isum
 
 
-def _scaled_dot(g: VectorIR, k: KernelType, blk, a8: list) -> ir.Value:  # noqa: ANN001
+def _scaled_dot(g: VectorIR, k: KernelType, blk, a8: list,  # noqa: ANN001
+                starts: list | None = None) -> ir.Value:
     """<8 x i32>: ``_integer_dot`` of a type with integer scales. Lane c = 2k + j sums,
     over the block's 64-value pairs p, scale times values 64p + 16k + 8j .. +7: the scale
     is applied once per 8 values instead of ggml's once per 4, which lets the 512-bit tiles
@@ -321,10 +339,15 @@ def _scaled_dot(g: VectorIR, k: KernelType, blk, a8: list) -> ir.Value:  # noqa:
     float steps are ggml's; only which products share a lane differs from its vec_dot.
     Here: each span's quad sums (``quad_sums``), spans 2p and 2p + 1 packed to words and
     multiplied by their scales in one ``pack_madd`` (lanes in the order k = 0, 2, 1, 3,
-    put back at the end)."""
+    put back at the end). With ``starts`` (shift "u") the values are unsigned, the bias
+    left on, and span s's quad sums start from ``starts[s]``: the same integers."""
     sums = []
     for s, sp in enumerate(blk.spans):
-        if signed(k) and SIMD != "generic":  # the sign moved onto the activations
+        if starts is not None and VNNI:
+            sums.append(g.dpbusd(starts[s], sp.values, a8[s]))
+        elif starts is not None:
+            sums.append(g.b.add(g.quad_sums(sp.values, a8[s]), starts[s]))
+        elif signed(k) and SIMD != "generic":  # the sign moved onto the activations
             a = g.call("llvm.x86.avx2.psign.b", vec(I8, 32), [a8[s], sp.values])
             sums.append(g.quad_sums(sp.magnitudes, a))
         else:
@@ -432,6 +455,8 @@ def _emit_types(g: VectorIR, kind, ktypes: list[KernelType], t: Tile, nbytes,  #
                     _emit_type_loop(g, k, t, nb)
         elif t.lanes and wide(k):
             _emit_type_loop(g, k, t, nb, "wide")
+        elif t.lanes is None and row_bias(k):
+            _emit_type_loop(g, k, t, nb, "u")
         elif vnni_offset(k):
             src, shift = (shifted_srcs[1], "a") if t.lanes else (shifted_srcs[0], "w")
             have = bld.icmp_signed("!=", cgutils.unpack_tuple(bld, src.shape)[0], g.c64(0))
