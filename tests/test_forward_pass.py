@@ -5,12 +5,15 @@ leaves its worker free for the next."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
 from gguflm import load_model
 from gguflm.model.batch import LAST, Part
-from gguflm.model.forward_pass import HEAD, LAYER
+from gguflm.model.forward_pass import HEAD, LAYER, Pass
 from gguflm.model.kv_cache import ContextFullError
 
 
@@ -59,3 +62,19 @@ def test_a_pass_given_up_at_a_stop_frees_its_worker(model) -> None:
     again = model.forward_steps([Part(arena.slots[3], np.array([3, 4]), LAST)])
     again.stop()
     assert list(again) == [LAYER] and np.array_equal(again.logits, alone)  # one stop
+
+
+def test_an_idle_worker_keeps_nothing_of_its_last_pass() -> None:
+    """A model pool frees a model's memory when nothing refers to it any more: the worker
+    that ran its last pass must not keep that pass (and with it the model) alive."""
+    class Held:
+        pass
+
+    held = Held()
+    gone = weakref.ref(held)
+    run = Pass(lambda stops, held=held: np.zeros((1, 2), np.float32), True)
+    run.stop()
+    assert list(run) == [] and run.logits.shape == (1, 2)
+    del run, held
+    gc.collect()
+    assert gone() is None

@@ -193,6 +193,9 @@ class _Worker:
                 self._threads = self._want
             job, self._job = self._job, None
             job()
+            # an idle worker holds nothing of its last pass: its model (and its memory,
+            # which a server's model pool waits to see freed) goes with its last user
+            job = None
             self._back.release()
 
 
