@@ -184,7 +184,8 @@ def add_layer_norm(x, y, w, b, eps, out):  # noqa: ANN001, ANN201
         _norm_row(out[t], w, b, eps, out[t])
 
 
-_GELU_TABLE: list[np.ndarray] = []  # ggml's float16 GELU table as float32, made on first use
+_GELU_TABLE: list[np.ndarray] = []
+_UNUSED_BIAS = np.zeros(1, np.float32)  # ggml's float16 GELU table as float32, made on first use
 
 
 def gelu_f16(x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -199,7 +200,7 @@ def gelu_f16(x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
         with np.errstate(all="ignore"):
             _GELU_TABLE.append(ops.gelu_f16(halves.astype(np.float32)))
     out = np.empty(x.shape, np.float32)
-    b = np.zeros(x.shape[-1], np.float32) if bias is None else bias  # not added if None
+    b = _UNUSED_BIAS if bias is None else bias  # read only when given
     _gelu_table(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(b, np.float32),
                 bias is not None, _GELU_TABLE[0], out)
     return out

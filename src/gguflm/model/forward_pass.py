@@ -214,13 +214,13 @@ def _here_stops(stops: Stops | None) -> Any:
         _HERE.stops = before
 
 
-def output_product(w: Any, x: np.ndarray) -> np.ndarray:
-    """``w.matmul(x)`` (w a QMatrix: the output projection); in a pass that may stop, a
-    matrix of SPLIT_BYTES or more runs in two halves of its rows with a stop between them.
-    Each row's products are its own either way."""
+def output_product(w: Any, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """``w.matmul(x, bias=bias)`` (w a QMatrix: the output projection); in a pass that may
+    stop, a matrix of SPLIT_BYTES or more runs in two halves of its rows with a stop between
+    them. Each row's products are its own either way."""
     stops = getattr(_HERE, "stops", None)
     if stops is None or w.nbytes < SPLIT_BYTES:
-        return w.matmul(x)
+        return w.matmul(x, bias=bias)
     from ..quant.matrix import QMatrix
 
     d_out, d_in = w.shape
@@ -229,5 +229,6 @@ def output_product(w: Any, x: np.ndarray) -> np.ndarray:
     for r0, r1 in ((0, half), (half, d_out)):
         if r0:
             stops.at(HALF)
-        out[:, r0:r1] = QMatrix(w.type, w.raw[r0:r1], (r1 - r0, d_in), w.name).matmul(x)
+        out[:, r0:r1] = QMatrix(w.type, w.raw[r0:r1], (r1 - r0, d_in), w.name).matmul(
+            x, bias=None if bias is None else bias[r0:r1])
     return out

@@ -522,7 +522,7 @@ def run_stack(st: Stack, x: np.ndarray, batch: Any, ropes: tuple) -> np.ndarray 
     stop = _NO_STOPS if stops is None else stops.flag
     l0 = 0
     while True:
-        bufs = st.buffers(rows)
+        bufs = st.buffers(rows)  # (again after a stop: another batch may have carved them)
         x = (stack_team(x, *args, *bufs, stop, l0, n_layer, threads) if team
              else stack_alone(x, *args, *bufs, stop, l0, n_layer))
         if stops is None or stop[1] >= n_layer:

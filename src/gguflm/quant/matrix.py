@@ -199,7 +199,7 @@ def _each(mats: Sequence[QMatrix], x: np.ndarray, biases: list[np.ndarray | None
     """``[m.matmul(x, bias=b) ...]``, x converted once to the weights' activation type
     when they share it (F16 Q, K and V)."""
     rnd = mats[0]._round
-    if rnd is None or x.ndim != 2 or not len(x) or x.shape[1] != mats[0].shape[1] \
+    if rnd is None or x.ndim != 2 or not len(x) \
             or any(m._round is not rnd or m.shape[1] != x.shape[1] for m in mats):
         return [m.matmul(x, bias=b) for m, b in zip(mats, biases, strict=True)]
     xr = rnd(x)

@@ -18,6 +18,7 @@ import numpy as np
 from .. import ops
 from ..base import Model
 from ..batch import Batch
+from ..forward_pass import output_product
 from ..weights import Layer, Shape, Weights
 from . import register
 
@@ -76,10 +77,7 @@ class Qwen2(Model):
         return ops.rmsnorm(x, self.output_norm, c.norm_eps)  # (rows, n_embd)
 
     def head(self, x: np.ndarray) -> np.ndarray:
-        logits = super().head(x)  # (rows, n_vocab)
-        if self.output_bias is not None:
-            logits += self.output_bias
-        return logits
+        return output_product(self.output, x, self.output_bias)  # (rows, n_vocab)
 
     def attn_extras(self, layer: Layer) -> dict[str, Any]:
         """``Attention`` fields beyond Qwen2's (a subclass's hook: Qwen3's Q/K norms)."""
