@@ -86,13 +86,13 @@ def test_warm_up_leaves_the_context_alone(llm: LLM) -> None:
 
 def test_warm_up_loads_every_path_a_first_request_takes(smollm2_path: Path) -> None:
     """A server's warm-up loads the prompt path too (a first batch of several prompts runs
-    the layer-by-layer blocks) and builds the tables made on first use, in a fresh process
+    the layer-by-layer fused layers) and builds the tables made on first use, in a fresh process
     where nothing else has."""
-    code = ("import sys, gguflm; from gguflm.model import blocks\n"
+    code = ("import sys, gguflm; from gguflm.model import fused\n"
             "llm = gguflm.LLM(sys.argv[1], parallel=2, threads=1)\n"
-            "assert not blocks.attention_block.overloads and llm.intake._max_token_bytes is None\n"
+            "assert not fused.attention_step.overloads and llm.intake._max_token_bytes is None\n"
             "llm.warm_up()\n"
-            "print(len(blocks.attention_block.overloads), len(blocks.ffn_block.overloads),"
+            "print(len(fused.attention_step.overloads), len(fused.ffn_step.overloads),"
             " llm.intake._max_token_bytes)\n")
     out = subprocess.run([sys.executable, "-c", code, str(smollm2_path)], capture_output=True,
                          text=True, timeout=600)

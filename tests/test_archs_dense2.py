@@ -19,7 +19,7 @@ import pytest
 import gguflm
 from gguflm.model import executor, ops, reference, team
 from refcheck import assert_conforms, load_tiny
-from test_blocks import _quantized, _run
+from test_fused import _quantized, _run
 from tinymodel import random_tensors, tiny_metadata, write_model
 
 ARCHS = ["smollm3", "olmo2", "exaone4", "ernie4_5", "seed_oss"]
@@ -88,7 +88,7 @@ def test_cached_and_uncached_logits_agree(tmp_path: Path, arch: str) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_compiled_paths_match_the_reference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             arch: str) -> None:
-    """The team, the blocks and the reference forward give bit-identical logits."""
+    """The team, the fused layers and the reference forward give bit-identical logits."""
     md = _tiny_md(arch)
     model = gguflm.load_model(write_model(tmp_path / "m.gguf", md, random_tensors(md),
                                           _quantized(md)))
@@ -96,7 +96,7 @@ def test_compiled_paths_match_the_reference(tmp_path: Path, monkeypatch: pytest.
     by_team = _run(model)
     assert np.isfinite(by_team).all()
     with monkeypatch.context() as m:
-        m.setattr(team, "MAX_ROWS", 0)  # layer by layer, through the blocks
+        m.setattr(team, "MAX_ROWS", 0)  # layer by layer, through the fused layers
         np.testing.assert_array_equal(_run(model), by_team)
     with monkeypatch.context() as m:
         m.setattr(model, "plan", executor.Plan(None, "forced by the test"))

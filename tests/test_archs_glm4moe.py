@@ -29,7 +29,7 @@ from refcheck import (
     load_tiny,
     teacher_forced_ids,
 )
-from test_blocks import _quantized, _run
+from test_fused import _quantized, _run
 from tinymodel import declared_tensors, random_tensors, tiny_metadata, write_model
 
 ARCH = "glm4moe"

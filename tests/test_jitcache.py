@@ -49,8 +49,8 @@ def test_every_cached_kernel_is_stamped() -> None:
 
 def test_stamp_covers_what_a_module_imports_and_nothing_above() -> None:
     team = [p.relative_to(_SRC).as_posix() for p in jitcache._closure(_SRC / "model/team.py")]
-    for needed in ("model/team.py", "model/blocks.py", "model/attention.py",
-                   "model/rowkernels.py", "quant/int_tiles.py", "quant/int_blocks.py",
+    for needed in ("model/team.py", "model/fused.py", "model/attention.py",
+                   "model/rowkernels.py", "quant/int_tiles.py", "quant/int_weights.py",
                    "quant/kerneltypes.py", "quant/formats.py", "quant/floatbits.py"):
         assert needed in team, needed
     assert not [p for p in team if p.split("/")[0] in ("engine", "cli", "server.py", "api.py")]

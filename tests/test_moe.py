@@ -67,7 +67,7 @@ def test_inspect_names_the_path(reference: Path, capsys) -> None:
         pytest.skip(f"{path} not found")
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
-    assert ("compiled (blocks for every batch; no team: layer 0's FFN is a mixture of "
+    assert ("compiled (fused layers for every batch; no team: layer 0's FFN is a mixture of "
             "experts, run op by op") in out
     assert "expert by expert (blk.0.ffn_gate_exps.weight[0] is F16: no integer kernel)" in out
     assert "8 (2 used per token)" in out

@@ -17,7 +17,7 @@ import pytest
 import gguflm
 from gguflm.model import team
 from gguflm.quant import matrix
-from test_blocks import TINY, _quantized, _run
+from test_fused import TINY, _quantized, _run
 from tinymodel import random_tensors, tiny_metadata, write_model
 
 
@@ -34,7 +34,7 @@ def _counted(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
 
 
 @pytest.mark.parametrize("arch", list(TINY))
-def test_team_matches_the_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_team_matches_the_fused_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                  arch: str) -> None:
     md = tiny_metadata(arch, **TINY[arch])
     model = gguflm.load_model(write_model(tmp_path / "m.gguf", md, random_tensors(md),
@@ -57,7 +57,7 @@ def test_team_matches_the_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.parametrize("which", ["smollm2", "gemma3"])
-def test_team_matches_the_blocks_on_real_models(request: pytest.FixtureRequest,
+def test_team_matches_the_fused_layers_on_real_models(request: pytest.FixtureRequest,
                                                 monkeypatch: pytest.MonkeyPatch,
                                                 which: str) -> None:
     model = gguflm.load_model(request.getfixturevalue(f"{which}_path"))
@@ -67,10 +67,6 @@ def test_team_matches_the_blocks_on_real_models(request: pytest.FixtureRequest,
     assert together[0] > 0
     monkeypatch.setattr(team, "MAX_ROWS", 0)
     np.testing.assert_array_equal(got, _run(model))
-
-
-def test_team_build_key_follows_the_sources() -> None:
-    assert team._built_key() == team._SOURCES_KEY
 
 
 def test_team_buffers_are_each_threads_own(smollm2_path: Path) -> None:

@@ -31,8 +31,7 @@ from .embedder import Embedder
 from .engine.embed import DEFAULT_POOLING, model_pooling
 from .engine.errors import InvalidRequestError
 from .engine.scheduler import DEFAULT_MAX_QUEUE, DEFAULT_SLOTS, QueueFullError, default_n_ctx
-from .engine.sequence import Request
-from .engine.sequence import Sequence as EngineSequence
+from .engine.sequence import Job, Request
 from .engine.spec import GenerationSpec
 from .intake import Intake, check_lookup_value, is_ids
 from .model.kv_cache import KV_TYPES
@@ -185,8 +184,8 @@ class LLM:
     # --- the engine --------------------------------------------------------------------------
 
     def submit(self, prompt_ids: Sequence[int], *, constraint: Any = None,
-               notify: Callable[[], None] | None = None, **options: Any) -> EngineSequence:
-        """Start generating after ``prompt_ids`` and return the engine's ``Sequence`` at
+               notify: Callable[[], None] | None = None, **options: Any) -> Job:
+        """Start generating after ``prompt_ids`` and return the engine's ``Job`` at
         once: iterate it for text pieces; afterwards it has ``tokens``, ``finish_reason``,
         ``stopped_by``, ``seed``, ``usage()`` and ``timings_dict()``. ``options`` as in
         ``generate`` (``max_tokens`` default: no limit); ``constraint`` an
@@ -197,7 +196,7 @@ class LLM:
                                   notify)
 
     def _run(self, req: Request, cancel: Callable[[], bool] | None
-             ) -> tuple[EngineSequence, Iterator[str]]:
+             ) -> tuple[Job, Iterator[str]]:
         """Submit ``req``; the sequence and an iterator of its text pieces (closing the
         iterator early cancels the sequence)."""
         try:
@@ -376,7 +375,7 @@ class LLM:
         tokens through the model (``Model.warm_up``, decoding and prompt paths both), and
         build the tables made on first use (the tokenizer's merge ranks, the longest
         token's length that bounds a prompt), so that the first real request, or batch of
-        them, does not pay for it (about 0.2 s of SmolLM2's tables, 0.3 s of code). Leaves
+        them, does not pay for it. Leaves
         the slots' caches alone; returns the seconds it took."""
         t0 = time.perf_counter()
         self.engine.call(lambda: self.model.warm_up(prompts=True))

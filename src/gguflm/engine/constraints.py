@@ -14,7 +14,7 @@ from a byte-level view of our vocabulary:
   before sampling, ``accept(id)`` after. Once the output is complete and cannot be
   extended only EOS is allowed, so a constrained generation ends with EOS (finish_reason
   "stop") unless max_tokens cuts it ("length").
-* ``fill_bitmasks``/``apply_bitmask`` do a batch at once. The engine's ``Sequence`` calls
+* ``fill_bitmasks``/``apply_bitmask`` do a batch at once. The engine's ``Job`` calls
   ``mask`` before and ``accept`` after sampling each generated token (``Request.constraint``).
 """
 
@@ -64,7 +64,8 @@ _BYTE_TABLE.update({ord(ch): b for ch, b in UNICODE_TO_BYTE.items()})
 def token_bytes(tokenizer: Tokenizer) -> tuple[list[bytes], list[int]]:
     """Every token's bytes as generated text shows them (``token_to_piece``), and the ids of
     the special tokens: those that print nothing but have a text (control tokens), given
-    their text. Normal tokens take a vectorised path (Gemma's 262k tokens in ~0.3 s)."""
+    their text. Normal tokens take a vectorised path (a large vocabulary is slow token by
+    token)."""
     v = tokenizer.vocab
     attrs = v.attrs
     normal = (attrs & int(Attr.NORMAL) != 0) & (attrs & _HIDDEN == 0)
@@ -154,8 +155,8 @@ def _entry(tokenizer: Tokenizer) -> _TokEntry:
 
 def ll_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
     """The llguidance tokenizer for ``tokenizer``, built on first use and cached for as long
-    as ``tokenizer`` lives (building takes ~0.3 s for a 49k vocabulary, ~3 s for 262k; call
-    this when loading a model to have it ready)."""
+    as ``tokenizer`` lives (building takes a while for a large vocabulary; call this when
+    loading a model to have it ready)."""
     return _entry(tokenizer).ll
 
 
@@ -173,7 +174,8 @@ def ll_tokenizer_build_seconds(tokenizer: Tokenizer) -> float:
 # --- one sequence's constraint ---------------------------------------------------------------
 
 def _matcher(entry: _TokEntry, grammar: Grammar) -> llguidance.LLMatcher:
-    """A fresh matcher: a copy of the cached compiled one (~0.03 ms instead of ~1-10 ms)."""
+    """A fresh matcher: a copy of the cached compiled one (far cheaper than compiling the
+    grammar again)."""
     with entry.lock:
         cached = entry.matchers.get(grammar.ll_grammar)
         if cached is None:

@@ -11,7 +11,7 @@ token. Normalization is llama.cpp's ``--embd-normalize``: 2 (default) Euclidean,
 An ``EmbedRequest`` goes through the engine like a generation request: its prompt is
 evaluated in chunks beside the other sequences (batch-invariant, so its vector does not
 depend on what ran beside it), asking the batch for hidden states instead of logits, and
-its ``EmbedSequence`` ends with ``embedding`` set instead of sampling a token.
+its ``EmbedJob`` ends with ``embedding`` set instead of sampling a token.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import numpy as np
 
 from ..gguf.errors import MetadataError
 from ..model.batch import ALL, LAST, NONE
-from .sequence import Request, Sequence
+from .sequence import Job, Request
 
-__all__ = ["DEFAULT_POOLING", "POOLINGS", "EmbedRequest", "EmbedSequence", "model_pooling",
+__all__ = ["DEFAULT_POOLING", "POOLINGS", "EmbedRequest", "EmbedJob", "model_pooling",
            "normalize", "pool"]
 
 POOLINGS = ("mean", "cls", "last", "none")
@@ -112,7 +112,7 @@ class EmbedRequest(Request):
                              f"{self.normalize!r}")
 
 
-class EmbedSequence(Sequence):
+class EmbedJob(Job):
     """An embedding being computed: when it ends, ``embedding`` holds the pooled,
     normalized vector (float32; (n_tokens, n_embd) for pooling ``none``)."""
 

@@ -1,7 +1,7 @@
 """The serving engine: continuous batching of many sequences over one model.
 
 The one path from a prompt to tokens: ``gguflm run``, ``gguflm chat``, ``gguflm.LLM`` and
-the server all ``submit`` a ``Request`` here and read the ``Sequence`` it returns. An
+the server all ``submit`` a ``Request`` here and read the ``Job`` it returns. An
 ``EmbedRequest`` (embed.py) is scheduled the same way, but its prompt chunks ask the batch
 for final hidden states instead of logits, and it ends, pooled, when its prompt is done.
 
@@ -25,8 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +33,8 @@ import numpy as np
 
 from ..model.base import import_kernels
 from ..model.batch import ALL, LAST, NONE, Part
-from .embed import EmbedRequest, EmbedSequence
-from .sequence import DECODE, DONE, PREFILL, Request, Sequence
+from .embed import EmbedJob, EmbedRequest
+from .sequence import DECODE, DONE, PREFILL, Job, Request
 
 __all__ = ["Engine", "QueueFullError"]
 
@@ -56,7 +55,7 @@ def default_n_ctx(n_ctx_train: int) -> int:
     return min(DEFAULT_N_CTX, n_ctx_train) if n_ctx_train > 0 else DEFAULT_N_CTX
 
 
-def common_prefix(a: Seq[int] | np.ndarray, b: Seq[int] | np.ndarray) -> int:
+def common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
     """Length of the longest common prefix of two id sequences."""
     n = min(len(a), len(b))
     differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
@@ -70,7 +69,7 @@ class Slot:
 
     index: int
     cache: Any                     # model.kv_cache.KVCache
-    seq: Sequence | None = None
+    seq: Job | None = None
     last_used: float = 0.0
     # the cache's keys and values were computed with flash attention (embeddings): its
     # layers past the first differ in the last bits from the plain path's, so a prefix is
@@ -134,7 +133,7 @@ class Engine:
         self._cut_seconds = 0.0  # how long that took
         # the step in flight, when a newcomer may cut into it: submit asks it to stop
         self._in_flight: Any = None  # model.forward_pass.Pass
-        self._waiting: deque[Sequence] = deque()
+        self._waiting: deque[Job] = deque()
         self._tasks: deque[tuple[Callable[[], Any], list[Any], threading.Event]] = deque()
         self._cv = threading.Condition()
         self._closed = False
@@ -149,8 +148,8 @@ class Engine:
 
     # --- the consumers' side -----------------------------------------------------------------
 
-    def submit(self, request: Request, notify: Callable[[], None] | None = None) -> Sequence:
-        """Queue ``request``; returns its Sequence at once. ``notify`` (if given) is called
+    def submit(self, request: Request, notify: Callable[[], None] | None = None) -> Job:
+        """Queue ``request``; returns its Job at once. ``notify`` (if given) is called
         from the engine thread after each new piece and at the end. Raises
         QueueFullError when ``max_queue`` sequences are running or waiting, ValueError for
         a request that cannot run (empty prompt, longer than the context)."""
@@ -160,7 +159,7 @@ class Engine:
         if len(ids) > self.n_ctx:
             raise ValueError(f"the prompt is {len(ids)} tokens, longer than the context of "
                              f"{self.n_ctx}")
-        kind = EmbedSequence if isinstance(request, EmbedRequest) else Sequence
+        kind = EmbedJob if isinstance(request, EmbedRequest) else Job
         special = getattr(request, "special", False)  # embeddings have no text
         seq = kind(request, self.tokenizer.decoder(special=special), self.eog_ids, notify)
         with self._cv:
@@ -179,7 +178,7 @@ class Engine:
             self._cv.notify()
         return seq
 
-    def run(self, request: Request) -> Sequence:
+    def run(self, request: Request) -> Job:
         """Submit ``request`` and wait for it to end."""
         seq = self.submit(request)
         for _ in seq:
@@ -317,7 +316,7 @@ class Engine:
                 self._waiting.popleft()
                 seq.finish("cancelled", "cancelled")
                 continue
-            embedding = isinstance(seq, EmbedSequence)
+            embedding = isinstance(seq, EmbedJob)
             if seq.request.max_tokens == 0 and not embedding:  # nothing to generate
                 self._waiting.popleft()
                 seq.start()
@@ -418,7 +417,7 @@ class Engine:
             n = min(len(seq.prompt_ids) - start, budget)
             last = start + n == len(seq.prompt_ids)
             ids = np.array(seq.prompt_ids[start:start + n])
-            if isinstance(seq, EmbedSequence):  # hidden states, not logits
+            if isinstance(seq, EmbedJob):  # hidden states, not logits
                 parts.append(Part(s.cache, ids, NONE, seq.hidden_wanted(last),
                                   flash=seq.request.flash_attn))
                 owners.append((s, False, []))
@@ -437,7 +436,7 @@ class Engine:
                 n = len(part.ids)
                 done = seq.evaluated(n)
                 self.stats.prompt_tokens += n
-                if isinstance(seq, EmbedSequence):
+                if isinstance(seq, EmbedJob):
                     seq.on_hidden(part.hidden_states, done)
                     if done:  # (finishing marks the prompt done)
                         self._end(s, "stop", "embedded")
@@ -483,8 +482,8 @@ class Engine:
         asked the pass to stop; the team stops at the next layer). Newcomers whose whole
         prompt fits in one chunk are admitted and get a step of their own now, inside the
         step in flight, instead of after it: a request arriving beside busy streams waits a
-        layer for its first token, not the rest of a whole step (Gemma 3 beside 7 streams:
-        a 7-row step ran 40-60 ms in the server, the newcomer's own 13 ms). At most once
+        layer for its first token, not the rest of a whole step (a busy step takes several
+        times a short newcomer's own). At most once
         per step, so the running streams wait for at most one such step. The newcomers'
         slots are free slots, none in the step in flight, whose caches it does not touch;
         every row's numbers are its own, so this changes no sequence's tokens."""

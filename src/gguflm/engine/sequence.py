@@ -1,7 +1,7 @@
 """One generation in the engine: a request, its KV slot, its sampler, its text, its end.
 
 A ``Request`` says what to generate; the ``Engine`` (scheduler.py) turns it into a
-``Sequence`` and advances it one batch step at a time from its own thread. The consumer
+``Job`` and advances it one batch step at a time from its own thread. The consumer
 (the CLI, ``gguflm.LLM``, the server) reads the sequence's ``Piece``s as they come: by
 iterating it (blocking), or with ``poll()`` after a ``notify`` callback (asyncio). It may
 ``cancel()`` at any time; the slot is freed at the engine's next step.
@@ -29,7 +29,7 @@ from .reasoning import BudgetState
 from .sampling import Sampler, SamplerParams
 from .stops import StopScanner
 
-__all__ = ["Piece", "Request", "Sequence"]
+__all__ = ["Piece", "Request", "Job"]
 
 WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
 MAX_PAUSE = 16  # the longest run of steps without a draft after drafts that failed outright
@@ -152,7 +152,7 @@ class Timings:
 _ids = itertools.count(1)
 
 
-class Sequence:
+class Job:
     """A request being served. Iterate it for ``Piece``s (blocking); afterwards
     ``finish_reason`` is ``stop`` (end of generation or a stop string), ``length``
     (``max_tokens`` or the end of the context: ``stopped_by`` says which), ``cancelled``
@@ -408,7 +408,7 @@ class Sequence:
                 f"token {len(self.tokens) + 1}")
 
     def __repr__(self) -> str:
-        return (f"Sequence({self.id}, {self.state}, prompt {len(self.prompt_ids)}, "
+        return (f"Job({self.id}, {self.state}, prompt {len(self.prompt_ids)}, "
                 f"generated {len(self.tokens)}, finish {self.finish_reason})")
 
 

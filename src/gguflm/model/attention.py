@@ -110,7 +110,7 @@ def _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g, sinks
         n = min(tile_len, hi + 1 - tile * tile_len)
         kk = kt[s, g, tile]
         # score j of head h: a sum over e in index order, vectorized over a whole tile of
-        # keys (a fixed trip count: 4x faster than stopping at n; unused lanes dropped)
+        # keys (a fixed trip count vectorizes where stopping at n does not; unused lanes dropped)
         tile_scores(q[t, h0:h0 + group], kk, acc)
         for hh in range(group):
             for jj in range(n):
@@ -242,7 +242,7 @@ def _attend_one_float(q, kt, v, slot, pos, window, scale, cap, f16, flash, out, 
     elif window > 0 and pos[t] >= window:  # the window hides the first keys
         _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g, sinks)
     else:  # every key from position 0 (no window, or not yet past it): compiled apart, as
-        # with the window a constant 0 the loops simplify: 1.7x faster
+        # with the window a constant 0 the loops simplify
         _attend_group(q, kt, v, slot, pos, 0, scale, cap, f16, out, t, g, sinks)
 
 
@@ -406,9 +406,7 @@ def runs_parallel(rows: int, n_kv: int, macs: int) -> bool:
     """Whether attention over ``rows`` query rows with ``n_kv`` KV heads, ``macs``
     multiply-adds in all, runs on all threads: with two work items (row, KV head) or more,
     from the products' threshold (``matrix.PARALLEL_MIN_MACS``: waking sleeping workers
-    costs more, spinning ones much less; SmolLM2 decoding at 300 and 1000 cached positions
-    with spinning workers, attention 1.9-2.2 against 2.5-2.7 ms per token and 4.5-6.6
-    against 6.9-7.5)."""
+    costs more, spinning ones much less: measured in docs/performance.md)."""
     return rows * n_kv >= 2 and macs >= matrix.PARALLEL_MIN_MACS
 
 

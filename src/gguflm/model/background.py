@@ -1,6 +1,6 @@
 """A first run's compiled layers, built by a second process while this one generates.
 
-Compiling the team (decoding) and the blocks (prompts) takes a minute or more on a small
+Compiling the team (decoding) and the fused layers (prompts) takes a minute or more on a small
 machine, once: numba keeps the machine code on disk. A command that would otherwise make a
 newcomer wait for it (``gguflm run``) can instead start a background process that compiles
 them into that cache (``Compiling.start``) and run this time on the reference path, whose

@@ -28,7 +28,7 @@ from .batch import ALL, LAST, NONE, Batch, Part, Pause
 from .config import ModelConfig
 from .forward_pass import HEAD, Pass, Stops, output_product
 from .kv_cache import KVArena, KVCache, KVShape, check_kv_type
-from .layer import Attention, Block, LatentAttention, experts, glu, linear, qkv
+from .layer import Attention, Block, LatentAttention, Linear, experts, glu, qkv
 from .weights import Layer, Weights
 
 # Tokens per pass through the layers (``forward``): a longer prompt runs in passes of this
@@ -118,7 +118,7 @@ class Model:
         fields = {"scale": 1.0 / float(np.sqrt(c.head_dim)), "neox": self.rope_style == "neox",
                   **attn}
         return Block(layer.attn_norm,
-                     Attention(q, k, v, linear(layer, "attn_output"), c.n_head, c.n_head_kv,
+                     Attention(q, k, v, Linear.of(layer, "attn_output"), c.n_head, c.n_head_kv,
                                c.head_dim, c.head_dim_v, **fields),
                      layer.ffn_norm,
                      experts(layer, c.n_expert_used, act) if hasattr(layer, "ffn_gate_inp")
@@ -253,14 +253,14 @@ class Model:
         """Run the compiled paths once, so that later calls only load their machine code
         (or, on a first run, compile it now rather than in the middle of a request):
         decoding (two tokens, then one: the team), and a prompt longer than the team takes
-        (the layer-by-layer blocks) when ``prompts`` or when the blocks are not compiled
-        yet. A command with one short prompt skips loading the blocks (about 0.3 s); a
+        (the layer-by-layer fused steps) when ``prompts`` or when the fused layers are not compiled
+        yet. A command with one short prompt skips loading the fused layers; a
         server asks for them, or its first batch of several prompts would load them.
 
         What has to be compiled is done in steps, ``report(step, steps, what, seconds)``
         called as each starts (seconds: about how long it takes); the prompt path compiles
         in a second process meanwhile when the machine has a second core. ``background``:
-        the team and the blocks compile in a background process instead (``background.py``)
+        the team and the fused layers compile in a background process instead (``background.py``)
         and this one runs on the reference path until they are ready. ``join`` (unless
         ``background``): a background compilation found in progress is waited for on the
         reference path in the same way, rather than compiled beside (False: compile here,
@@ -272,8 +272,8 @@ class Model:
             return
         say = report or (lambda *_: None)
         kinds = self.kernel_types()
-        blocks = prompts or not compiled()
-        steps = _compile_steps(kinds, blocks)
+        prompt_path = prompts or not compiled()
+        steps = _compile_steps(kinds, prompt_path)
         defer = bool(steps.keys() & {"decoding", "prompts"}) and self._can_defer()
         joined = None
         if defer and not background:  # a script's run joins a compilation in progress
@@ -293,12 +293,12 @@ class Model:
             self.plan.defer(pending)
         elif defer:  # no process: compile them here after all
             steps["reference"] = ("decoding layers", _STEP_SECONDS["decoding"])
-        self._warm_layers(steps, step, say, blocks and not self.plan.waiting())
+        self._warm_layers(steps, step, say, prompt_path and not self.plan.waiting())
 
     def _warm_layers(self, steps: dict[str, tuple[str, float]], step: Iterator[int],
-                     say: Callable[..., None], blocks: bool) -> None:
+                     say: Callable[..., None], prompt_path: bool) -> None:
         """``warm_up``'s forward passes: decoding (the team, or the reference path while
-        it compiles elsewhere), then with ``blocks`` a prompt for the blocks."""
+        it compiles elsewhere), then with ``prompt_path`` a prompt for the fused layers."""
         from . import team  # numba: compiled or loaded on first use
 
         together = "prompts" in steps and "decoding" in steps
@@ -313,7 +313,7 @@ class Model:
             say(next(step), len(steps), *steps["prompts"])
             if helper is not None:
                 helper.wait()
-        if blocks:
+        if prompt_path:
             n = team.MAX_ROWS + 1
             self.forward([0] * n, self.new_cache(n))
 
@@ -392,25 +392,25 @@ def import_kernels() -> None:
     program importing numba (or something built on it) meanwhile cannot collide with the
     engine thread's first step."""
     from ..quant import kernels, matrix  # noqa: F401
-    from . import attention, blocks, deltanet, rowkernels, team  # noqa: F401
+    from . import attention, deltanet, fused, rowkernels, team  # noqa: F401
 
 
 def compiled(kinds: Iterable[int] = ()) -> bool:
     """True when the machine code of the kernels (and the row kernels of weight types
-    ``kinds``), the team (decoding) and the blocks (longer prompts) is cached on disk: a
+    ``kinds``), the team (decoding) and the fused layers (longer prompts) is cached on disk: a
     start then takes about a second; otherwise the first calls compile them (a minute or
     two, once)."""
     from ..quant import kernels
     from ..quant.jitcache import cached
-    from . import blocks, team
+    from . import fused, team
 
     return kernels.is_compiled(tuple(kinds)) and cached(
-        (team.stack_team, blocks.attention_block, blocks.ffn_block))
+        (team.stack_team, fused.attention_step, fused.ffn_step))
 
 
 # About how long each step of a first run's compilation takes on a quiet 2-core machine
 # (seconds): the weight types' row kernels (each) and the products, the decoding path
-# (the team), the prompt path (the blocks; in a second process while the team compiles),
+# (the team), the prompt path (the fused layers; in a second process while the team compiles),
 # or instead of those two the reference path's kernels (``warm_up``'s ``background``)
 _STEP_SECONDS = {"type": 2.0, "products": 10.0, "decoding": 90.0, "prompts": 75.0,
                  "reference": 20.0}
@@ -421,7 +421,7 @@ def _compile_steps(kinds: set[int], prompts: bool) -> dict[str, tuple[str, float
     from ..gguf.types import GGMLType
     from ..quant import int_tiles, kernels
     from ..quant.jitcache import cached
-    from . import blocks, team
+    from . import fused, team
 
     steps = {}
     todo = sorted(k for k in kinds if not int_tiles.kernel_cached(k))
@@ -431,7 +431,7 @@ def _compile_steps(kinds: set[int], prompts: bool) -> dict[str, tuple[str, float
                           _STEP_SECONDS["type"] * len(todo) + _STEP_SECONDS["products"])
     if not cached((team.stack_team,)):
         steps["decoding"] = ("decoding layers", _STEP_SECONDS["decoding"])
-    if prompts and not cached((blocks.attention_block, blocks.ffn_block)):
+    if prompts and not cached((fused.attention_step, fused.ffn_step)):
         alone = "decoding" not in steps or (os.cpu_count() or 1) < 2
         steps["prompts"] = ("prompt layers" + ("" if alone else " (compiled alongside)"),
                             _STEP_SECONDS["prompts"] if alone else 10.0)
@@ -454,7 +454,7 @@ def _compile_elsewhere(model: Model) -> subprocess.Popen | None:
 
 def warm_prompt_path(path: str) -> None:
     """Compile (or load) the prompt path of the model in file ``path``: a prompt longer
-    than the team takes, through the blocks (``_compile_elsewhere``'s second process)."""
+    than the team takes, through the fused layers (``_compile_elsewhere``'s second process)."""
     from . import load_model, team
 
     model = load_model(path)

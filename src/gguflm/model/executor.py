@@ -1,12 +1,12 @@
 """The layers' one way to run: a planner over the layer specs and one executor.
 
 ``plan(blocks)`` looks at the typed specs once, at load, and either builds what the
-compiled code needs (each layer's arguments for the blocks, ``blocks.LayerArgs``, and the
+compiled code needs (each layer's arguments for the fused layers, ``fused.LayerArgs``, and the
 team's tables, ``team.Stack``) or says why it cannot; ``run`` then takes, for every batch:
 
 - the team (``team.run_stack``): every layer in one compiled call shared by the threads,
   for a few rows (decoding, short prompts);
-- the blocks (``blocks.layer``): each layer's attention and FFN as one compiled call each,
+- the fused layers (``fused.layer``): each layer's attention and FFN as one compiled call each,
   for longer batches;
 - the reference forward (``reference.stack``) when the plan says the layers cannot be
   compiled, for the reason it gives (``Plan.describe``, shown by ``gguflm inspect`` and
@@ -41,7 +41,7 @@ from .layer import (
 
 class Plan:
     """How a model's layers run. ``reason`` (not compiled: why) is decided at load from the
-    specs alone; the compiled code's arguments (``tables``: each layer's for the blocks,
+    specs alone; the compiled code's arguments (``tables``: each layer's for the fused layers,
     and the team's, None with ``team_reason`` where the team cannot take the layers) are
     built on the first forward pass, so that loading a model (``inspect``, a tokenizer
     user) never starts numba."""
@@ -84,15 +84,17 @@ class Plan:
         return not self.reason
 
     def tables(self) -> tuple[tuple[Any, ...], Any]:
-        """(each layer's ``blocks.LayerArgs``, the ``team.Stack`` or None), built once."""
+        """(each layer's ``fused.LayerArgs``, the ``team.Stack`` or None), built once."""
         if self._tables is not None:  # every forward asks: no lock once built
             return self._tables
         with self._lock:
             if self._tables is None:
-                from . import blocks as compiled_blocks  # numba: compiled or loaded now
-                from . import team
+                from . import (
+                    fused,  # numba: compiled or loaded now
+                    team,
+                )
 
-                layers = tuple(compiled_blocks.layer_args(b) for b in self._blocks)
+                layers = tuple(fused.layer_args(b) for b in self._blocks)
                 stack = None if self.team_reason else team.Stack(self._blocks)
                 self._tables = (layers, stack)
             return self._tables
@@ -108,9 +110,9 @@ class Plan:
                    "are ready")
             return f"reference (numpy, op by op) {why}"
         if self.team_reason:
-            return (f"compiled (blocks for every batch; no team: {self.team_reason})"
+            return (f"compiled (fused layers for every batch; no team: {self.team_reason})"
                     + self._query_note())
-        return ("compiled (team for decoding and short prompts, blocks for longer batches)"
+        return ("compiled (team for decoding and short prompts, fused layers for longer batches)"
                 + self._query_note())
 
     def _query_note(self) -> str:
@@ -234,8 +236,7 @@ def run(p: Plan, blocks: list[Block], x: np.ndarray, batch: Any,
     if not p.compiled or p.waiting() or any(ropes[k] is not ropes[q]
                                             for k, q in p.query_tables):
         return reference.stack(x, blocks, batch, ropes, rows, inputs)
-    from . import blocks as compiled_blocks
-    from . import team
+    from . import fused, team
 
     layers, stack = p.tables()
     if stack is not None:
@@ -244,7 +245,7 @@ def run(p: Plan, blocks: list[Block], x: np.ndarray, batch: Any,
             return out if rows is None else out[rows]  # do not depend on the others
     last = len(blocks) - 1
     for il, (b, la) in enumerate(zip(blocks, layers, strict=True)):
-        x = compiled_blocks.layer(x, b, la, batch, il, ropes[b.attn.rope],
+        x = fused.layer(x, b, la, batch, il, ropes[b.attn.rope],
                                   rows if il == last else None)
         reference.between_layers(batch, il, last)
     return x

@@ -34,6 +34,11 @@ class Linear:
     def rows(self) -> int:
         return self.w.shape[0]
 
+    @classmethod
+    def of(cls, layer: Any, name: str) -> Linear:
+        """The product ``name`` of a ``Weights.layer`` (``layer.<name>``, ``layer.<name>_bias``)."""
+        return cls(getattr(layer, name), getattr(layer, f"{name}_bias", None))
+
 
 @dataclass(frozen=True, eq=False)
 class Attention:
@@ -411,11 +416,6 @@ def no_rope_table(n_rows: int, n_rot: int) -> np.ndarray:
 # -- building specs from a layer's tensors ---------------------------------------------------
 
 
-def linear(layer: Any, name: str) -> Linear:
-    """The product ``name`` of a ``Weights.layer`` (``layer.<name>``, ``layer.<name>_bias``)."""
-    return Linear(getattr(layer, name), getattr(layer, f"{name}_bias", None))
-
-
 def split(lin: Linear, rows: tuple[int, ...]) -> tuple[Linear, ...]:
     """A fused product cut into consecutive row ranges of ``rows`` each: views of the same
     bytes (no copy), the bias cut alike."""
@@ -434,8 +434,8 @@ def qkv(layer: Any, n_q: int, n_k: int, n_v: int) -> tuple[Linear, Linear, Linea
     """Q, K, V of a layer loaded with ``Weights.layer(..., qkv=config)``: the fused
     ``attn_qkv`` (rows [q | k | v]) split, or the separate ``attn_q``/``attn_k``/``attn_v``."""
     if getattr(layer, "attn_qkv", None) is not None:
-        return split(linear(layer, "attn_qkv"), (n_q, n_k, n_v))  # type: ignore[return-value]
-    return linear(layer, "attn_q"), linear(layer, "attn_k"), linear(layer, "attn_v")
+        return split(Linear.of(layer, "attn_qkv"), (n_q, n_k, n_v))  # type: ignore[return-value]
+    return Linear.of(layer, "attn_q"), Linear.of(layer, "attn_k"), Linear.of(layer, "attn_v")
 
 
 def experts(layer: Any, n_used: int, act: str, **rule: Any) -> Experts:
@@ -448,7 +448,7 @@ def experts(layer: Any, n_used: int, act: str, **rule: Any) -> Experts:
     if fused is not None:
         halves = [split(Linear(m), (m.shape[0] // 2, m.shape[0] // 2)) for m in fused]
         gate, up = (tuple(h[i].w for h in halves) for i in (0, 1))
-    return Experts(linear(layer, "ffn_gate_inp"), gate, up,
+    return Experts(Linear.of(layer, "ffn_gate_inp"), gate, up,
                    layer.ffn_down_exps, n_used, act, **rule,
                    gate_b=getattr(layer, "ffn_gate_exps_bias", None),
                    up_b=getattr(layer, "ffn_up_exps_bias", None),
@@ -458,10 +458,10 @@ def experts(layer: Any, n_used: int, act: str, **rule: Any) -> Experts:
 def glu(layer: Any, act: str) -> GLU:
     """The FFN of a layer: ``ffn_gate``/``ffn_up``/``ffn_down``, or without ``ffn_gate`` a
     fused ``ffn_up`` of rows [gate | up] (Phi-3) split in two."""
-    down = linear(layer, "ffn_down")
+    down = Linear.of(layer, "ffn_down")
     if getattr(layer, "ffn_gate", None) is None:
-        up = linear(layer, "ffn_up")
+        up = Linear.of(layer, "ffn_up")
         gate, up = split(up, (up.rows // 2, up.rows // 2))
     else:
-        gate, up = linear(layer, "ffn_gate"), linear(layer, "ffn_up")
+        gate, up = Linear.of(layer, "ffn_gate"), Linear.of(layer, "ffn_up")
     return GLU(gate, up, down, act)

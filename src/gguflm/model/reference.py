@@ -22,15 +22,9 @@ from .layer import (
     DenseAndExperts,
     Experts,
     LatentAttention,
-    Linear,
     Mamba2,
     ShortConv,
 )
-
-
-def product(x: np.ndarray, lin: Linear) -> np.ndarray:
-    """x (T, d_in) -> (T, d_out): the weight's product, then its bias."""
-    return ops.linear(x, lin.w, lin.b)
 
 
 def attention(h: np.ndarray, a: Attention, batch: object, il: int, rot: np.ndarray,
@@ -63,7 +57,7 @@ def attention(h: np.ndarray, a: Attention, batch: object, il: int, rot: np.ndarr
                           a.scale, a.softcap, a.window, a.sinks)
     if a.q_gate:
         out = out * ops.sigmoid(np.ascontiguousarray(gate).reshape(n, -1))
-    return product(out, a.o)
+    return ops.linear(out, a.o.w, a.o.b)
 
 
 def qk_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -86,7 +80,7 @@ GATED = {"silu": ops.swiglu, "gelu": ops.geglu, "gelu_f16": ops.geglu_f16}
 def ffn(h: np.ndarray, f: GLU) -> np.ndarray:
     """Normed input h (T, n_embd) -> (T, n_embd): down(act(gate(h)) * up(h))."""
     gated = GATED[f.act]
-    return product(gated(*ops.linears(h, (f.gate, f.up))), f.down)
+    return ops.linear(gated(*ops.linears(h, (f.gate, f.up))), f.down.w, f.down.b)
 
 
 def expert_choice(logits: np.ndarray, e: Experts) -> tuple[np.ndarray, np.ndarray]:
@@ -207,7 +201,8 @@ def experts(h: np.ndarray, e: Experts, x: np.ndarray | None = None, eps: float =
     weighted and summed in selection order. Rows that chose an expert run through it
     together (its weights read once per batch); each row's numbers are its own. ``x``
     and ``eps``: the FFN's input and norm eps, for a router that reads x itself."""
-    chosen, w = expert_choice(product(router_input(h, e, x, eps), e.router), e)
+    logits = ops.linear(router_input(h, e, x, eps), e.router.w, e.router.b)
+    chosen, w = expert_choice(logits, e)
     gated = {**GATED, "swiglu_oai": swiglu_oai}[e.act]
     ys = np.empty((*chosen.shape, e.down[0].shape[0]), np.float32)  # (T, n_used, n_embd)
     groups = _by_expert(chosen)
@@ -235,7 +230,7 @@ def shared_expert(h: np.ndarray, e: Experts) -> np.ndarray:
     return y * ops.sigmoid(logit)[:, None]
 
 
-def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray | None,
+def layer(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray | None,
           rows: np.ndarray | None = None, inp: np.ndarray | None = None,
           rot_q: np.ndarray | None = None) -> np.ndarray:
     """One layer: x (T, n_embd) -> (T', n_embd); only ``rows`` go on past the attention
@@ -271,8 +266,8 @@ def block(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray | Non
     x = x + residual(ffn_part(x, b), b)
     if b.per_layer is not None:
         p = b.per_layer
-        g = ops.gelu_f16(product(x, p.gate)) * inp
-        x = x + ops.rmsnorm(product(g, p.proj), p.norm, b.eps)
+        g = ops.gelu_f16(ops.linear(x, p.gate.w, p.gate.b)) * inp
+        x = x + ops.rmsnorm(ops.linear(g, p.proj.w, p.proj.b), p.norm, b.eps)
     return x if b.out_scale == 1.0 else x * np.float32(b.out_scale)
 
 
@@ -308,7 +303,7 @@ def stack(x: np.ndarray, blocks: list[Block], batch: object, ropes: tuple[np.nda
             q_rope = getattr(b.attn, "q_rope", None)
             rot_q = None if q_rope is None else ropes[q_rope]
         inp = None if b.per_layer is None else inputs[:, b.per_layer.index]
-        x = block(x, b, batch, il, rot, rows if il == last else None, inp, rot_q)
+        x = layer(x, b, batch, il, rot, rows if il == last else None, inp, rot_q)
         between_layers(batch, il, last)
     return x
 

@@ -2,10 +2,10 @@
 decoded (``executor.run``).
 
 Decoding runs each layer over one row (a few with several sequences). Layer by layer
-(``blocks.py``), each layer costs two Python-level calls, their dispatch and boxing, two
+(``fused.py``), each layer costs two Python-level calls, their dispatch and boxing, two
 numpy adds, and a parallel region for each of its four product steps and for attention:
-measured on SmolLM2 with the region's own timer, 80 us per layer outside the arithmetic,
-2.5 ms of a 13 ms token. Here one call runs every layer and opens one parallel region.
+on a small model a fifth of a token's time (docs/performance.md). Here one call runs
+every layer and opens one parallel region.
 Each of its ``threads`` members takes work items (row ranges of the products, (row, KV
 head) pairs of attention) from shared counters, one at a time, and waits at a spin
 barrier (the count of finished items) before the step that reads their results. The small
@@ -18,7 +18,7 @@ layer's activations: the team takes at most ``MAX_ROWS`` rows and ``MAX_BYTES`` 
 Those arrays are one block per thread, kept from call to call (``Stack.buffers``).
 
 Members repeat those small steps, which would cost a batch of many rows its time: longer
-prompts run layer by layer. The arithmetic is the blocks' kernels, called on the same
+prompts run layer by layer. The arithmetic is the fused layers' kernels, called on the same
 arguments, so the numbers are bit-identical either way (batch invariance).
 
 No member can wait forever when fewer threads than members run (a busy machine, or numba
@@ -44,16 +44,16 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
-from gguflm.quant import jitcache, kernels, matrix
+from gguflm.quant import kernels, matrix
 from gguflm.quant.floatbits import to_f16
 from gguflm.quant.grouped import activation_sets, run_item, weight_bytes
 from gguflm.quant.kernels import geglu, swiglu
 from gguflm.quant.kernels import work_items as _work_items
 
-from . import blocks
+from . import fused
 from .attention import _attend_one, store_rows
-from .blocks import add_bias, pre_norm, qk_heads
 from .forward_pass import LAYER
+from .fused import add_bias, pre_norm, qk_heads
 from .layer import Block, Linear
 from .rowkernels import rmsnorm_rows
 
@@ -349,7 +349,7 @@ def stack_team(x, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, rots, r
     ``itab``/``icount`` from ``stack_items``; ``heads`` (H, H_kv, d, d_v); ``rots`` (R, T,
     n_rot/2) c64 RoPE tables, ``rot_sel`` (L,) i64 each layer's; ``neox``: NEOX pairing;
     ``windows`` (L,) i64; ``k_cache``/``v_cache`` the arena's (L, ...) keys and
-    values; the rest as ``blocks.attention_block`` takes them; ``gelu``: GeGLU, else
+    values; the rest as ``fused.attention_step`` takes them; ``gelu``: GeGLU, else
     SwiGLU; ``bufs`` each layer's shared arrays (``Stack.buffers``)."""
     out = np.empty_like(x)
     # the loop body gets plain arrays and flat tuples: numba's parallel loops take no
@@ -443,7 +443,7 @@ class Stack:
 
     def _vector(self, w: np.ndarray | None) -> tuple[int, int]:
         """A norm weight or bias as a table entry (address, length; 0: none)."""
-        v = self._hold(blocks.vector(w))
+        v = self._hold(fused.vector(w))
         return _address(v), v.shape[0]
 
     def work_items(self, n: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
@@ -464,7 +464,7 @@ class Stack:
         time). The counters have whole cache lines of their own with room on either side:
         allocated each call, they shared a 64-byte line with the calling thread's own
         arrays in some processes, every counter update by the other member evicted member
-        0's data, and SmolLM2's 8-row step took 27 ms instead of 21. One set per thread, so
+        0's data, and steps ran measurably slower. One set per thread, so
         that forwards of this model on other threads never share it."""
         local = self.local
         got = getattr(local, "views", None)
@@ -532,12 +532,3 @@ def run_stack(st: Stack, x: np.ndarray, batch: Any, ropes: tuple) -> np.ndarray 
 
 
 _NO_STOPS = np.zeros(0, np.int64)
-
-
-# the stamp jitcache gives this file's kernels (its sources and all they import)
-_SOURCES_KEY = jitcache.sources_key(__file__)
-
-
-@njit(cache=True)
-def _built_key() -> int:
-    return _SOURCES_KEY  # frozen into the cached machine code with the team's

@@ -14,9 +14,9 @@ from numba import njit, prange
 from ..gguf.types import GGMLType
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from .floatbits import round_f16
-from .int_blocks import vnni_offset, wide_plus_128
 from .int_gemm import PLUS_128_KINDS as GEMM_PLUS_128
 from .int_tiles import BATCH_MIN_ROWS
+from .int_weights import vnni_offset, wide_plus_128
 from .kerneltypes import KERNEL_TYPES, pack_activation_blocks
 
 # the type ids by activation type, as constant tuples (numba freezes them into the code)
@@ -294,7 +294,7 @@ def activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
     rows run outside the lanes tiles (fewer than BATCH_MIN_ROWS, or not a multiple of 4),
     else no rows; ``qu`` the activations plus 128 when some type has a ``vnni_offset`` and
     the rows are enough for the lanes tiles, else no rows (the Q8_K set's: where a type's
-    512-bit tiles take them, ``int_blocks.wide_plus_128``). Without them the products take
+    512-bit tiles take them, ``int_weights.wide_plus_128``). Without them the products take
     the sign step: the same numbers."""
     return _activation_sets(kinds, count, x, False)
 

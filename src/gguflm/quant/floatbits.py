@@ -151,7 +151,7 @@ def expf_ggml(x):  # noqa: ANN001, ANN201
     s1 = f32_from_bits(np.uint32(g + np.uint32(0x7F000000)))
     # The large-|n| step runs in every lane (branch-free). For 0 < n < 32, which never
     # take it, 2**(n - 127) * (1 + j) would be subnormal, and each subnormal result costs
-    # the FMA a microcode assist (SiLU's exp(-x) ran 10x slower); the lanes that take it
+    # the FMA a microcode assist (SiLU's exp(-x) ran many times slower); the lanes that take it
     # have s2 >= 2**-67, so raising s2's bits to 2**-95 changes none of them. (A float
     # select here, LLVM moves after the FMA; ggml branches around the step instead.)
     s2 = f32_from_bits(max(np.uint32(e - g), np.uint32(0x10000000)))

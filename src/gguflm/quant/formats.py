@@ -83,7 +83,7 @@ class BlockFormat:
 def f16_to_f32(h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """IEEE half bits (any 2-byte dtype) -> float32, exactly as ggml's GGML_FP16_TO_FP32.
 
-    numpy's own float16 cast is scalar code; integer and float32 passes are ~5x faster:
+    numpy's own float16 cast is scalar code; integer and float32 passes are much faster:
     move sign/exponent/mantissa into float32 position, then rescale the exponent by 2**112
     (which also normalizes subnormals exactly). Inf/NaN get exponent 255; NaNs come out
     quiet, as ggml's converter makes them.

@@ -62,7 +62,7 @@ def pack_q4k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
 
 def _k_scales8(g: VectorIR, rows: list, at) -> tuple[ir.Value, ir.Value]:  # noqa: ANN001
     """The 8 rows' six-bit scales and mins (ggml's get_scale_min_k4) from the 12 bytes at
-    ``at`` of each row, as two <64 x i8>, [row][group]: ``int_blocks``' word-wide masks,
+    ``at`` of each row, as two <64 x i8>, [row][group]: ``int_weights``' word-wide masks,
     for the 8 rows at once."""
     bld = g.b
     u0, u1, u2 = (row_values(g, rows, bld.add(at, g.c64(4 * k)), I32) for k in range(3))
@@ -199,7 +199,7 @@ def pack_q3k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
     u0, u1, u2 = (row_values(g, rows, bld.add(at, g.c64(4 * k)), I32) for k in range(3))
     parts = [bld.or_(bld.and_(bld.lshr(u, _c8(4 * (i // 2))), _c8(0x0F0F0F0F)),
                      bld.shl(bld.and_(bld.lshr(u2, _c8(2 * i)), _c8(0x03030303)), _c8(4)))
-             for i, u in enumerate((u0, u1, u0, u1))]  # int_blocks._q3_scales, 8 rows
+             for i, u in enumerate((u0, u1, u0, u1))]  # int_weights._q3_scales, 8 rows
     sc = bld.shuffle_vector(cat(g, parts[0], parts[1]), cat(g, parts[2], parts[3]),
                             ir.Constant(vec(I32, 32), [n + 8 * i for n in range(8)
                                                        for i in range(4)]))

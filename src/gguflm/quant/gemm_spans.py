@@ -102,7 +102,7 @@ def pack_iq4nl(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
 
 def pack_iq4xs(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
     """IQ4_XS block at ``off`` of the 8 rows into the buffer block ``out``: span s's values
-    as IQ4_NL's block (vectors 4s..4s+3); its scales (``int_blocks._iq4xs_scales``: low 4
+    as IQ4_NL's block (vectors 4s..4s+3); its scales (``int_weights._iq4xs_scales``: low 4
     bits nibble s % 2 of ``scales_l[s / 2]``, top 2 bits 2s, 2s + 1 of ``scales_h``; minus
     32) as <16 x i32>, dword i row i // 2's; d; the lane starts."""
     bld = g.b

@@ -1,7 +1,7 @@
 """Integer tiles: weight rows of a ggml type times 8-bit activation rows, with the float
 steps of ggml's x86 ``vec_dot``.
 
-Each weight block is unpacked to small integers (``int_blocks``) and multiplied with the
+Each weight block is unpacked to small integers (``int_weights``) and multiplied with the
 activation integers: an exact integer dot product per block in 8 lanes, converted and
 fused into an 8-lane float accumulator times ``d_weight * d_activation``; at the end
 ggml's horizontal sum. The types without integer scales have ggml's lanes (lane j sums
@@ -36,7 +36,8 @@ from numba.extending import intrinsic
 
 from ..gguf.types import GGMLType
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
-from .int_blocks import (
+from .int_gemm import GEMM_KINDS, GEMM_MIN_ROWS, gemm_rows
+from .int_weights import (
     block_scale,
     min_sums,
     quad_words,
@@ -46,7 +47,6 @@ from .int_blocks import (
     vnni_offset,
     wide,
 )
-from .int_gemm import GEMM_KINDS, GEMM_MIN_ROWS, gemm_rows
 from .kerneltypes import KERNEL_TYPES, KernelType
 from .vector_ir import (
     F32,
@@ -167,7 +167,7 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
     """Block ``b`` of ``_emit_type_loop``; with ``t.lanes``, ``dd`` points to the block's 8
     stored scale products ``d * d_act``. ``shift`` (types with a ``vnni_offset``, on VNNI)
     skips the sign step with the same integers: "w" the weights plus their offset
-    (``int_blocks.unpack``), each lane's integer dot started from the activations' ``-offset
+    (``int_weights.unpack``), each lane's integer dot started from the activations' ``-offset
     * lane sum`` (``ActRow.cor``); "a" the activations plus 128, unsigned (``ActRow.qu``),
     times the signed weights, each lane started from ``-128 *`` the weights' lane sum, worked
     out once per weight block for all the activation rows (the tiles); "u" (``row_bias``,

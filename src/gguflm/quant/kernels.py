@@ -5,7 +5,7 @@ How a product ``W (d_out, d_in) @ x (d_in,)`` runs, as in ggml's CPU backend:
 
 1. ``x`` is quantized to 8 bits per block (``act_quant``), rounding exactly as ggml's x86
    code does, so our logits track llama.cpp's.
-2. Each weight block is unpacked to small integers (``int_blocks``, built from the type's
+2. Each weight block is unpacked to small integers (``int_weights``, built from the type's
    declaration in ``kerneltypes.KERNEL_TYPES``) and multiplied with the activation integers
    with ggml's x86 float steps (the K-quants' integer lanes are our own: see
    ``int_tiles``), in tiles of weight rows times activation rows; every tile shape runs
@@ -36,8 +36,8 @@ from .act_quant import (
 )
 from .float_tiles import f16_matmul_par, f16_matmul_rows, twin_f16_matmul
 from .glu import geglu, geglu_par, silu_par, swiglu, swiglu_par, twin_geglu, twin_silu, twin_swiglu
-from .int_blocks import vnni_offset
 from .int_tiles import BATCH_MIN_ROWS, ROW_CHUNK, prepare, qmatmul_rows
+from .int_weights import vnni_offset
 from .products import (
     MAX_FUSED,
     is_compiled,

@@ -8,7 +8,7 @@ scale (and how it is encoded), the offset term (Q4_1/Q5_1's ``m``, Q4_K/Q5_K/Q2_
 ``dmin``), and which activation type ggml pairs with it. From that one declaration:
 
 - ``matrix.QMatrix`` dispatches a weight to the integer kernels (``KERNEL_TYPES``);
-- ``int_blocks``/``int_tiles`` (hot, numba/LLVM) build each type's block loop;
+- ``int_weights``/``int_tiles`` (hot, numba/LLVM) build each type's block loop;
 - ``twin_unpack``/``twin_block_terms`` here (portable numpy) are the slow readable twins
   the tests hold the kernels to;
 - ``KernelType.dequantizer`` is the type's own ``to_float`` (``simple.py``/``kquants.py``),

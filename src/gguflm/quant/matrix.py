@@ -390,7 +390,7 @@ def limit_blas_threads(n: int = 1) -> bool:
 
     Our products run in the numba kernels; BLAS only sees the small attention products,
     and its idle workers spin for a long while after each one, taking the cores our kernels
-    need (measured: prompt processing 4x slower with OpenBLAS's default threads). An
+    need (prompt processing ran several times slower with OpenBLAS's default threads). An
     explicit ``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` in the environment is left alone.
     """
     if "OPENBLAS_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in os.environ:
@@ -424,10 +424,8 @@ def entry_point_defaults(owns_cores: bool = False, serving: bool = False) -> Non
       - ``serving``: ``gguflm serve``. Workers spin briefly after each product
         (``OMP_WAIT_POLICY=active``, ``GOMP_SPINCOUNT=20000``, tens of microseconds, then
         they sleep): long enough to bridge the gaps between one step's products, short
-        enough to give the cores back to the event loop between steps. Measured on
-        SmolLM2, 2 threads: 87 tokens/s at 4 streams and 107 at 8, against 57 and 63
-        with sleeping workers, and a newcomer's first token beside 7 streams 1.9x its
-        idle time (a spin of 100000 made it 2.4x).
+        enough to give the cores back to the event loop between steps (figures: the
+        server's section of docs/performance.md).
       - ``owns_cores``: one user's command (``gguflm run``, ``chat``, ``bench``,
         ``perplexity``), where nothing else of ours needs the cores. Workers spin longer
         (``GOMP_SPINCOUNT=100000``), and products down to ``SPIN_PARALLEL_MIN_MACS`` run

@@ -35,7 +35,7 @@ from .. import ops
 from ..base import Model
 from ..batch import Batch
 from ..config import Meta, ModelConfig
-from ..layer import GLU, Block, Experts, LatentAttention, experts, glu, linear
+from ..layer import GLU, Block, Experts, LatentAttention, Linear, experts, glu
 from ..weights import Layer, Shape, Weights
 from . import register
 
@@ -223,19 +223,19 @@ class Deepseek2(Model):
         c = self.config
         lora = bool(c.q_lora)
         return LatentAttention(
-            linear(layer, "attn_q_a") if lora else None,
+            Linear.of(layer, "attn_q_a") if lora else None,
             layer.attn_q_a_norm if lora else None,
-            linear(layer, "attn_q_b" if lora else "attn_q"),
-            linear(layer, "attn_kv_a_mqa"), layer.attn_kv_a_norm, layer.attn_k_b,
-            layer.attn_v_b, linear(layer, "attn_output"), c.n_head, c.rope_dim, scale,
+            Linear.of(layer, "attn_q_b" if lora else "attn_q"),
+            Linear.of(layer, "attn_kv_a_mqa"), layer.attn_kv_a_norm, layer.attn_k_b,
+            layer.attn_v_b, Linear.of(layer, "attn_output"), c.n_head, c.rope_dim, scale,
             neox=self.rope_style == "neox")
 
     def ffn(self, i: int, layer: Layer) -> GLU | Experts:
         c = self.config
         if i < c.n_dense_lead:
             return glu(layer, "silu")
-        shared = (GLU(linear(layer, "ffn_gate_shexp"), linear(layer, "ffn_up_shexp"),
-                      linear(layer, "ffn_down_shexp"), "silu") if c.n_ff_shexp else None)
+        shared = (GLU(Linear.of(layer, "ffn_gate_shexp"), Linear.of(layer, "ffn_up_shexp"),
+                      Linear.of(layer, "ffn_down_shexp"), "silu") if c.n_ff_shexp else None)
         return experts(layer, c.n_expert_used, "silu", gating=c.gating,
                        norm_weights=c.weights_norm, scale=c.weights_scale, shared=shared,
                        select_bias=layer.exp_probs_b_bias, groups=c.groups,

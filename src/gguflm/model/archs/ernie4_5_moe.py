@@ -24,7 +24,7 @@ from typing import Any
 
 from ...gguf.errors import MetadataError
 from ..config import Meta, ModelConfig
-from ..layer import GLU, Block, linear
+from ..layer import GLU, Block, Linear
 from ..weights import Layer, Shape, Weights
 from . import register
 from .ernie4_5 import Ernie45
@@ -85,7 +85,7 @@ class Ernie45Moe(Ernie45):
         if not hasattr(layer, "ffn_gate_inp"):  # a leading dense layer
             return b
         c = self.config
-        shared = (GLU(linear(layer, "ffn_gate_shexp"), linear(layer, "ffn_up_shexp"),
-                      linear(layer, "ffn_down_shexp"), "silu") if c.n_ff_shexp else None)
+        shared = (GLU(Linear.of(layer, "ffn_gate_shexp"), Linear.of(layer, "ffn_up_shexp"),
+                      Linear.of(layer, "ffn_down_shexp"), "silu") if c.n_ff_shexp else None)
         return replace(b, ffn=replace(b.ffn, select_bias=layer.exp_probs_b_bias, shared=shared,
                                       groups=c.groups, groups_used=c.groups_used))

@@ -38,10 +38,10 @@ from ..layer import (
     Attention,
     Block,
     DenseAndExperts,
+    Linear,
     PerLayerInput,
     experts,
     glu,
-    linear,
 )
 from ..weights import Layer, Shape, Weights
 from . import register
@@ -184,16 +184,16 @@ class Gemma4(Gemma3):
         local, hd, src = bool(c.swa_layers[il]), self.head_dim_of(il), self.kv_source(il)
         k = v = None
         if src is None:
-            k = linear(layer, "attn_k")
-            v = k if layer.attn_v is None else linear(layer, "attn_v")
-        attn = Attention(linear(layer, "attn_q"), k, v, linear(layer, "attn_output"),
+            k = Linear.of(layer, "attn_k")
+            v = k if layer.attn_v is None else Linear.of(layer, "attn_v")
+        attn = Attention(Linear.of(layer, "attn_q"), k, v, Linear.of(layer, "attn_output"),
                          c.n_head, c.n_head_kv_l[il if src is None else src], hd, hd,
                          scale=1.0, neox=True, rope=int(local),
                          window=c.sliding_window if local else 0, q_norm=layer.attn_q_norm,
                          k_norm=layer.attn_k_norm if src is None else None,
                          v_norm=np.ones(hd, np.float32) if src is None else None,
                          kv_layer=src)
-        per_layer = (PerLayerInput(linear(layer, "inp_gate"), linear(layer, "proj"),
+        per_layer = (PerLayerInput(Linear.of(layer, "inp_gate"), Linear.of(layer, "proj"),
                                    layer.post_norm, il) if c.n_embd_per_layer else None)
         scale = layer.layer_output_scale
         return Block(layer.attn_norm, attn, layer.ffn_norm, self.ffn(layer), c.norm_eps,

@@ -30,7 +30,7 @@ from .. import ops
 from ..base import Model
 from ..batch import Batch
 from ..config import Meta, ModelConfig
-from ..layer import GLU, Attention, Block, Experts, experts, glu, linear, qkv
+from ..layer import GLU, Attention, Block, Experts, Linear, experts, glu, qkv
 from ..weights import Layer, Shape, Weights
 from . import register
 
@@ -179,7 +179,7 @@ class Glm4Moe(Model):
     def attention(self, layer: Layer) -> Attention:
         c = self.config
         q, k, v = qkv(layer, c.n_embd_q, c.n_embd_k, c.n_embd_v)
-        return Attention(q, k, v, linear(layer, "attn_output"), c.n_head, c.n_head_kv,
+        return Attention(q, k, v, Linear.of(layer, "attn_output"), c.n_head, c.n_head_kv,
                          c.head_dim, c.head_dim_v, scale=1.0 / float(np.sqrt(c.head_dim)),
                          neox=self.rope_style == "neox", q_norm=layer.attn_q_norm,
                          k_norm=layer.attn_k_norm)
@@ -189,8 +189,8 @@ class Glm4Moe(Model):
         c = self.config
         if i < c.n_dense_lead:
             return glu(layer, "silu")
-        shared = (GLU(linear(layer, "ffn_gate_shexp"), linear(layer, "ffn_up_shexp"),
-                      linear(layer, "ffn_down_shexp"), "silu") if c.n_ff_shexp else None)
+        shared = (GLU(Linear.of(layer, "ffn_gate_shexp"), Linear.of(layer, "ffn_up_shexp"),
+                      Linear.of(layer, "ffn_down_shexp"), "silu") if c.n_ff_shexp else None)
         return experts(layer, c.n_expert_used, "silu", gating=c.gating,
                        norm_weights=c.weights_norm, scale=c.weights_scale,
                        select_bias=layer.exp_probs_b_bias, groups=c.groups,

@@ -25,7 +25,7 @@ from .. import ops
 from ..base import Model
 from ..batch import Batch
 from ..config import Meta, ModelConfig
-from ..layer import Attention, Block, experts, linear, qkv
+from ..layer import Attention, Block, Linear, experts, qkv
 from ..weights import Layer, Weights
 from . import register
 
@@ -83,7 +83,7 @@ class GptOss(Model):
         c = self.config
         local = bool(c.swa_layers[il])
         q, k, v = qkv(layer, c.n_embd_q, c.n_embd_k, c.n_embd_v)
-        attn = Attention(q, k, v, linear(layer, "attn_output"), c.n_head, c.n_head_kv,
+        attn = Attention(q, k, v, Linear.of(layer, "attn_output"), c.n_head, c.n_head_kv,
                          c.head_dim, c.head_dim_v, scale=1.0 / math.sqrt(c.rope_dim),
                          neox=self.rope_style == "neox", rope=int(local),
                          window=c.sliding_window if local else 0, sinks=layer.attn_sinks)

@@ -28,7 +28,7 @@ from ..base import Model
 from ..batch import Batch
 from ..config import Meta, ModelConfig, per_layer_kv_heads
 from ..kv_cache import KVArena, RecurrentShape
-from ..layer import GLU, Attention, Block, Mamba2, experts, glu, linear, qkv, split
+from ..layer import GLU, Attention, Block, Linear, Mamba2, experts, glu, qkv, split
 from ..weights import Layer, Shape, Weights
 from . import register
 from .granite import scaled_forward
@@ -166,8 +166,8 @@ class GraniteHybrid(Model):
     def ffn(self, layer: Layer) -> Any:
         if not self.config.n_expert:
             return glu(layer, "silu")
-        shared = (GLU(linear(layer, "ffn_gate_shexp"), linear(layer, "ffn_up_shexp"),
-                      linear(layer, "ffn_down_shexp"), "silu")
+        shared = (GLU(Linear.of(layer, "ffn_gate_shexp"), Linear.of(layer, "ffn_up_shexp"),
+                      Linear.of(layer, "ffn_down_shexp"), "silu")
                   if self.config.n_ff_shexp else None)
         return experts(layer, self.config.n_expert_used, "silu", shared=shared)
 
@@ -175,7 +175,7 @@ class GraniteHybrid(Model):
         c = self.config
         n_kv = n_head_kv * c.head_dim
         q, k, v = qkv(layer, c.n_embd_q, n_kv, n_kv)
-        return Attention(q, k, v, linear(layer, "attn_output"), c.n_head, n_head_kv,
+        return Attention(q, k, v, Linear.of(layer, "attn_output"), c.n_head, n_head_kv,
                          c.head_dim, c.head_dim_v,
                          scale=c.attention_scale or 1.0 / math.sqrt(c.head_dim),
                          neox=self.rope_style == "neox")
@@ -186,11 +186,11 @@ class GraniteHybrid(Model):
         def vector(m: Any) -> np.ndarray:  # a small 2-D F32/F16 tensor, all its values
             return m.rows(np.arange(m.shape[0])).reshape(-1).astype(np.float32)
 
-        z, xbc, dt = split(linear(layer, "ssm_in"), (c.d_inner, c.conv_dim, c.n_ssm_head))
+        z, xbc, dt = split(Linear.of(layer, "ssm_in"), (c.d_inner, c.conv_dim, c.n_ssm_head))
         conv = layer.ssm_conv1d.rows(np.arange(c.conv_dim))  # (conv_dim, d_conv)
         return Mamba2(z, xbc, dt, conv, layer.ssm_conv1d_bias, layer.ssm_dt_bias,
                       vector(layer.ssm_a), vector(layer.ssm_d), vector(layer.ssm_norm),
-                      linear(layer, "ssm_out"), c.n_ssm_head, c.d_inner // c.n_ssm_head,
+                      Linear.of(layer, "ssm_out"), c.n_ssm_head, c.d_inner // c.n_ssm_head,
                       c.d_state, c.n_group, index)
 
     def kv_arena(self, n_ctx: int, n_slots: int) -> KVArena:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..config import Meta
-from ..layer import GLU, linear
+from ..layer import GLU, Linear
 from ..weights import Weights
 from . import register
 from .granite import Granite, GraniteConfig
@@ -54,6 +54,6 @@ class GraniteMoe(Granite):
                                 ("ffn_down_shexp", (e, f))):
                 setattr(layer, name, w.get(f"blk.{i}.{name}.weight", shape))
         self.blocks = [replace(b, ffn=replace(b.ffn, shared=GLU(
-            linear(layer, "ffn_gate_shexp"), linear(layer, "ffn_up_shexp"),
-            linear(layer, "ffn_down_shexp"), "silu")))
+            Linear.of(layer, "ffn_gate_shexp"), Linear.of(layer, "ffn_up_shexp"),
+            Linear.of(layer, "ffn_down_shexp"), "silu")))
             for b, layer in zip(self.blocks, self.layers)]

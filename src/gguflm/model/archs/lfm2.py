@@ -24,7 +24,7 @@ from ..base import Model
 from ..batch import Batch
 from ..config import Meta, ModelConfig, per_layer_kv_heads
 from ..kv_cache import KVArena, RecurrentShape
-from ..layer import Attention, Block, ShortConv, glu, linear, qkv
+from ..layer import Attention, Block, Linear, ShortConv, glu, qkv
 from ..weights import Layer, Shape, Weights
 from . import register
 
@@ -106,15 +106,15 @@ class Lfm2(Model):
         c = self.config
         n_kv = n_head_kv * c.head_dim
         q, k, v = qkv(layer, c.n_embd_q, n_kv, n_kv)
-        return Attention(q, k, v, linear(layer, "attn_output"), c.n_head, n_head_kv,
+        return Attention(q, k, v, Linear.of(layer, "attn_output"), c.n_head, n_head_kv,
                          c.head_dim, c.head_dim_v, scale=1.0 / float(np.sqrt(c.head_dim)),
                          neox=self.rope_style == "neox", window=c.sliding_window,
                          q_norm=layer.attn_q_norm, k_norm=layer.attn_k_norm)
 
     def short_conv(self, layer: Layer, index: int) -> ShortConv:
         taps = layer.shortconv_conv.rows(np.arange(layer.shortconv_conv.shape[0]))
-        return ShortConv(linear(layer, "shortconv_in_proj"), taps,
-                         linear(layer, "shortconv_out_proj"), index)
+        return ShortConv(Linear.of(layer, "shortconv_in_proj"), taps,
+                         Linear.of(layer, "shortconv_out_proj"), index)
 
     def kv_arena(self, n_ctx: int, n_slots: int) -> KVArena:
         """Keys and values for the attention layers, and per slot each convolution's last

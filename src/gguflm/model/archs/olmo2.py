@@ -26,7 +26,7 @@ from .. import ops
 from ..base import Model
 from ..batch import Batch
 from ..config import Meta, ModelConfig
-from ..layer import Attention, Block, glu, linear, qkv
+from ..layer import Attention, Block, Linear, glu, qkv
 from ..weights import Layer, Shape, Weights
 from . import register
 
@@ -97,7 +97,7 @@ class Olmo2(Model):
         c = self.config
         q, k, v = qkv(layer, c.n_embd_q, c.n_embd_k, c.n_embd_v)
         window = c.sliding_window if c.swa_layers[il] else 0
-        attn = Attention(q, k, v, linear(layer, "attn_output"), c.n_head, c.n_head_kv,
+        attn = Attention(q, k, v, Linear.of(layer, "attn_output"), c.n_head, c.n_head_kv,
                          c.head_dim, c.head_dim_v, scale=1.0 / float(np.sqrt(c.head_dim)),
                          neox=self.rope_style == "neox", rope=self.rope_index(il),
                          window=window, q_norm=layer.attn_q_norm, k_norm=layer.attn_k_norm)

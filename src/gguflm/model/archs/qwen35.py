@@ -28,7 +28,7 @@ from ..base import Model
 from ..batch import Batch
 from ..config import Meta, ModelConfig
 from ..kv_cache import KVArena, RecurrentShape
-from ..layer import Attention, Block, DeltaNet, glu, linear, qkv
+from ..layer import Attention, Block, DeltaNet, Linear, glu, qkv
 from ..weights import Layer, Weights
 from . import register
 
@@ -172,7 +172,7 @@ class Qwen35(Model):
     def attention(self, layer: Layer) -> Attention:
         c = self.config
         q, k, v = qkv(layer, 2 * c.n_embd_q, c.n_embd_k, c.n_embd_v)
-        return Attention(q, k, v, linear(layer, "attn_output"), c.n_head,
+        return Attention(q, k, v, Linear.of(layer, "attn_output"), c.n_head,
                          c.n_head_kv, c.head_dim, c.head_dim_v,
                          scale=1.0 / float(np.sqrt(c.head_dim)),
                          neox=self.rope_style == "neox", q_norm=layer.attn_q_norm,
@@ -181,10 +181,10 @@ class Qwen35(Model):
     def delta_net(self, layer: Layer, index: int) -> DeltaNet:
         c = self.config
         conv = layer.ssm_conv1d.rows(np.arange(layer.ssm_conv1d.shape[0]))  # (conv_dim, d_conv)
-        return DeltaNet(linear(layer, "attn_qkv"), linear(layer, "attn_gate"),
-                        linear(layer, "ssm_alpha"), linear(layer, "ssm_beta"),
+        return DeltaNet(Linear.of(layer, "attn_qkv"), Linear.of(layer, "attn_gate"),
+                        Linear.of(layer, "ssm_alpha"), Linear.of(layer, "ssm_beta"),
                         layer.ssm_dt_bias, layer.ssm_a, conv,
-                        layer.ssm_norm, linear(layer, "ssm_out"), c.n_k_head, c.n_v_head,
+                        layer.ssm_norm, Linear.of(layer, "ssm_out"), c.n_k_head, c.n_v_head,
                         c.d_state, index)
 
     def new_arena(self, n_ctx: int, n_slots: int = 1) -> KVArena:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from ...gguf.errors import MetadataError
 from ..config import Meta
-from ..layer import GLU, Experts, experts, linear
+from ..layer import GLU, Experts, Linear, experts
 from ..weights import Layer, Weights
 from . import register
 from .qwen35 import Qwen35, Qwen35Config
@@ -62,7 +62,7 @@ class Qwen35Moe(Qwen35):
                 "ffn_down_shexp": (c.n_embd, c.n_ff_shexp)}
 
     def ffn(self, layer: Layer) -> Experts:
-        shared = GLU(linear(layer, "ffn_gate_shexp"), linear(layer, "ffn_up_shexp"),
-                     linear(layer, "ffn_down_shexp"), "silu")
+        shared = GLU(Linear.of(layer, "ffn_gate_shexp"), Linear.of(layer, "ffn_up_shexp"),
+                     Linear.of(layer, "ffn_down_shexp"), "silu")
         return experts(layer, self.config.n_expert_used, "silu", shared=shared,
                        shared_gate=layer.ffn_gate_inp_shexp)

@@ -3,10 +3,10 @@ block, for batches too long for the team (``team.py``: prompts).
 
 Per layer, a Python-level call per op would cost microseconds each, its wrapper and
 numba's dispatch, more still after the products have streamed megabytes of weights
-through the caches the interpreter lives in. ``ffn_block`` runs llama.cpp's build_ffn
+through the caches the interpreter lives in. ``ffn_step`` runs llama.cpp's build_ffn
 with a parallel gate behind its norm (``rmsnorm``, the gate and up products, the gated
 activation, the down product) as one call instead of five Python-level steps;
-``attention_block`` runs build_attn behind its norm (``rmsnorm``, the Q, K and V
+``attention_step`` runs build_attn behind its norm (``rmsnorm``, the Q, K and V
 products, per-head Q/K norms, RoPE, storing K and V, attention, the output product) as one
 call instead of about ten.
 
@@ -14,7 +14,7 @@ They are plain compiled functions calling the compiled kernels the separate ops 
 (``rowkernels.rmsnorm_rows``/``rope_rows``, ``kernels.qmatmul_par``/``qmatmul_serial``,
 ``kernels.swiglu``/``geglu``, ``attention._attend_par``/``_attend_serial``), each kernel
 with its own parallel region as before. (A ``prange`` inlined into a block was serialized
-by numba, and the block ran 2-3x slower.) So they compute exactly what the separate ops
+by numba, and ran much slower.) So they compute exactly what the separate ops
 compute, element for element: a model gives the same logits whichever path runs, and the
 batch-invariance rule holds.
 """
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from gguflm.quant import grouped, jitcache, kernels, matrix
+from gguflm.quant import grouped, kernels, matrix
 from gguflm.quant.grouped import matmul_par, matmul_serial
 from gguflm.quant.kernels import geglu, swiglu
 
@@ -88,7 +88,7 @@ def add_bias(y, b):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True)
-def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, gelu, post_norm, par_gu,  # noqa: ANN001, ANN201, PLR0913
+def ffn_step(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, gelu, post_norm, par_gu,  # noqa: ANN001, ANN201, PLR0913
               par_d, threads, b_gate, b_up, b_down):
     """x (T, n_embd) f32 -> (T, n_embd) f32: ``down(glu(gate(h), up(h)))`` with
     ``h = rmsnorm(x) * norm_w`` (x itself for ``norm_w`` empty: ``pre_norm``).
@@ -121,7 +121,7 @@ def ffn_block(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, gelu, post_no
 
 
 @njit(cache=True, nogil=True)
-def attention_block(x, norm_w, eps, kinds_qkv, ws_qkv, kinds_o, ws_o, tbl, heads, q_norm,  # noqa: ANN001, ANN201, PLR0913
+def attention_step(x, norm_w, eps, kinds_qkv, ws_qkv, kinds_o, ws_o, tbl, heads, q_norm,  # noqa: ANN001, ANN201, PLR0913
                     k_norm, rot, neox, kt, v, slot, pos, window, scale, cap, f16, flash,
                     post_norm, par, threads, b_q, b_k, b_v, b_o, sinks):
     """x (T, n_embd) f32 -> (T, n_embd) f32: ``reference.attention``'s steps behind the
@@ -194,7 +194,7 @@ def group(lins: tuple[Linear, ...]) -> Group:
 
 @dataclass(frozen=True, eq=False)
 class LayerArgs:
-    """What one layer's two blocks take that stays the same from call to call: worked out
+    """What one layer's two fused steps take that stays the same from call to call: worked out
     once by the planner (``executor.plan``)."""
 
     qkv: Group
@@ -226,7 +226,7 @@ def layer_args(b: Block) -> LayerArgs:
 
 def attention(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
               rot: np.ndarray) -> np.ndarray:
-    """``attention_block`` for x (T, n_embd) in layer ``il`` of ``batch``'s caches; each
+    """``attention_step`` for x (T, n_embd) in layer ``il`` of ``batch``'s caches; each
     part on all threads from the separate ops' thresholds."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     n = len(x)
@@ -236,7 +236,7 @@ def attention(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
            _attention.runs_parallel(n, la.heads[1], n * la.head_macs * batch.span),
            n * la.out.macs >= lim)
     bq, bk, bv = la.qkv.biases
-    return attention_block(
+    return attention_step(
         x, la.norms[0], la.eps, la.qkv.kinds, la.qkv.ws, la.out.kinds, la.out.ws,
         kernels.F16_TABLE, la.heads, la.norms[1], la.norms[2],
         np.ascontiguousarray(rot, dtype=np.complex64), b.attn.neox, arena.k[il], arena.v[il],
@@ -245,13 +245,13 @@ def attention(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
 
 
 def ffn(x: np.ndarray, b: Block, la: LayerArgs) -> np.ndarray:
-    """``ffn_block`` for x (T, n_embd); each product on all threads from
+    """``ffn_step`` for x (T, n_embd); each product on all threads from
     ``matrix.PARALLEL_MIN_MACS`` multiply-adds, as the separate products decide."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     n = len(x)
     lim = matrix.PARALLEL_MIN_MACS
     bg, bu = la.gate_up.biases
-    return ffn_block(x, la.norms[4], la.eps, la.gate_up.kinds, la.gate_up.ws, la.down.kinds,
+    return ffn_step(x, la.norms[4], la.eps, la.gate_up.kinds, la.gate_up.ws, la.down.kinds,
                      la.down.ws, kernels.F16_TABLE, b.ffn.act == "gelu", la.norms[5],
                      n * la.gate_up.macs >= lim, n * la.down.macs >= lim, matrix.threads(),
                      bg, bu, la.down.biases[0])
@@ -259,7 +259,7 @@ def ffn(x: np.ndarray, b: Block, la: LayerArgs) -> np.ndarray:
 
 def layer(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int, rot: np.ndarray,
           rows: np.ndarray | None = None) -> np.ndarray:
-    """``reference.block`` with its attention and (dense) FFN as one compiled call each;
+    """``reference.layer`` with its attention and (dense) FFN as one compiled call each;
     an expert FFN runs as ``reference.ffn_part`` (each expert's products compiled); the
     branches join the residual as ``reference.residual`` scales them."""
     a = attention(x, b, la, batch, il, rot)
@@ -268,12 +268,3 @@ def layer(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int, rot: np.n
     x = x + reference.residual(a, b)
     f = ffn(x, b, la) if la.gate_up is not None else reference.ffn_part(x, b)
     return x + reference.residual(f, b)
-
-
-# the stamp jitcache gives this file's kernels (its sources and all they import)
-_SOURCES_KEY = jitcache.sources_key(__file__)
-
-
-@njit(cache=True)
-def _built_key() -> int:
-    return _SOURCES_KEY  # frozen into the cached machine code with the blocks'

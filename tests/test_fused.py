@@ -1,4 +1,4 @@
-"""The compiled layer blocks (model/blocks.py) against the reference forward they replace.
+"""The fused layer steps (model/fused.py) against the reference forward they replace.
 
 A model's layers run compiled when the planner can compile them (``executor.plan``), else
 through the reference forward (``reference.py``), op by op; the logits must be
@@ -16,7 +16,7 @@ import pytest
 
 import gguflm
 from gguflm.gguf.types import GGMLType
-from gguflm.model import blocks, executor, ops
+from gguflm.model import executor, ops
 from gguflm.model.batch import ALL, Part
 from gguflm.quant import kernels
 from tinymodel import declared_tensors, random_tensors, tiny_metadata, write_model
@@ -68,7 +68,7 @@ BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "ffn_
 
 
 @pytest.mark.parametrize("arch", list(TINY))
-def test_blocks_match_the_reference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_fused_layers_match_the_reference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                     arch: str) -> None:
     md = tiny_metadata(arch, **TINY[arch])
     model = gguflm.load_model(write_model(tmp_path / "m.gguf", md, random_tensors(md),
@@ -126,7 +126,7 @@ def test_weights_without_a_compiled_product_take_the_reference_path_and_say_why(
 
 
 @pytest.mark.parametrize("which", ["smollm2", "gemma3"])
-def test_blocks_match_the_reference_on_real_models(request: pytest.FixtureRequest,
+def test_fused_layers_match_the_reference_on_real_models(request: pytest.FixtureRequest,
                                              monkeypatch: pytest.MonkeyPatch,
                                              which: str) -> None:
     model = gguflm.load_model(request.getfixturevalue(f"{which}_path"))
@@ -150,9 +150,3 @@ def test_swiglu_is_ggml_silu_times_up() -> None:
     out = gate.copy()
     kernels.swiglu(out, up, out)  # in place
     np.testing.assert_array_equal(out, got)
-
-
-def test_block_build_key_follows_the_sources() -> None:
-    """The blocks' cached machine code carries the key of the sources it inlines: after
-    the check, the loaded (or rebuilt) code answers the current key."""
-    assert blocks._built_key() == blocks._SOURCES_KEY
