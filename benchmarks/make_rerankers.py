@@ -10,7 +10,7 @@ default flash attention (``-fa auto``, on for these CPU models) and once with ``
 and asks ``/v1/rerank`` for every case. The JSON holds how the files were made (generator
 arguments, the vocabulary files' and the models' sha256), the cases, and per model and
 setting each document's score in the documents' order and the tokens llama.cpp counted.
-tests/test_rerank.py remakes the files, checks their sha256 and compares gguflm's scores.
+tests/api_server/test_rerank.py remakes the files, checks their sha256 and compares gguflm's scores.
 """
 
 from __future__ import annotations

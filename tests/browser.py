@@ -2,7 +2,7 @@
 headless Chromium through Selenium and chromedriver (the installed ones: Selenium is told
 both paths, so it never looks for or downloads a browser of its own).
 
-Used by tests/test_webui_browser.py and benchmarks/webui_screenshots.py.
+Used by tests/api_server/test_webui_browser.py and benchmarks/webui_screenshots.py.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ where it needs them and compare with the scores llama.cpp gave for the same file
   LM head, and the converter's ``tokenizer.chat_template.rerank`` prompt, with the reference
   data's Qwen2 BPE vocabulary cut to 3003 tokens (from tiny-qwen3-yarn).
 
-Used by tests/test_rerank.py, benchmarks/make_rerankers.py (which records llama.cpp's
+Used by tests/api_server/test_rerank.py, benchmarks/make_rerankers.py (which records llama.cpp's
 scores) and benchmarks/bench_rerank.py.
 """
 

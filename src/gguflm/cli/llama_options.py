@@ -550,7 +550,7 @@ def flag_table(parsers: dict[str, argparse.ArgumentParser]) -> str:
     and what gguflm does with it, read from ``parsers`` (gguflm's subcommand parsers)."""
     out = ["# llama.cpp's options in gguflm", "",
            "Generated from gguflm's parsers (`python -m gguflm.cli.llama_options`); "
-           "tests/test_llama_options.py checks that it is current. *works*: the option does "
+           "tests/cli/test_llama_options.py checks that it is current. *works*: the option does "
            "what llama.cpp's does (the text is gguflm's help); *ignored*: it is accepted and "
            "one `note:` line on stderr says why it does nothing here.", ""]
     for command in TOOLS_OF:

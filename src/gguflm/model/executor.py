@@ -245,7 +245,6 @@ def run(p: Plan, blocks: list[Block], x: np.ndarray, batch: Any,
             return out if rows is None else out[rows]  # do not depend on the others
     last = len(blocks) - 1
     for il, (b, la) in enumerate(zip(blocks, layers, strict=True)):
-        x = fused.layer(x, b, la, batch, il, ropes[b.attn.rope],
-                                  rows if il == last else None)
+        x = fused.layer(x, b, la, batch, il, ropes[b.attn.rope], rows if il == last else None)
         reference.between_layers(batch, il, last)
     return x

@@ -6,7 +6,7 @@ exact integer sums of ggml's x86 ``mul_sum_i8_pairs_float`` (``VectorIR.span_dot
 same instructions the Q8_0 weight products use), fused into 8 float accumulators per block
 and reduced as ``hsum_float_8``; a value is its int8 times the block's float16 scale
 (exact), fused into each head's sum. Written as numba loops they ran at a fifth of the
-speed (scalar byte loads, negative-index checks); ``tests/test_kv_q8.py`` holds them to
+speed (scalar byte loads, negative-index checks); ``tests/kernels/test_kv_q8.py`` holds them to
 the plain loops and numpy twins bit for bit.
 """
 

@@ -10,7 +10,7 @@ entries of the safetensors header (dtype, shape, data_offsets, whole entries), u
 (ConvertError included) and leave nothing behind: no output, no temporary file. Nothing
 else may escape, and each example must finish within 5 s.
 
-    GGUFLM_FUZZ_SECONDS=600 /usr/bin/time -v python -m pytest tests/test_fuzz_convert.py \\
+    GGUFLM_FUZZ_SECONDS=600 /usr/bin/time -v python -m pytest tests/hostile/test_fuzz_convert.py \\
         -k long -s
 
 runs fresh random examples for that long (in batches of 200) and prints how many ran, the

@@ -14,7 +14,7 @@ from gguflm.cli import build_parser, main
 from gguflm.cli.common import normalize_argv
 from gguflm.cli.llama_options import TOOLS_OF, Ignored, flag_table, notes, rows_for
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "llama-cpp-flags.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "llama-cpp-flags.md"
 # what the required positionals of each command need, so that an option alone parses
 BASE = {"quantize": ["in.gguf", "Q8_0"], "perplexity": ["-f", "x.txt"], "tokenize": ["m.gguf"]}
 SAMPLES = {"--override-kv": "general.name=str:x", "-fa": "on", "--flash-attn": "off"}

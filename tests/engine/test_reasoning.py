@@ -28,7 +28,7 @@ import pytest
 from gguflm.engine.reasoning import BudgetState, Thinking
 from test_hostile_server import _start, _stop
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "chat"
+TEMPLATES = Path(__file__).resolve().parents[3] / "shared" / "reference" / "chat"
 WEATHER = {"type": "object",
            "properties": {"city": {"type": "string", "maxLength": 12},
                           "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},

@@ -539,7 +539,7 @@ def test_reasoning_is_folded_above_the_answer(chrome: Any, qwen35_path: Path) ->
     """A reasoning model (the tiny Qwen3.5 with QwQ's template, which opens <think>, and a
     3-token budget that closes it): the thinking is in a closed fold above the answer, and
     neither holds the other's text or the tags."""
-    template = Path(__file__).resolve().parents[2] / "shared" / "reference" / "chat" / \
+    template = Path(__file__).resolve().parents[3] / "shared" / "reference" / "chat" / \
         "Qwen-QwQ-32B.jinja"
     if not template.is_file():
         pytest.skip(f"{template} not found")

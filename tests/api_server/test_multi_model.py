@@ -1,7 +1,7 @@
 """``gguflm serve`` with several models: SmolLM2, Gemma 3 270M and all-MiniLM behind one
 server on 127.0.0.1 whose memory budget holds two of them. The request's ``model`` picks;
 replies equal what each model alone gives (the Python API on the same file, which
-tests/test_server.py checks against a single-model server); models are loaded on first
+tests/api_server/test_server.py checks against a single-model server); models are loaded on first
 use, evicted least recently used first when the budget says so (never while a request
 uses them), unloaded after their time to live; the listings say what is loaded.
 """

@@ -22,7 +22,8 @@ from gguflm.reranker import MAX_DOCUMENTS, Reranker
 from rerank_models import make_bert_reranker, make_qwen3_reranker
 from test_hostile_server import _post, _start, _stop
 
-RECORD = json.loads((Path(__file__).parent / "data" / "rerank_llama_cpp.json").read_text())
+RECORD = json.loads((Path(__file__).resolve().parents[1] / "data"
+                     / "rerank_llama_cpp.json").read_text())
 ARCHS = ("bert", "qwen3")
 QUERY = "what is a panda?"
 DOCS = RECORD["cases"][0]["documents"]

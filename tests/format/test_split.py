@@ -20,7 +20,7 @@ import pytest
 from gguflm import gguf
 from gguflm.gguf.split import SplitError
 
-DATA = Path(__file__).parent / "data" / "gguf_split_smollm2.json"
+DATA = Path(__file__).resolve().parents[1] / "data" / "gguf_split_smollm2.json"
 # llama.cpp's tool, when built here (CI has the recorded sha256s instead)
 LLAMA_SPLIT = Path(os.environ.get("LLAMA_GGUF_SPLIT", "/work/llama-build/bin/llama-gguf-split"))
 

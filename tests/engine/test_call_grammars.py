@@ -37,7 +37,7 @@ from gguflm.engine.errors import InvalidRequestError
 from gguflm.engine.tools import NativeCalls, native_call_grammar, validate_tools
 from gguflm.tokenizer import Tokenizer
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
 CHAT = REFERENCE / "chat"
 VOCABS = {"qwen35": REFERENCE / "arch" / "qwen35" / "tiny-qwen35-f16.gguf",
           "gpt-oss": REFERENCE / "arch" / "gpt-oss" / "tiny-gpt-oss-f16.gguf"}

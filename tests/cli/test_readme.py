@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 TIMEOUT = 900  # a first run of a command may compile kernels

@@ -27,7 +27,7 @@ from refcheck import Steps, assert_batch_invariant, compare_case, greedy_tokens,
 from scripts import benchmark_module
 from tinymodel import declared_tensors, tiny_metadata
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 ARCHS = ["granitemoe", "ernie4_5-moe"]
 
 
