@@ -132,7 +132,7 @@ class Embedder:
             if cancel():
                 raise InvalidRequestError("the request was cancelled", param="input",
                                           code="cancelled")
-            hidden = self.llm.engine.call(lambda b=batch: self.llm.model.embed_batch(b))
+            hidden = self.llm.engine.encode(batch)
             out += [normalize(pool(h, pooling), norm) for h in hidden]
         return out
 

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..engine import timing
 from . import CLIError, UsageError
 from .common import (
     add_kv_cache_options,
@@ -148,18 +149,10 @@ class _Ours:
         self.model, self.n_ctx, self.n_batch = model, n_ctx, n_batch
 
     def pp(self, prompt: list[int]) -> float:
-        cache = self.model.new_cache(self.n_ctx)
-        t0 = time.perf_counter()
-        for i in range(0, len(prompt), self.n_batch):  # -b/-ub rows per product
-            self.model.forward(prompt[i:i + self.n_batch], cache)
-        return time.perf_counter() - t0
+        return timing.prefill_seconds(self.model, prompt, self.n_ctx, self.n_batch)  # -b/-ub
 
     def tg(self, gen: list[int]) -> float:
-        cache = self.model.new_cache(self.n_ctx)
-        t0 = time.perf_counter()
-        for tok in gen:
-            self.model.forward([tok], cache)
-        return time.perf_counter() - t0
+        return timing.decode_seconds(self.model, gen, self.n_ctx)
 
     def close(self) -> None:
         pass
@@ -345,10 +338,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = _token_ids(n_vocab, max(args.n_prompt), seed=1)
     gen = _token_ids(n_vocab, max(args.n_gen), seed=2)
     # first products load (or compile) the kernels: timed separately, as the start-up cost
-    t0 = time.perf_counter()
-    model.forward(prompt[:2] or gen[:2], model.new_cache(4))
-    model.forward(gen[:1] or prompt[:1], model.new_cache(4))
-    warmup_s = time.perf_counter() - t0
+    warmup_s = timing.warm(model, prompt, gen)
     n_ctx = max(len(prompt), len(gen), 1)
     runners: dict[str, Any] = {"gguflm": _Ours(model, n_ctx, batch_size(args))}
     if args.vs_llama_cpp:

@@ -222,6 +222,11 @@ class Engine:
             raise box[0]
         return box[0]
 
+    def encode(self, batch: Any) -> Any:
+        """An encoder's hidden states for ``batch`` (``Model.embed_batch``), computed in the
+        engine thread between two steps."""
+        return self.call(lambda: self.model.embed_batch(batch))
+
     def forget(self) -> None:
         """Drop the cached prefixes of idle slots (later requests evaluate their whole
         prompt)."""
