@@ -22,6 +22,19 @@ MODEL_FILES = {
 }
 
 
+SLOW_TESTS = frozenset(
+    line.strip() for line in (Path(__file__).parent / "slow_tests.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests listed in slow_tests.txt ``slow``: ``pytest -m "not slow"`` runs the
+    rest, a loop of about two minutes."""
+    for item in items:
+        if item.nodeid in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("GGUFLM_HOME", Path.home() / ".cache" / "gguflm"))
 

@@ -31,6 +31,9 @@ from pathlib import Path
 
 import pytest
 
+# the examples run in order, each on what the earlier ones made: all or none (slow)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)

@@ -352,7 +352,9 @@ def test_the_cli_refuses_a_grammar_too_large_at_once(smollm2_path: Path,
         line = _one_error_line(result)
         assert re.search(r"too large for the constraint engine|nests groups more than", line), \
             (case, line)
-        assert result["seconds"] < 1, (case, result["seconds"])
+        # refused while reading the options, before the model loads and the grammar
+        # compiles (a generous bound: a loaded machine doubles it)
+        assert result["seconds"] < 2, (case, result["seconds"])
     t0 = time.perf_counter()
     out = subprocess.run([*CLI, "run", model, "-p", "hi", "-n", "3", *cases["alternatives"]],
                          capture_output=True, text=True, timeout=60)

@@ -74,7 +74,7 @@ def test_a_scripts_run_joins_a_compilation_in_progress(tiny_llama: str, lock,  #
     from gguflm.model import base
 
     monkeypatch.setattr(base, "compiled", lambda *a: False)  # as on a first run
-    monkeypatch.setattr(base, "_compile_steps", lambda kinds, prompts: {
+    monkeypatch.setattr(base, "_compile_steps", lambda *a: {
         "decoding": ("decoding layers", 60.0), "prompts": ("prompt layers", 10.0)})
     model = load_model(tiny_llama)
     model.warm_up()

@@ -57,7 +57,7 @@ def test_greedy_continuations_are_llama_cpps(tiny) -> None:
 
 def test_the_conv_layers_are_conv_and_the_plan_says_so(tiny, capsys) -> None:
     """head_count_kv's zeros are the short convolutions: they keep state, no keys or values,
-    and the layers run on the reference path, which ``inspect`` says."""
+    and they run on the reference mixer, the rest compiled, which ``inspect`` says."""
     from gguflm.cli import main
 
     model, folder = tiny
@@ -65,12 +65,15 @@ def test_the_conv_layers_are_conv_and_the_plan_says_so(tiny, capsys) -> None:
     assert [b.attn.index for b in model.blocks if isinstance(b.attn, ShortConv)] == [0, 1, 2, 3]
     arena = model.new_arena(16)
     assert [k is None for k in arena.k] == list(model.config.conv_layers)
-    assert not model.plan.compiled
-    assert "layer 0 is a gated short convolution" in model.plan.describe()
+    assert model.plan.compiled and model.plan.mixed
+    assert ("fused: the attention in layers 2, 4, the FFN in layers 0-5; reference (numpy, "
+            "op by op): in layers 0-1, 3, 5, the gated short convolution (a recurrent mixer)"
+            ) in model.plan.describe()
     assert main(["inspect", str(folder / "tiny-lfm2-f16.gguf")]) == 0
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if "layers run" in ln)
-    assert "reference (numpy, op by op): layer 0 is a gated short convolution" in line
+    assert "compiled per part (fused layers for every batch; no team: some parts" in line
+    assert "the gated short convolution (a recurrent mixer)" in line
     # 2 attention layers of 2 KV heads of 64, f16, K and V; 4 convolutions x 2 x 256 f32
     assert "KV cache (f16)    1,024 bytes/token (attention layers)" in out
     assert f"recurrent state   {4 * 2 * 256 * 4:,} bytes/sequence" in out

@@ -91,16 +91,20 @@ def test_the_plan_and_the_cache_say_what_runs(reference: Path, capsys) -> None:
 
     model, folder = load_tiny(reference, "gemma4")
     assert not model.plan.compiled
-    assert ("layer 0 has what the compiled layers do not take yet: values RMS-normed, a "
-            "per-layer embedding input, an output scale, GELU through ggml's float16 "
-            "table") in model.plan.describe()
+    assert ("no part of any layer has a fused step: in layers 0-2, the attention, which has "
+            "what the fused step does not take yet: values RMS-normed; in layers 3-5, the "
+            "attention, which has what the fused step does not take yet: keys and values "
+            "shared from an earlier layer; in layers 0-5, the FFN, which has what the fused "
+            "step does not take yet: GELU through ggml's float16 table; in layers 0-5, a "
+            "per-layer embedding input; in layers 0-5, an output scale"
+            ) in model.plan.describe()
     arena = model.new_arena(8)
     assert [k is None for k in arena.k] == [False] * 3 + [True] * 3  # shared: no memory
     assert [k.shape[2:4] for k in arena.k[:3]] == [(1, 64), (1, 64), (1, 128)]
     assert main(["inspect", str(folder / "tiny-gemma4-f16.gguf")]) == 0
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if "layers run" in ln)
-    assert "reference (numpy, op by op): layer 0 has" in line
+    assert "reference (numpy, op by op): no part of any layer has a fused step" in line
     # keys and values of layers 0-2 only (one KV head of 64, 64, 128; f16, K and V)
     assert model.cache_bytes() == (2 * 2 * (64 + 64 + 128), 0)
 

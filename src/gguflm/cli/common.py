@@ -327,10 +327,12 @@ def say_if_larger_than_memory(path: Any, available: int | None = None) -> None:
 
 
 def say_if_not_compiled(model: Any) -> None:
-    """A ``note:`` on stderr when the model's layers cannot run compiled, with the reason
-    (``executor.Plan``): a slower path is never taken silently."""
-    if not model.plan.compiled and not model.is_encoder:  # encoders say what runs them
-        print(f"note: the layers run on the {model.plan.describe()}", file=sys.stderr)
+    """A ``note:`` on stderr when the model's layers, or some of their parts, cannot run
+    compiled, with the reason (``executor.Plan``): a slower path is never taken silently."""
+    plan = model.plan
+    if (not plan.compiled or plan.mixed) and not model.is_encoder:  # encoders say theirs
+        print(f"note: the layers run {'' if plan.compiled else 'on the '}{plan.describe()}",
+              file=sys.stderr)
 
 
 def refuse_encoder(model: Any, path: Any) -> None:

@@ -272,8 +272,9 @@ class Model:
             return
         say = report or (lambda *_: None)
         kinds = self.kernel_types()
-        prompt_path = prompts or not compiled()
-        steps = _compile_steps(kinds, prompt_path)
+        team = not self.plan.team_reason
+        prompt_path = prompts or not compiled((), team)
+        steps = _compile_steps(kinds, prompt_path, team)
         defer = bool(steps.keys() & {"decoding", "prompts"}) and self._can_defer()
         joined = None
         if defer and not background:  # a script's run joins a compilation in progress
@@ -330,7 +331,8 @@ class Model:
         process could be started."""
         from .background import Compiling
 
-        return Compiling.start(str(self.gguf.path), lambda: compiled(kinds), join_only)
+        team = not self.plan.team_reason
+        return Compiling.start(str(self.gguf.path), lambda: compiled(kinds, team), join_only)
 
     def embed_batch(self, seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """The final hidden states (len(ids), n_embd) of each id sequence, each evaluated
@@ -395,17 +397,26 @@ def import_kernels() -> None:
     from . import attention, deltanet, fused, rowkernels, team  # noqa: F401
 
 
-def compiled(kinds: Iterable[int] = ()) -> bool:
+def compiled(kinds: Iterable[int] = (), team: bool = True) -> bool:
     """True when the machine code of the kernels (and the row kernels of weight types
-    ``kinds``), the team (decoding) and the fused layers (longer prompts) is cached on disk: a
-    start then takes about a second; otherwise the first calls compile them (a minute or
-    two, once)."""
+    ``kinds``), the team (decoding; with ``team``: a plan that uses it) and the fused layers
+    (longer prompts, and every batch of a plan without the team) is cached on disk: a start
+    then takes about a second; otherwise the first calls compile them (a minute or two,
+    once)."""
     from ..quant import kernels
     from ..quant.jitcache import cached
-    from . import fused, team
 
-    return kernels.is_compiled(tuple(kinds)) and cached(
-        (team.stack_team, fused.attention_step, fused.ffn_step))
+    return kernels.is_compiled(tuple(kinds)) and cached(_layer_code(team))
+
+
+def _layer_code(team: bool) -> tuple[Any, ...]:
+    """The compiled layers' dispatchers a plan runs: the team's where it has one, then the
+    fused steps'."""
+    from . import fused
+    from . import team as team_module
+
+    return ((team_module.stack_team,) if team else ()) + (fused.attention_step,
+                                                          fused.ffn_step)
 
 
 # About how long each step of a first run's compilation takes on a quiet 2-core machine
@@ -416,12 +427,14 @@ _STEP_SECONDS = {"type": 2.0, "products": 10.0, "decoding": 90.0, "prompts": 75.
                  "reference": 20.0}
 
 
-def _compile_steps(kinds: set[int], prompts: bool) -> dict[str, tuple[str, float]]:
-    """What a warm-up has to compile, in order: ``{step: (what, seconds)}``."""
+def _compile_steps(kinds: set[int], prompts: bool, team: bool = True
+                   ) -> dict[str, tuple[str, float]]:
+    """What a warm-up has to compile, in order: ``{step: (what, seconds)}``; ``team``
+    False: the plan decodes through the fused layers (no team to compile)."""
     from ..gguf.types import GGMLType
     from ..quant import int_tiles, kernels
     from ..quant.jitcache import cached
-    from . import fused, team
+    from . import fused
 
     steps = {}
     todo = sorted(k for k in kinds if not int_tiles.kernel_cached(k))
@@ -429,7 +442,11 @@ def _compile_steps(kinds: set[int], prompts: bool) -> dict[str, tuple[str, float
         names = ", ".join(GGMLType(k).ggml_name for k in todo)
         steps["types"] = (f"row kernels{' for ' + names if names else ''} and the products",
                           _STEP_SECONDS["type"] * len(todo) + _STEP_SECONDS["products"])
-    if not cached((team.stack_team,)):
+    if not team:  # every batch through the fused layers
+        if not cached(_layer_code(False)):
+            steps["decoding"] = ("decoding and prompt layers", _STEP_SECONDS["prompts"])
+        return steps
+    if not cached(_layer_code(True)[:1]):
         steps["decoding"] = ("decoding layers", _STEP_SECONDS["decoding"])
     if prompts and not cached((fused.attention_step, fused.ffn_step)):
         alone = "decoding" not in steps or (os.cpu_count() or 1) < 2

@@ -1,26 +1,34 @@
 """The layers' one way to run: a planner over the layer specs and one executor.
 
-``plan(blocks)`` looks at the typed specs once, at load, and either builds what the
-compiled code needs (each layer's arguments for the fused layers, ``fused.LayerArgs``, and the
-team's tables, ``team.Stack``) or says why it cannot; ``run`` then takes, for every batch:
+``plan(blocks)`` looks at the typed specs once, at load, and decides each layer's parts
+apart (``LayerPath``): its mixer runs fused (``fused.attention``) or on the reference path
+(a recurrent or latent mixer, an attention with what the fused step does not take), its FFN
+fused (``fused.ffn``) or on the reference path (experts, a GELU through ggml's float16
+table...), and what comes after the FFN (a per-layer input, an output scale) op by op. From
+these it builds what the compiled code needs (each layer's arguments for the fused layers,
+``fused.LayerArgs``, and the team's tables, ``team.Stack``) or says why it cannot; ``run``
+then takes, for every batch:
 
 - the team (``team.run_stack``): every layer in one compiled call shared by the threads,
-  for a few rows (decoding, short prompts);
-- the fused layers (``fused.layer``): each layer's attention and FFN as one compiled call each,
-  for longer batches;
-- the reference forward (``reference.stack``) when the plan says the layers cannot be
-  compiled, for the reason it gives (``Plan.describe``, shown by ``gguflm inspect`` and
-  ``run --verbose``): never silently; or, on a first run, while a background process
-  compiles them (``Plan.defer``, ``background.py``): from the first batch after they are
-  in the cache, the compiled layers.
+  for a few rows (decoding, short prompts), where every layer is compiled whole and alike;
+- the fused layers (``fused.layer``): each layer's fused parts as one compiled call each,
+  the others as the reference path runs them, for longer batches (for every batch where
+  the team cannot take the layers);
+- the reference forward (``reference.stack``) when the plan says no part of the layers can
+  be compiled, for the reason it gives (``Plan.describe``, shown by ``gguflm inspect`` and
+  ``run --verbose``, which name each part's path: never silently); or, on a first run,
+  while a background process compiles them (``Plan.defer``, ``background.py``): from the
+  first batch after they are in the cache, the compiled layers.
 
 All three compute the same numbers bit for bit (the same kernels, the same order per
-element), so a sequence's logits do not depend on which one ran.
+element), so a sequence's logits do not depend on which one ran, nor on which path each
+part took.
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,7 +36,6 @@ import numpy as np
 from ..quant.kerneltypes import COMPILED_TYPES
 from . import reference
 from .layer import (
-    Attention,
     Block,
     DeltaNet,
     DenseAndExperts,
@@ -40,16 +47,21 @@ from .layer import (
 
 
 class Plan:
-    """How a model's layers run. ``reason`` (not compiled: why) is decided at load from the
-    specs alone; the compiled code's arguments (``tables``: each layer's for the fused layers,
+    """How a model's layers run. ``reason`` (not compiled, not even in part: why) and
+    ``paths`` (each layer's parts' paths, ``LayerPath``) are decided at load from the specs
+    alone; the compiled code's arguments (``tables``: each layer's for the fused layers,
     and the team's, None with ``team_reason`` where the team cannot take the layers) are
     built on the first forward pass, so that loading a model (``inspect``, a tokenizer
     user) never starts numba."""
 
-    def __init__(self, blocks: list[Block] | None, reason: str = "", team_reason: str = ""
-                 ) -> None:
+    def __init__(self, blocks: list[Block] | None, reason: str = "", team_reason: str = "",
+                 paths: list[LayerPath] | None = None) -> None:
         self._blocks = blocks if not reason else None
         self.reason = reason
+        self.paths = [] if reason else paths if paths is not None else [
+            LayerPath(None, None) for _ in blocks or ()]
+        # some layer runs a part on the reference path beside the fused ones
+        self.mixed = not all(p.compiled for p in self.paths)
         self.team_reason = team_reason
         self._tables: tuple[tuple[Any, ...], Any] | None = None
         self._lock = threading.Lock()
@@ -94,7 +106,8 @@ class Plan:
                     team,
                 )
 
-                layers = tuple(fused.layer_args(b) for b in self._blocks)
+                layers = tuple(fused.layer_args(b, p.mixer is None, p.ffn is None)
+                               for b, p in zip(self._blocks, self.paths, strict=True))
                 stack = None if self.team_reason else team.Stack(self._blocks)
                 self._tables = (layers, stack)
             return self._tables
@@ -109,6 +122,11 @@ class Plan:
                    f"until the compiled layers, being compiled in the background{where}, "
                    "are ready")
             return f"reference (numpy, op by op) {why}"
+        if self.mixed:
+            fused, slow = _summary(self.paths)
+            return (f"compiled per part (fused layers for every batch; no team: "
+                    f"{self.team_reason}): fused: {fused}; reference (numpy, op by op): "
+                    f"{slow}" + self._query_note())
         if self.team_reason:
             return (f"compiled (fused layers for every batch; no team: {self.team_reason})"
                     + self._query_note())
@@ -128,60 +146,155 @@ _GROUPS = (("Q/K/V", lambda b: (b.attn.q, b.attn.k, b.attn.v)),
            ("FFN down", lambda b: (b.ffn.down,)))
 
 
-def _uncompiled_parts(b: Block) -> list[str]:
-    """The parts of layer spec ``b`` that the compiled layers do not take yet."""
+@dataclass(frozen=True)
+class Part:
+    """A part of a layer on the reference path: ``text`` says what and why (of the first
+    layer it is said of); layers whose parts share ``key`` are named together."""
+
+    key: str
+    text: str
+
+
+EXPERTS = "experts"  # the key of an expert FFN (op by op, as in a compiled model)
+
+
+@dataclass(frozen=True)
+class LayerPath:
+    """How one layer's parts run: the mixer and the FFN each fused (None: ``fused.attention``,
+    ``fused.ffn``) or on the reference path (the ``Part``); ``extras``: what runs after
+    the FFN, op by op (``reference.layer_end``)."""
+
+    mixer: Part | None
+    ffn: Part | None
+    extras: tuple[Part, ...] = ()
+
+    @property
+    def fused(self) -> bool:
+        """Whether a fused step runs in this layer."""
+        return self.mixer is None or self.ffn is None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the layer runs as a compiled model's: a fused attention, a fused FFN or
+        experts, nothing after them."""
+        return (self.mixer is None and (self.ffn is None or self.ffn.key == EXPERTS)
+                and not self.extras)
+
+
+# recurrent and latent mixers, which have no fused step: (what, how they run)
+_MIXERS = ((DeltaNet, "the gated delta net (a recurrent mixer)",
+            "its convolution and delta rule run per sequence in numba"),
+           (ShortConv, "the gated short convolution (a recurrent mixer)",
+            "its convolution runs per sequence in numba"),
+           (Mamba2, "the Mamba2 state-space mixer (a recurrent mixer)",
+            "its convolution and scan run per sequence in numba"),
+           (LatentAttention, "the multi-head latent attention (MLA: the cache holds each "
+            "position's compressed latent)", "its attention runs over the latent in numba"))
+
+
+def _slow_product(b: Block, groups: tuple, what: str) -> Part | None:
+    """The ``Part`` of a product in ``groups`` whose weight type has no compiled product."""
+    for role, lins in groups:
+        for lin in lins(b):
+            if lin.w.type not in COMPILED_TYPES:
+                t = lin.w.type.ggml_name
+                return Part(f"{what} {role} {t}", f"{what}: {lin.w.name} ({role}) is {t}, "
+                            f"which has no compiled product (only a dequantizing one)")
+    return None
+
+
+def _mixer_path(b: Block) -> Part | None:
+    """Why layer ``b``'s mixer runs on the reference path, or None: fused."""
     a = b.attn
-    parts = [name for name, present in (
+    for kind, what, how in _MIXERS:
+        if isinstance(a, kind):
+            text = f"{what}, which has no compiled executor yet: {how}, its products op by op"
+            return Part(text, text)
+    missing = [name for name, present in (
         ("values RMS-normed", a.v_norm is not None),
-        (f"keys and values shared from layer {a.kv_layer}", a.kv_layer is not None),
+        ("keys and values shared from an earlier layer", a.kv_layer is not None),
         ("V = K's product (no attn_v)", a.kv_layer is None and a.v is a.k),
-        ("a dense FFN beside experts", isinstance(b.ffn, DenseAndExperts)),
+        ("an output gate (joint Q+gate rows)", a.q_gate)) if present]
+    if missing:
+        text = ("the attention, which has what the fused step does not take yet: "
+                + ", ".join(missing))
+        return Part(text, text)
+    return _slow_product(b, _GROUPS[:2], "the attention")
+
+
+def _experts_run(e: Experts) -> str:
+    """How an expert FFN runs, op by op, and which of its weights dequantize."""
+    slow = next((m for m in (*e.gate, *e.up, *e.down) if m.type not in COMPILED_TYPES), None)
+    how = ("every chosen expert's gate and up in one kernel call, their downs in another"
+           if e.gate_up_all.usable and e.down_all.usable else
+           f"expert by expert ({e.gate_up_all.why or e.down_all.why})")
+    return (f"a mixture of experts, run op by op: the router, the top-k, then {how}" + (
+        f"; {slow.name} is {slow.type.ggml_name}, whose products dequantize (no compiled "
+        f"product yet)" if slow is not None else ""))
+
+
+def _ffn_path(b: Block) -> Part | None:
+    """Why layer ``b``'s FFN runs on the reference path (``reference.ffn_part``), or None:
+    fused."""
+    f = b.ffn
+    why = ("a dense FFN beside experts" if isinstance(f, DenseAndExperts) else
+           "a normed router input or scaled experts" if isinstance(f, Experts) and (
+               f.router_in_norm is not None or f.down_scale is not None) else
+           "" if isinstance(f, Experts) else
+           "GELU through ggml's float16 table" if f.act == "gelu_f16" else "")
+    if why:
+        text = f"the FFN, which has what the fused step does not take yet: {why}"
+        return Part(text, text)
+    if isinstance(f, Experts):
+        return Part(EXPERTS, f"the FFN, {_experts_run(f)}")
+    return _slow_product(b, _GROUPS[2:], "the FFN")
+
+
+def _extras(b: Block) -> tuple[Part, ...]:
+    """What layer ``b`` runs after its FFN, op by op."""
+    return tuple(Part(text, text) for text, present in (
         ("a per-layer embedding input", b.per_layer is not None),
-        ("an output scale", b.out_scale != 1.0)) if present]
-    if isinstance(b.ffn, Experts) and (b.ffn.router_in_norm is not None
-                                       or b.ffn.down_scale is not None):
-        parts.append("a normed router input or scaled experts")
-    ffns = (b.ffn.dense, b.ffn.experts) if isinstance(b.ffn, DenseAndExperts) else (b.ffn,)
-    if any(f.act == "gelu_f16" for f in ffns):
-        parts.append("GELU through ggml's float16 table")
-    return parts
+        ("an output scale", b.out_scale != 1.0)) if present)
 
 
-def _not_compilable(blocks: list[Block]) -> str:
-    """Why these layers cannot run compiled, or ''."""
+def _paths(blocks: list[Block]) -> list[LayerPath]:
+    """Each layer's parts' paths."""
+    return [LayerPath(_mixer_path(b), _ffn_path(b), _extras(b)) for b in blocks]
+
+
+def _layers(ils: list[int]) -> str:
+    """Layer indices, ascending, as ranges: "layers 0-2, 4-6", "layer 3"."""
+    runs: list[list[int]] = []
+    for il in ils:
+        if runs and il == runs[-1][1] + 1:
+            runs[-1][1] = il
+        else:
+            runs.append([il, il])
+    spans = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return f"layer{'s' if len(ils) > 1 else ''} {spans}"
+
+
+def _summary(paths: list[LayerPath]) -> tuple[str, str]:
+    """(the fused parts and their layers, the reference path's parts and their layers)."""
+    fused = [(what, [il for il, p in enumerate(paths) if getattr(p, part) is None])
+             for what, part in (("the attention", "mixer"), ("the FFN", "ffn"))]
+    found = sorted(((rank, il, part) for il, p in enumerate(paths)  # mixers, FFNs, extras
+                    for rank, part in enumerate((p.mixer, p.ffn, *p.extras))
+                    if part is not None), key=lambda f: f[:2])
+    slow: dict[str, tuple[str, list[int]]] = {}
+    for _, il, part in found:
+        slow.setdefault(part.key, (part.text, []))[1].append(il)
+    return (", ".join(f"{what} in {_layers(ils)}" for what, ils in fused if ils),
+            "; ".join(f"in {_layers(ils)}, {text}" for text, ils in slow.values()))
+
+
+def _not_compilable(blocks: list[Block], paths: list[LayerPath]) -> str:
+    """Why these layers cannot run compiled, not even in part, or ''."""
     if not blocks:
         return "the model has no layers"
-    for il, b in enumerate(blocks):
-        parts = _uncompiled_parts(b) if isinstance(b.attn, Attention) else []
-        if parts:
-            return (f"layer {il} has what the compiled layers do not take yet: "
-                    f"{', '.join(parts)}")
-        if isinstance(b.attn, DeltaNet):
-            return (f"layer {il} is a gated delta net (a recurrent layer), which has no "
-                    f"compiled executor yet: its convolution and delta rule run per "
-                    f"sequence in numba, its products op by op")
-        if isinstance(b.attn, ShortConv):
-            return (f"layer {il} is a gated short convolution (a recurrent layer), which "
-                    f"has no compiled executor yet: its convolution runs per sequence in "
-                    f"numba, its products op by op")
-        if isinstance(b.attn, Mamba2):
-            return (f"layer {il} is a Mamba2 state-space mixer (a recurrent layer), which "
-                    f"has no compiled executor yet: its convolution and scan run per "
-                    f"sequence in numba, its products op by op")
-        if isinstance(b.attn, LatentAttention):
-            return (f"layer {il} is multi-head latent attention (MLA: the cache holds each "
-                    f"position's compressed latent), which has no compiled executor yet: "
-                    f"its attention runs over the latent in numba, its products op by op")
-        if b.attn.q_gate:
-            return (f"layer {il}'s attention has an output gate (joint Q+gate rows), "
-                    f"which the compiled layers do not take yet")
-    for b in blocks:
-        for role, lins in _GROUPS[:2] if isinstance(b.ffn, Experts) else _GROUPS:
-            for lin in lins(b):
-                if lin.w.type not in COMPILED_TYPES:
-                    return (f"{lin.w.name} ({role}) is {lin.w.type.ggml_name}, which has no "
-                            f"compiled product (only a dequantizing one)")
-    return ""
+    if any(p.fused for p in paths):
+        return ""
+    return "no part of any layer has a fused step: " + _summary(paths)[1]
 
 
 def _team_differs(blocks: list[Block]) -> str:
@@ -191,16 +304,7 @@ def _team_differs(blocks: list[Block]) -> str:
             return (f"layer {il} scales its branches before the residual adds (Granite's "
                     f"residual_scale), which the team does not take")
         if isinstance(b.ffn, Experts):
-            e = b.ffn
-            slow = next((m for m in (*e.gate, *e.up, *e.down)
-                         if m.type not in COMPILED_TYPES), None)
-            how = ("every chosen expert's gate and up in one kernel call, their downs in "
-                   "another" if e.gate_up_all.usable and e.down_all.usable else
-                   f"expert by expert ({e.gate_up_all.why or e.down_all.why})")
-            return (f"layer {il}'s FFN is a mixture of experts, run op by op: the router, "
-                    f"the top-k, then {how}" + (
-                        f"; {slow.name} is {slow.type.ggml_name}, whose products dequantize "
-                        f"(no compiled product yet)" if slow is not None else ""))
+            return f"layer {il}'s FFN is {_experts_run(b.ffn)}"
     def shape(b: Block) -> tuple:
         a, f = b.attn, b.ffn
         return (tuple(lin.w.shape for lin in (a.q, a.k, a.v, a.o, f.gate, f.up, f.down)),
@@ -223,8 +327,11 @@ BIDIRECTIONAL = ("its attention is bidirectional (attention.causal = false: an e
 def plan(blocks: list[Block], causal: bool = True) -> Plan:
     """The plan for these layers (see the module docstring); ``causal`` False: attention
     within each whole sequence, which only the reference path computes."""
-    why = ("" if causal else BIDIRECTIONAL) or _not_compilable(blocks)
-    return Plan(blocks, why, "" if why else _team_differs(blocks))
+    paths = _paths(blocks) if causal else []
+    why = ("" if causal else BIDIRECTIONAL) or _not_compilable(blocks, paths)
+    team_why = ("" if why else "some parts run on the reference path"
+                if not all(p.compiled for p in paths) else _team_differs(blocks))
+    return Plan(blocks, why, team_why, paths)
 
 
 def run(p: Plan, blocks: list[Block], x: np.ndarray, batch: Any,
@@ -232,7 +339,7 @@ def run(p: Plan, blocks: list[Block], x: np.ndarray, batch: Any,
         inputs: np.ndarray | None = None) -> np.ndarray:
     """Every layer over x (T, n_embd) -> (T', n_embd), as ``p`` says; ``ropes`` the RoPE
     tables the layers' ``attn.rope`` index; only ``rows`` leave the last layer; ``inputs``
-    the per-layer inputs (only layers on the reference path take them: the plan says)."""
+    (T, n_layer, d) the per-layer inputs of the layers that take one."""
     if not p.compiled or p.waiting() or any(ropes[k] is not ropes[q]
                                             for k, q in p.query_tables):
         return reference.stack(x, blocks, batch, ropes, rows, inputs)
@@ -245,6 +352,7 @@ def run(p: Plan, blocks: list[Block], x: np.ndarray, batch: Any,
             return out if rows is None else out[rows]  # do not depend on the others
     last = len(blocks) - 1
     for il, (b, la) in enumerate(zip(blocks, layers, strict=True)):
-        x = fused.layer(x, b, la, batch, il, ropes[b.attn.rope], rows if il == last else None)
+        inp = None if b.per_layer is None else inputs[:, b.per_layer.index]
+        x = fused.layer(x, b, la, batch, il, ropes, rows if il == last else None, inp)
         reference.between_layers(batch, il, last)
     return x

@@ -194,12 +194,12 @@ def group(lins: tuple[Linear, ...]) -> Group:
 
 @dataclass(frozen=True, eq=False)
 class LayerArgs:
-    """What one layer's two fused steps take that stays the same from call to call: worked out
-    once by the planner (``executor.plan``)."""
+    """What one layer's fused steps take that stays the same from call to call: worked out
+    once by the planner (``executor.plan``), which decided each part's path."""
 
-    qkv: Group
-    out: Group
-    gate_up: Group | None  # None: an expert FFN (``reference.ffn_part`` runs it)
+    qkv: Group | None  # None: the mixer runs on the reference path (``reference.mixer_part``)
+    out: Group | None
+    gate_up: Group | None  # None: the FFN runs as ``reference.ffn_part`` (experts, ...)
     down: Group | None
     norms: tuple[np.ndarray, ...]  # attn, Q heads, K heads, post-attn, FFN, post-FFN, sinks
     eps: np.float32
@@ -209,19 +209,21 @@ class LayerArgs:
     head_macs: int  # attention's multiply-adds per row and cached position
 
 
-def layer_args(b: Block) -> LayerArgs:
-    """``LayerArgs`` of a layer whose products all have compiled kernels
-    (``grouped.COMPILED_TYPES``)."""
+def layer_args(b: Block, mixer: bool = True, ffn: bool = True) -> LayerArgs:
+    """``LayerArgs`` of a layer whose attention (``mixer``) and dense FFN (``ffn``) run
+    fused: their products all have compiled kernels (``grouped.COMPILED_TYPES``); the
+    other parts run on the reference path."""
     a, f = b.attn, b.ffn
-    dense = not isinstance(f, Experts)
+    dense = ffn and not isinstance(f, Experts)
+    heads = ((a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v) if mixer else (0, 0, 0, 0))
+    q_norm, k_norm, sinks = (a.q_norm, a.k_norm, a.sinks) if mixer else (None, None, None)
     return LayerArgs(
-        group((a.q, a.k, a.v)), group((a.o,)), group((f.gate, f.up)) if dense else None,
-        group((f.down,)) if dense else None,
-        tuple(vector(w) for w in (b.attn_norm, a.q_norm, a.k_norm, b.attn_post_norm,
-                                  b.ffn_norm, b.ffn_post_norm, a.sinks)),
-        np.float32(b.eps), np.float32(a.scale), np.float32(a.softcap),
-        (a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v),
-        a.n_head * (a.head_dim + a.head_dim_v))
+        group((a.q, a.k, a.v)) if mixer else None, group((a.o,)) if mixer else None,
+        group((f.gate, f.up)) if dense else None, group((f.down,)) if dense else None,
+        tuple(vector(w) for w in (b.attn_norm, q_norm, k_norm, b.attn_post_norm, b.ffn_norm,
+                                  b.ffn_post_norm, sinks)),
+        np.float32(b.eps), np.float32(a.scale if mixer else 0.0),
+        np.float32(a.softcap if mixer else 0.0), heads, heads[0] * (heads[2] + heads[3]))
 
 
 def attention(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
@@ -257,14 +259,22 @@ def ffn(x: np.ndarray, b: Block, la: LayerArgs) -> np.ndarray:
                      bg, bu, la.down.biases[0])
 
 
-def layer(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int, rot: np.ndarray,
-          rows: np.ndarray | None = None) -> np.ndarray:
-    """``reference.layer`` with its attention and (dense) FFN as one compiled call each;
-    an expert FFN runs as ``reference.ffn_part`` (each expert's products compiled); the
-    branches join the residual as ``reference.residual`` scales them."""
-    a = attention(x, b, la, batch, il, rot)
+def layer(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
+          ropes: tuple[np.ndarray, ...], rows: np.ndarray | None = None,
+          inp: np.ndarray | None = None) -> np.ndarray:
+    """``reference.layer`` with each part the plan compiled (``la``) as one compiled call:
+    the attention, the dense FFN; the others as the reference path runs them (a recurrent
+    mixer, experts: ``reference.ffn_part``, each expert's products compiled; the per-layer
+    input, the output scale: ``reference.layer_end``). The branches join the residual as
+    ``reference.residual`` scales them; ``ropes``, ``rows``, ``inp`` as
+    ``reference.stack`` takes them, ``inp`` this layer's input."""
+    if la.qkv is not None:
+        a = attention(x, b, la, batch, il, ropes[b.attn.rope])
+    else:
+        a = reference.mixer_part(x, b, batch, il, *reference.rotations(b, ropes))
     if rows is not None:
         a, x = a[rows], x[rows]
+        inp = None if inp is None else inp[rows]
     x = x + reference.residual(a, b)
     f = ffn(x, b, la) if la.gate_up is not None else reference.ffn_part(x, b)
-    return x + reference.residual(f, b)
+    return reference.layer_end(x + reference.residual(f, b), b, inp)

@@ -3,8 +3,10 @@
 This is what a layer computes, written to be read (as mlx-lm's ``TransformerBlock``):
 norm, attention, residual, norm, FFN, residual. The compiled executor (``executor.py``)
 computes the same numbers bit for bit, with the same kernels for the products, norms,
-RoPE and attention; tests hold the two together. Models whose layers the planner cannot
-compile run through here, and say so (``executor.plan``).
+RoPE and attention; tests hold the two together. The parts of a layer the planner cannot
+compile run through here (``mixer_part``, ``ffn_part``, ``layer_end``), the others
+compiled, and a model none of whose parts it can compile runs all its layers here; the
+plan says so (``executor.plan``).
 """
 
 from __future__ import annotations
@@ -238,6 +240,19 @@ def layer(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray | Non
     len(rows)); ``rot`` the attention's RoPE table (None for a recurrent layer), ``rot_q``
     its queries' where they have their own; ``inp`` (T, d) the layer's per-layer input
     when it takes one."""
+    a = mixer_part(x, b, batch, il, rot, rot_q)
+    if rows is not None:
+        a, x = a[rows], x[rows]
+        inp = None if inp is None else inp[rows]
+    x = x + residual(a, b)
+    x = x + residual(ffn_part(x, b), b)
+    return layer_end(x, b, inp)
+
+
+def mixer_part(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray | None,
+               rot_q: np.ndarray | None = None) -> np.ndarray:
+    """What the mixer adds to x (T, n_embd) before the residual scale: its norm, the
+    attention or recurrent mixer (``layer``'s ``rot`` and ``rot_q``) and its post norm."""
     h = pre_norm(x, b.attn_norm, b.eps)
     if isinstance(b.attn, DeltaNet):
         from . import deltanet  # numba: compiled or loaded on first use
@@ -257,18 +272,28 @@ def layer(x: np.ndarray, b: Block, batch: object, il: int, rot: np.ndarray | Non
         a = mla.forward(h, b.attn, batch, il, rot, b.eps)
     else:
         a = attention(h, b.attn, batch, il, rot, b.eps, rot_q)
-    if b.attn_post_norm is not None:
-        a = ops.rmsnorm(a, b.attn_post_norm, b.eps)
-    if rows is not None:
-        a, x = a[rows], x[rows]
-        inp = None if inp is None else inp[rows]
-    x = x + residual(a, b)
-    x = x + residual(ffn_part(x, b), b)
+    return a if b.attn_post_norm is None else ops.rmsnorm(a, b.attn_post_norm, b.eps)
+
+
+def layer_end(x: np.ndarray, b: Block, inp: np.ndarray | None) -> np.ndarray:
+    """x (T, n_embd) after the FFN's residual add: plus the per-layer input's branch
+    (``inp`` (T, d): this layer's input) where the layer takes one, times the output scale
+    where it has one."""
     if b.per_layer is not None:
         p = b.per_layer
         g = ops.gelu_f16(ops.linear(x, p.gate.w, p.gate.b)) * inp
         x = x + ops.rmsnorm(ops.linear(g, p.proj.w, p.proj.b), p.norm, b.eps)
     return x if b.out_scale == 1.0 else x * np.float32(b.out_scale)
+
+
+def rotations(b: Block, ropes: tuple[np.ndarray, ...]
+              ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Layer ``b``'s RoPE tables from the model's ``ropes``: (its keys', its queries' where
+    they have their own, else None); (None, None) for a recurrent layer."""
+    if not isinstance(b.attn, Attention | LatentAttention):
+        return None, None
+    q_rope = getattr(b.attn, "q_rope", None)
+    return ropes[b.attn.rope], None if q_rope is None else ropes[q_rope]
 
 
 def residual(y: np.ndarray, b: Block) -> np.ndarray:
@@ -297,11 +322,7 @@ def stack(x: np.ndarray, blocks: list[Block], batch: object, ropes: tuple[np.nda
     ``inputs`` (T, n_layer, d): the per-layer inputs of layers that take one."""
     last = len(blocks) - 1
     for il, b in enumerate(blocks):
-        rot = rot_q = None
-        if isinstance(b.attn, Attention | LatentAttention):
-            rot = ropes[b.attn.rope]
-            q_rope = getattr(b.attn, "q_rope", None)
-            rot_q = None if q_rope is None else ropes[q_rope]
+        rot, rot_q = rotations(b, ropes)
         inp = None if b.per_layer is None else inputs[:, b.per_layer.index]
         x = layer(x, b, batch, il, rot, rows if il == last else None, inp, rot_q)
         between_layers(batch, il, last)
