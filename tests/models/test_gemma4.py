@@ -4,7 +4,9 @@ Conformance: shared/reference/arch/gemma4*/'s tiny random-weight F16 models agai
 llama.cpp's greedy.json, teacher-forced, with the bars of the other architectures. Batch
 invariance: a sequence's logits are bit-identical alone, token by token, in chunks and
 beside other sequences (shared KV layers read what their source layer stored in the same
-pass). The layers run on the reference path, and the plan says why.
+pass). The attention (values normed, V = K's product, shared keys and values) and the dense
+FFN (the float16-table GELU) run fused, the per-layer inputs, the output scale and the
+experts beside a dense FFN on the reference path, and the plan says so.
 """
 
 from __future__ import annotations
@@ -90,21 +92,21 @@ def test_the_plan_and_the_cache_say_what_runs(reference: Path, capsys) -> None:
     from gguflm.cli import main
 
     model, folder = load_tiny(reference, "gemma4")
-    assert not model.plan.compiled
-    assert ("no part of any layer has a fused step: in layers 0-2, the attention, which has "
-            "what the fused step does not take yet: values RMS-normed; in layers 3-5, the "
-            "attention, which has what the fused step does not take yet: keys and values "
-            "shared from an earlier layer; in layers 0-5, the FFN, which has what the fused "
-            "step does not take yet: GELU through ggml's float16 table; in layers 0-5, a "
-            "per-layer embedding input; in layers 0-5, an output scale"
-            ) in model.plan.describe()
+    assert model.plan.compiled and model.plan.mixed
+    assert model.plan.describe() == (
+        "compiled per part (fused layers for every batch; no team: some parts run on the "
+        "reference path): fused: the attention in layers 0-5, the FFN in layers 0-5; "
+        "reference (numpy, op by op): in layers 0-5, a per-layer embedding input; in layers "
+        "0-5, an output scale")
     arena = model.new_arena(8)
     assert [k is None for k in arena.k] == [False] * 3 + [True] * 3  # shared: no memory
     assert [k.shape[2:4] for k in arena.k[:3]] == [(1, 64), (1, 64), (1, 128)]
     assert main(["inspect", str(folder / "tiny-gemma4-f16.gguf")]) == 0
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if "layers run" in ln)
-    assert "reference (numpy, op by op): no part of any layer has a fused step" in line
+    assert ("compiled per part (fused layers for every batch; no team: some parts run on "
+            "the reference path): fused: the attention in layers 0-5, the FFN in layers 0-5"
+            ) in line
     # keys and values of layers 0-2 only (one KV head of 64, 64, 128; f16, K and V)
     assert model.cache_bytes() == (2 * 2 * (64 + 64 + 128), 0)
 

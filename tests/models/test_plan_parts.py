@@ -3,10 +3,12 @@ whose mixer, FFN or extra input the fused steps cannot take runs that part on th
 path and the rest fused; the plan names each part's path, and the logits are the reference
 path's bit for bit (``reference.stack`` forced: every part op by op).
 
-The tiny random-weight hybrids of the reference data (a recurrent mixer beside attention)
-and a Gemma 4 whose values are not normed (its attention fused, its shared-KV attention,
-float16-table GELU FFN, per-layer input and output scale on the reference path), and a tiny
-model with one weight in a type without a compiled product.
+The tiny random-weight hybrids of the reference data (a recurrent mixer beside attention:
+Qwen3.5's with its gated attention fused), the tiny Gemma 4s (their attention fused: values
+normed, V = K's product, keys and values shared from an earlier layer; the dense FFN's
+float16-table GELU fused; the per-layer inputs, output scale and experts on the reference
+path), one of them with every part fused, and a tiny model with one weight in a type
+without a compiled product. Each new fused part, perturbed, makes the comparison fail.
 """
 
 from __future__ import annotations
@@ -49,15 +51,40 @@ def _reference(model, monkeypatch: pytest.MonkeyPatch) -> np.ndarray:  # noqa: A
 
 # each hybrid's fused parts, then the first of those on the reference path
 HYBRIDS = {
-    "qwen35": ("fused: the FFN in layers 0-3; reference (numpy, op by op): in layers 0, 2, "
-               "the gated delta net (a recurrent mixer)"),
+    "qwen35": ("fused: the attention in layers 1, 3, the FFN in layers 0-3; reference (numpy, "
+               "op by op): in layers 0, 2, the gated delta net (a recurrent mixer)"),
+    "qwen35moe": ("fused: the attention in layer 1; reference (numpy, op by op): in layer 0, "
+                  "the gated delta net (a recurrent mixer)"),
     "lfm2": ("fused: the attention in layers 2, 4, the FFN in layers 0-5; reference (numpy, "
              "op by op): in layers 0-1, 3, 5, the gated short convolution"),
     "granitehybrid": ("fused: the attention in layers 2, 4; reference (numpy, op by op): in "
                       "layers 0-1, 3, the Mamba2 state-space mixer"),
     "deepseek2": ("fused: the FFN in layer 0; reference (numpy, op by op): in layers 0-2, "
                   "the multi-head latent attention"),
+    # values RMS-normed and V = K's product (layer 2) fused; the experts beside a dense FFN
+    "gemma4-moe": ("fused: the attention in layers 0-2; reference (numpy, op by op): in "
+                   "layers 0-2, the FFN, which has what the fused step does not take yet: a "
+                   "dense FFN beside experts; in layers 0-2, an output scale"),
+    # values RMS-normed, shared keys and values (layers 3-5), the float16-table GELU fused
+    "gemma4": ("fused: the attention in layers 0-5, the FFN in layers 0-5; reference (numpy, "
+               "op by op): in layers 0-5, a per-layer embedding input; in layers 0-5, an "
+               "output scale"),
 }
+
+
+def _spied(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How many times the fused attention and FFN steps run from now on."""
+    from gguflm.model import fused
+
+    calls = {"attention": 0, "ffn": 0}
+    for name in calls:
+        real = getattr(fused, name)
+
+        def spy(*args, _real=real, _name=name):  # noqa: ANN001, ANN002, ANN202
+            calls[_name] += 1
+            return _real(*args)
+        monkeypatch.setattr(fused, name, spy)
+    return calls
 
 
 @pytest.mark.parametrize("arch", list(HYBRIDS))
@@ -69,55 +96,140 @@ def test_a_hybrid_runs_its_parts_fused_or_reference_with_the_reference_numbers(
     assert plan.startswith("compiled per part (fused layers for every batch; no team: some "
                            "parts run on the reference path): "), plan
     assert HYBRIDS[arch] in plan, plan
+    calls = _spied(monkeypatch)
     got = _run(model)
+    fused = HYBRIDS[arch].split("; reference")[0]
+    assert (bool(calls["attention"]), bool(calls["ffn"])) == (
+        "the attention in" in fused, "the FFN in" in fused), calls
     assert np.isfinite(got).all()
     np.testing.assert_array_equal(got, _reference(model, monkeypatch))
 
 
-def test_the_gated_attention_and_the_experts_are_named_on_the_reference_path(
-        reference: Path) -> None:
-    """Qwen3.5's gated attention, and an expert FFN beside a reference mixer, are named."""
-    plan = load_tiny(reference, "qwen35")[0].plan.describe()
-    assert ("in layers 1, 3, the attention, which has what the fused step does not take yet: "
-            "an output gate (joint Q+gate rows)") in plan, plan
+@pytest.mark.parametrize("kv_type", ["q8_0", "f32"])
+@pytest.mark.parametrize("arch", ["qwen35", "gemma4", "gemma4-moe"])
+def test_the_new_fused_attentions_with_other_cache_types(
+        reference: Path, monkeypatch: pytest.MonkeyPatch, arch: str, kv_type: str) -> None:
+    """The gated attention, the normed values, V = K's product and the shared keys and
+    values through a Q8_0 and a float32 cache: the reference path's logits."""
+    model, _ = load_tiny(reference, arch)
+    model.use_kv_type(kv_type)
+    np.testing.assert_array_equal(_run(model), _reference(model, monkeypatch))
+
+
+def _perturbed_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused attention's output gate a little off (the reference path's untouched)."""
+    from types import SimpleNamespace
+
+    from gguflm.model import fused, ops
+
+    monkeypatch.setattr(fused, "ops", SimpleNamespace(
+        sigmoid=lambda g: ops.sigmoid(g) * np.float32(1.0001),
+        gelu_f16_table=ops.gelu_f16_table))
+
+
+def _float32_gelu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused FFN's GELU in float32, not through ggml's float16 table."""
+    from gguflm.model import fused
+
+    monkeypatch.setattr(fused, "GLU_ACTS", {**fused.GLU_ACTS, "gelu_f16": 1})
+
+
+def _no_value_norm(model) -> None:  # noqa: ANN001
+    """The fused attention's values not normed."""
+    from gguflm.model import fused
+
+    layers, stack = model.plan.tables()
+    model.plan._tables = (tuple(dataclasses.replace(
+        la, norms=(*la.norms[:7], fused.vector(None))) for la in layers), stack)
+
+
+def _other_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused attentions that read layer 1's keys and values read layer 0's (of the
+    same shape) instead."""
+    from gguflm.model import fused
+
+    real = fused.attention
+
+    def other(x, b, la, batch, il, rot):  # noqa: ANN001, ANN202
+        if b.attn.kv_layer == 1:
+            b = dataclasses.replace(b, attn=dataclasses.replace(b.attn, kv_layer=0))
+        return real(x, b, la, batch, il, rot)
+    monkeypatch.setattr(fused, "attention", other)
+
+
+@pytest.mark.parametrize(("arch", "perturb"), [
+    ("qwen35", lambda model, mp: _perturbed_gate(mp)),
+    ("gemma4", lambda model, mp: _float32_gelu(mp)),
+    ("gemma4-moe", lambda model, mp: _no_value_norm(model)),
+    ("gemma4", lambda model, mp: _other_cache(mp))],
+    ids=["output gate", "float16-table GELU", "value norm", "shared keys and values"])
+def test_the_comparison_sees_a_fused_part_off(reference: Path, monkeypatch: pytest.MonkeyPatch,
+                                              arch: str, perturb) -> None:  # noqa: ANN001
+    """The checks above can fail: each new fused part, perturbed, changes the logits."""
+    model, _ = load_tiny(reference, arch)
+    want = _reference(model, monkeypatch)
+    with monkeypatch.context() as m:
+        perturb(model, m)
+        got = _run(model)
+    assert not np.array_equal(got, want)
+
+
+def test_the_experts_are_named_on_the_reference_path(reference: Path) -> None:
+    """An expert FFN beside a reference mixer is named."""
     moe = load_tiny(reference, "lfm2moe")[0].plan.describe()
     assert "in layers 1-3, the FFN, a mixture of experts, run op by op: the router" in moe
 
 
 @pytest.fixture(scope="module")
-def gemma4_fused_attention(reference: Path):  # noqa: ANN201
-    """The tiny Gemma 4 with its values' norm dropped: its own-KV attention (layers 0-2)
-    fused, the rest on the reference path (other numbers than the file's: compared path
-    against path)."""
+def gemma4_whole(reference: Path):  # noqa: ANN201
+    """The tiny Gemma 4 without its per-layer inputs and output scale: every part fused,
+    not the team, which does not take its attention and GELU (other numbers than the
+    file's: compared path against path)."""
     model, _ = load_tiny(reference, "gemma4")
-    assert not model.plan.compiled  # as the file is: no part fused
-    blocks = [b if b.attn.v_norm is None or b.attn.kv_layer is not None
-              else dataclasses.replace(b, attn=dataclasses.replace(b.attn, v_norm=None))
-              for b in model.blocks]
+    blocks = [dataclasses.replace(b, per_layer=None, out_scale=1.0) for b in model.blocks]
     model.blocks = blocks
     model.plan = executor.plan(blocks)
     return model
 
 
-def test_gemma4_per_layer_inputs_run_after_fused_attention(
-        gemma4_fused_attention, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    """Per-layer inputs, the output scale and the shared keys and values (stored by the
-    fused attention, read by the reference one) give the reference path's logits."""
-    model = gemma4_fused_attention
+def test_gemma4_every_part_fused_runs_without_the_team(
+        gemma4_whole, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    model = gemma4_whole
     plan = model.plan.describe()
-    assert model.plan.mixed and model.plan.team_reason, plan
-    assert ("fused: the attention in layers 0-2; reference (numpy, op by op): in layers 3-5, "
-            "the attention, which has what the fused step does not take yet: keys and values "
-            "shared from an earlier layer; in layers 0-5, the FFN, which has what the fused "
-            "step does not take yet: GELU through ggml's float16 table; in layers 0-5, a "
-            "per-layer embedding input; in layers 0-5, an output scale") in plan, plan
+    assert model.plan.compiled and not model.plan.mixed, plan
+    assert plan == ("compiled (fused layers for every batch; no team: layer 0 has values "
+                    "RMS-normed, GELU through ggml's float16 table, which the team does not "
+                    "take)"), plan
+    calls = _spied(monkeypatch)
     got = _run(model)
+    assert calls == {"attention": 6 * 6, "ffn": 6 * 6}, calls
     assert np.isfinite(got).all()
     np.testing.assert_array_equal(got, _reference(model, monkeypatch))
 
 
-def test_a_mixed_pass_stops_between_every_layer(gemma4_fused_attention) -> None:  # noqa: ANN001
-    model = gemma4_fused_attention
+def _past_the_window(model) -> np.ndarray:  # noqa: ANN001
+    """Logits of a prompt longer than the sliding layers' window (32), then decode steps."""
+    arena = model.new_arena(48, 1)
+    s = arena.slots[0]
+    out = [model.forward_batch([Part(s, np.arange(1, 41), ALL)])]
+    out += [model.forward_batch([Part(s, np.array([50 + t]), ALL)]) for t in range(3)]
+    return np.concatenate(out)
+
+
+def test_gemma4_fused_past_the_window(gemma4_whole,  # noqa: ANN001
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    model = gemma4_whole
+    assert {b.attn.window for b in model.blocks} == {0, 32}
+    got = _past_the_window(model)
+    with monkeypatch.context() as m:
+        m.setattr(model, "plan", executor.Plan(None, "forced by the test"))
+        want = _past_the_window(model)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_mixed_pass_stops_between_every_layer(reference: Path) -> None:
+    model, _ = load_tiny(reference, "gemma4")
+    assert model.plan.mixed
 
     def parts() -> list[Part]:
         arena = model.new_arena(16, 2)
@@ -186,3 +298,24 @@ def test_a_plan_without_the_team_needs_only_the_fused_layers(
     assert base.compiled(kinds, False) and not base.compiled(kinds, True)
     assert not base._compile_steps(kinds, True, False).keys() & {"decoding", "prompts"}
     assert "decoding" in base._compile_steps(kinds, True, True)
+
+
+def test_the_fused_float16_table_gelu_is_its_numpy_twins() -> None:
+    """``fused.geglu_f16`` against ``ops.geglu_f16`` bit for bit: every float16, the
+    values around the bounds at +-10 (and at the float16 roundings to them), random
+    float32s, infinities."""
+    from gguflm.model import fused, ops
+
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    edges = [np.nextafter(np.float32(c), np.float32(d)) for c in (-10, 10, -9.997, 9.997)
+             for d in (-20, 20)]
+    rng = np.random.default_rng(5)
+    x = np.concatenate([every.astype(np.float32)[np.isfinite(every)], edges,
+                        [np.float32(-10), np.float32(10), np.inf, -np.inf],
+                        rng.normal(0, 6, 4000).astype(np.float32)]).astype(np.float32)
+    x = x[: len(x) - len(x) % 64].reshape(-1, 64)
+    up = rng.normal(0, 1, x.shape).astype(np.float32)
+    out = np.empty_like(x)
+    fused.geglu_f16(x, up, ops.gelu_f16_table(), out)
+    want = ops.geglu_f16(x, up)
+    np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))

@@ -65,20 +65,19 @@ def test_greedy_continuations_are_llama_cpps(tiny) -> None:
 
 
 def test_the_plan_says_which_parts_run_on_the_reference(tiny, capsys) -> None:
-    """The delta nets and the gated attention run on the reference mixer, every FFN fused."""
+    """The delta nets run on the reference mixer, the gated attention and every FFN fused."""
     from gguflm.cli import main
 
     model, folder = tiny
     assert model.plan.compiled and model.plan.mixed
-    assert ("fused: the FFN in layers 0-3; reference (numpy, op by op): in layers 0, 2, the "
-            "gated delta net (a recurrent mixer), which has no compiled executor yet"
-            ) in model.plan.describe()
+    assert ("fused: the attention in layers 1, 3, the FFN in layers 0-3; reference (numpy, "
+            "op by op): in layers 0, 2, the gated delta net (a recurrent mixer), which has no "
+            "compiled executor yet") in model.plan.describe()
     assert main(["inspect", str(folder / "tiny-qwen35-f16.gguf")]) == 0
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if "layers run" in ln)
     assert "compiled per part (fused layers for every batch; no team: some parts" in line
-    assert ("in layers 1, 3, the attention, which has what the fused step does not take "
-            "yet: an output gate (joint Q+gate rows)") in line
+    assert "fused: the attention in layers 1, 3, the FFN in layers 0-3" in line
     # keys and values in the 2 attention layers only (2 KV heads of 64, f16, K and V); the
     # state: per delta net 3 x 512 conv inputs and 8 x 32 x 32, f32
     assert "KV cache (f16)    1,024 bytes/token (attention layers)" in out

@@ -2,9 +2,9 @@
 
 ``plan(blocks)`` looks at the typed specs once, at load, and decides each layer's parts
 apart (``LayerPath``): its mixer runs fused (``fused.attention``) or on the reference path
-(a recurrent or latent mixer, an attention with what the fused step does not take), its FFN
-fused (``fused.ffn``) or on the reference path (experts, a GELU through ggml's float16
-table...), and what comes after the FFN (a per-layer input, an output scale) op by op. From
+(a recurrent or latent mixer, an attention with a weight type without a compiled product),
+its FFN fused (``fused.ffn``) or on the reference path (experts, a dense FFN beside
+experts...), and what comes after the FFN (a per-layer input, an output scale) op by op. From
 these it builds what the compiled code needs (each layer's arguments for the fused layers,
 ``fused.LayerArgs``, and the team's tables, ``team.Stack``) or says why it cannot; ``run``
 then takes, for every batch:
@@ -196,7 +196,7 @@ def _slow_product(b: Block, groups: tuple, what: str) -> Part | None:
     """The ``Part`` of a product in ``groups`` whose weight type has no compiled product."""
     for role, lins in groups:
         for lin in lins(b):
-            if lin.w.type not in COMPILED_TYPES:
+            if lin is not None and lin.w.type not in COMPILED_TYPES:
                 t = lin.w.type.ggml_name
                 return Part(f"{what} {role} {t}", f"{what}: {lin.w.name} ({role}) is {t}, "
                             f"which has no compiled product (only a dequantizing one)")
@@ -210,15 +210,6 @@ def _mixer_path(b: Block) -> Part | None:
         if isinstance(a, kind):
             text = f"{what}, which has no compiled executor yet: {how}, its products op by op"
             return Part(text, text)
-    missing = [name for name, present in (
-        ("values RMS-normed", a.v_norm is not None),
-        ("keys and values shared from an earlier layer", a.kv_layer is not None),
-        ("V = K's product (no attn_v)", a.kv_layer is None and a.v is a.k),
-        ("an output gate (joint Q+gate rows)", a.q_gate)) if present]
-    if missing:
-        text = ("the attention, which has what the fused step does not take yet: "
-                + ", ".join(missing))
-        return Part(text, text)
     return _slow_product(b, _GROUPS[:2], "the attention")
 
 
@@ -240,8 +231,7 @@ def _ffn_path(b: Block) -> Part | None:
     why = ("a dense FFN beside experts" if isinstance(f, DenseAndExperts) else
            "a normed router input or scaled experts" if isinstance(f, Experts) and (
                f.router_in_norm is not None or f.down_scale is not None) else
-           "" if isinstance(f, Experts) else
-           "GELU through ggml's float16 table" if f.act == "gelu_f16" else "")
+           "")
     if why:
         text = f"the FFN, which has what the fused step does not take yet: {why}"
         return Part(text, text)
@@ -297,9 +287,24 @@ def _not_compilable(blocks: list[Block], paths: list[LayerPath]) -> str:
     return "no part of any layer has a fused step: " + _summary(paths)[1]
 
 
+def _team_lacks(b: Block) -> str:
+    """What of layer ``b``'s the team's attention or FFN does not take (the fused steps
+    do), or ''."""
+    a = b.attn
+    return ", ".join(name for name, present in (
+        ("values RMS-normed", a.v_norm is not None),
+        ("keys and values shared from an earlier layer", a.kv_layer is not None),
+        ("V = K's product (no attn_v)", a.kv_layer is None and a.v is a.k),
+        ("an output gate (joint Q+gate rows)", a.q_gate),
+        ("GELU through ggml's float16 table", getattr(b.ffn, "act", "") == "gelu_f16"))
+        if present)
+
+
 def _team_differs(blocks: list[Block]) -> str:
     """Why the team (one table for every layer) cannot take these layers, or ''."""
     for il, b in enumerate(blocks):
+        if lacks := _team_lacks(b):
+            return f"layer {il} has {lacks}, which the team does not take"
         if b.residual_scale != 1.0:
             return (f"layer {il} scales its branches before the residual adds (Granite's "
                     f"residual_scale), which the team does not take")

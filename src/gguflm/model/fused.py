@@ -5,14 +5,18 @@ Per layer, a Python-level call per op would cost microseconds each, its wrapper 
 numba's dispatch, more still after the products have streamed megabytes of weights
 through the caches the interpreter lives in. ``ffn_step`` runs llama.cpp's build_ffn
 with a parallel gate behind its norm (``rmsnorm``, the gate and up products, the gated
-activation, the down product) as one call instead of five Python-level steps;
-``attention_step`` runs build_attn behind its norm (``rmsnorm``, the Q, K and V
-products, per-head Q/K norms, RoPE, storing K and V, attention, the output product) as one
-call instead of about ten.
+activation: SwiGLU, GeGLU, or GeGLU through ggml-cpu's float16 table, the down product) as
+one call instead of five Python-level steps; ``attention_step`` runs build_attn behind its
+norm (``rmsnorm``, the Q, K and V products, per-head Q/K/V norms, RoPE, storing K and V,
+attention, the output product) as one call instead of about ten; V may be K's product
+(Gemma 4), a layer may read an earlier layer's keys and values and store none (Gemma 4's
+shared KV layers), and an output gate (Qwen3.5) splits it in two calls around numpy's
+sigmoid (``attention``), the one the reference path computes.
 
 They are plain compiled functions calling the compiled kernels the separate ops call
 (``rowkernels.rmsnorm_rows``/``rope_rows``, ``kernels.qmatmul_par``/``qmatmul_serial``,
-``kernels.swiglu``/``geglu``, ``attention._attend_par``/``_attend_serial``), each kernel
+``kernels.swiglu``/``geglu``, ``attention._attend_par``/``_attend_serial``; ``geglu_f16``
+here, ``ops.geglu_f16``'s numbers element for element), each kernel
 with its own parallel region as before. (A ``prange`` inlined into a block was serialized
 by numba, and ran much slower.) So they compute exactly what the separate ops
 compute, element for element: a model gives the same logits whichever path runs, and the
@@ -28,11 +32,12 @@ import numpy as np
 from numba import njit
 
 from gguflm.quant import grouped, kernels, matrix
+from gguflm.quant.floatbits import f16_from_f32
 from gguflm.quant.grouped import matmul_par, matmul_serial
 from gguflm.quant.kernels import geglu, swiglu
 
 from . import attention as _attention
-from . import reference
+from . import ops, reference
 from .attention import _attend_par, _attend_serial
 from .layer import Block, Experts, Linear
 from .rowkernels import rmsnorm_rows, rope_rows
@@ -88,13 +93,31 @@ def add_bias(y, b):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True)
-def ffn_step(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, gelu, post_norm, par_gu,  # noqa: ANN001, ANN201, PLR0913
-              par_d, threads, b_gate, b_up, b_down):
+def geglu_f16(gate, up, table, out):  # noqa: ANN001, ANN201
+    """gate, up (T, F) f32 -> out (T, F) f32 = gelu(gate) * up as ggml-cpu's
+    ggml_vec_geglu_f32 with GGML_GELU_FP16 (numpy twin: ``ops.geglu_f16``): 0 for
+    gate <= -10, gate for gate >= 10, else ``table`` (``ops.gelu_f16_table``) at gate
+    rounded to float16 (C-contiguous)."""
+    g, u, o = gate.reshape(-1), up.reshape(-1), out.reshape(-1)
+    for j in range(g.shape[0]):
+        v = g[j]
+        y = (np.float32(0.0) if v <= np.float32(-10.0) else v if v >= np.float32(10.0)
+             else table[f16_from_f32(v)])
+        o[j] = y * u[j]
+
+
+GLU_ACTS = {"silu": 0, "gelu": 1, "gelu_f16": 2}  # ``ffn_step``'s ``act`` by GLU.act
+
+
+@njit(cache=True, nogil=True)
+def ffn_step(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, act, gelu_tbl, post_norm,  # noqa: ANN001, ANN201, PLR0913
+              par_gu, par_d, threads, b_gate, b_up, b_down):
     """x (T, n_embd) f32 -> (T, n_embd) f32: ``down(glu(gate(h), up(h)))`` with
     ``h = rmsnorm(x) * norm_w`` (x itself for ``norm_w`` empty: ``pre_norm``).
     ``ws_gu``/``kinds_gu``: the gate and up weights (R, row bytes) u8 and ggml type ids,
     padded as ``kernels.pad_products`` pads them; ``ws_d``/``kinds_d`` the down weight
-    likewise; ``gelu``: GeGLU, else SwiGLU; ``post_norm``
+    likewise; ``act`` (``GLU_ACTS``): 0 SwiGLU, 1 GeGLU, 2 GeGLU through ggml's float16
+    table ``gelu_tbl`` (``geglu_f16``); ``post_norm``
     (n_embd,) f32 or empty: the output RMS-normalized times it (Gemma's post-FFN norm);
     ``par_*``: whether each product runs on ``threads`` threads; ``b_*`` each product's
     bias (its rows,) f32, or empty."""
@@ -107,13 +130,15 @@ def ffn_step(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, gelu, post_nor
     _products(kinds_gu, ws_gu, h, tbl, (g, u, g), 2, par_gu, threads)
     add_bias(g, b_gate)
     add_bias(u, b_up)
-    act = np.empty((n, n_ff), np.float32)  # not in place: an aliased loop runs unvectorized
-    if gelu:
-        geglu(g, u, act)
+    glu = np.empty((n, n_ff), np.float32)  # not in place: an aliased loop runs unvectorized
+    if act == 2:
+        geglu_f16(g, u, gelu_tbl, glu)
+    elif act == 1:
+        geglu(g, u, glu)
     else:
-        swiglu(g, u, act)
+        swiglu(g, u, glu)
     out = np.empty((n, ws_d[0].shape[0]), np.float32)
-    _products(kinds_d, ws_d, act, tbl, (out, out, out), 1, par_d, threads)
+    _products(kinds_d, ws_d, glu, tbl, (out, out, out), 1, par_d, threads)
     add_bias(out, b_down)
     if post_norm.shape[0]:
         rmsnorm_rows(out, post_norm, eps, out)
@@ -121,44 +146,90 @@ def ffn_step(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, gelu, post_nor
 
 
 @njit(cache=True, nogil=True)
-def attention_step(x, norm_w, eps, kinds_qkv, ws_qkv, kinds_o, ws_o, tbl, heads, q_norm,  # noqa: ANN001, ANN201, PLR0913
-                    k_norm, rot, neox, kt, v, slot, pos, window, scale, cap, f16, flash,
-                    post_norm, par, threads, b_q, b_k, b_v, b_o, sinks):
-    """x (T, n_embd) f32 -> (T, n_embd) f32: ``reference.attention``'s steps behind the
-    norm. ``ws_qkv``/``kinds_qkv`` the Q, K, V weights and type ids, ``ws_o``/``kinds_o``
-    the output's (padded as ``kernels.pad_products`` pads them); ``norm_w`` as
-    ``pre_norm`` takes it; ``heads`` (H, H_kv, d, d_v); ``q_norm``/``k_norm`` as
-    ``qk_heads`` takes them; ``rot`` (T, n_rot/2) c64; ``kt``, ``v``, ``slot``, ``pos``,
-    ``window``, ``scale``, ``cap``, ``f16``, ``flash`` as ``attention.attend`` takes them;
-    ``post_norm`` (n_embd,) f32 or empty: the output RMS-normalized times it (Gemma's
-    post-attention norm); ``par`` whether the QKV products, the attention and the output
-    product run on ``threads`` threads; ``b_*`` each product's bias, or empty (added
-    before the Q/K norms and RoPE, as llama.cpp)."""
-    n = x.shape[0]
+def _heads(h, kinds, ws, n_qkv, tbl, heads, q_norm, k_norm, v_norm, eps, rot, neox, gate,  # noqa: ANN001, ANN202, PLR0913
+           par, threads, b_q, b_k, b_v):
+    """Normed input h (T, n_embd) -> the queries (T, H, d), and the keys (T', H_kv, d) and
+    values (T', H_kv, d_v) to store, as ``reference.attention`` forms them: ``n_qkv`` 3
+    products Q, K, V; 2: Q, K and V = K's product before K's norm (Gemma 4); 1: Q alone
+    (a layer reading an earlier layer's keys and values: T' = 0). ``gate`` (T, H d) f32:
+    Q's rows are per head d query rows then d gate rows, the gate rows written into it;
+    (0, 0): none. ``v_norm`` (d_v,) f32 or empty: each value head RMS-normed times it;
+    the rest as ``qk_heads`` takes it."""
+    n = h.shape[0]
     n_head, n_kv, d, dv = heads
-    h = np.empty_like(x)
-    pre_norm(x, norm_w, eps, h)
-    q = np.empty((n, n_head * d), np.float32)
-    k = np.empty((n, n_kv * d), np.float32)
-    vv = np.empty((n, n_kv * dv), np.float32)
-    _products(kinds_qkv, ws_qkv, h, tbl, (q, k, vv), 3, par[0], threads)
+    q = np.empty((n, n_head * d * (2 if gate.shape[0] else 1)), np.float32)
+    m = n if n_qkv > 1 else 0
+    k = np.empty((m, n_kv * d), np.float32)
+    vv = np.empty((m if n_qkv == 3 else 0, n_kv * dv), np.float32)
+    outs = (q, k, vv) if n_qkv == 3 else (q, k, q) if n_qkv == 2 else (q, q, q)
+    _products(kinds, ws, h, tbl, outs, n_qkv, par, threads)
     add_bias(q, b_q)
     add_bias(k, b_k)
     add_bias(vv, b_v)
-    q3, k3 = qk_heads(q, k, q_norm, k_norm, eps, rot, neox, heads)
-    a = np.empty((n, n_head, dv), np.float32)
-    v3 = vv.reshape((n, n_kv, dv))
-    if par[1]:
-        _attend_par(q3, kt, v, slot, pos, window, scale, cap, f16, flash, a, k3, v3, sinks)
-    else:
-        _attend_serial(q3, kt, v, slot, pos, window, scale, cap, f16, flash, a, k3, v3, sinks)
-    out = np.empty((n, ws_o[0].shape[0]), np.float32)
-    _products(kinds_o, ws_o, a.reshape((n, n_head * dv)), tbl, (out, out, out), 1, par[2],
-              threads)
+    if n_qkv == 2:
+        vv = k.copy()
+    if gate.shape[0]:
+        qg = q.reshape((n, n_head, 2 * d))
+        q = np.empty((n, n_head * d), np.float32)
+        q.reshape((n, n_head, d))[:] = qg[:, :, :d]
+        gate.reshape((n, n_head, d))[:] = qg[:, :, d:]
+    for x, w in ((q, q_norm), (k, k_norm), (vv, v_norm)):
+        if w.shape[0] and x.shape[0]:
+            xh = x.reshape((x.size // w.shape[0], w.shape[0]))
+            rmsnorm_rows(xh, w, eps, xh)
+    q3 = q.reshape((n, n_head, d))
+    k3 = k.reshape((m, n_kv, d))
+    rope_rows(q3, rot, neox)
+    rope_rows(k3, rot, neox)
+    return q3, k3, vv.reshape((m, n_kv, dv))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _output(a, kinds_o, ws_o, tbl, par, threads, b_o, post_norm, eps):  # noqa: ANN001, ANN202, PLR0913
+    """a (T, H d_v) f32 -> (T, n_embd) f32: the output product, its bias, the post norm."""
+    out = np.empty((a.shape[0], ws_o[0].shape[0]), np.float32)
+    _products(kinds_o, ws_o, a, tbl, (out, out, out), 1, par, threads)
     add_bias(out, b_o)
     if post_norm.shape[0]:
         rmsnorm_rows(out, post_norm, eps, out)
     return out
+
+
+@njit(cache=True, nogil=True)
+def attention_step(x, norm_w, eps, kinds_qkv, ws_qkv, n_qkv, kinds_o, ws_o, tbl, heads,  # noqa: ANN001, ANN201, PLR0913
+                    q_norm, k_norm, v_norm, rot, neox, kt, v, slot, pos, window, scale, cap,
+                    f16, flash, post_norm, par, threads, b_q, b_k, b_v, b_o, sinks, gate,
+                    stage):
+    """x (T, n_embd) f32 -> (T, n_embd) f32: ``reference.attention``'s steps behind the
+    norm. ``ws_qkv``/``kinds_qkv`` the Q, K, V weights and type ids (``n_qkv`` of them, as
+    ``_heads`` takes them), ``ws_o``/``kinds_o`` the output's (padded as
+    ``kernels.pad_products`` pads them); ``norm_w`` as ``pre_norm`` takes it; ``heads``
+    (H, H_kv, d, d_v); ``q_norm``/``k_norm`` as ``qk_heads`` takes them, ``v_norm`` and
+    ``gate`` as ``_heads``; ``rot`` (T, n_rot/2) c64; ``kt``, ``v``, ``slot``, ``pos``,
+    ``window``, ``scale``, ``cap``, ``f16``, ``flash`` as ``attention.attend`` takes them
+    (``kt``, ``v``: the cache of the layer whose keys and values these are);
+    ``post_norm`` (n_embd,) f32 or empty: the output RMS-normed times it (Gemma's);
+    ``par`` whether the QKV products, the attention and the output product run on
+    ``threads`` threads; ``b_*`` each product's bias, or empty (added before the norms and
+    RoPE, as llama.cpp). ``stage`` 0: all of it; 1: up to the attention's output (T, H d_v),
+    before the output product (the caller gates it); 2: x is that, gated: the rest."""
+    if stage == 2:
+        return _output(x, kinds_o, ws_o, tbl, par[2], threads, b_o, post_norm, eps)
+    n = x.shape[0]
+    n_head, _, _, dv = heads
+    h = np.empty_like(x)
+    pre_norm(x, norm_w, eps, h)
+    q3, k3, v3 = _heads(h, kinds_qkv, ws_qkv, n_qkv, tbl, heads, q_norm, k_norm, v_norm, eps,
+                        rot, neox, gate, par[0], threads, b_q, b_k, b_v)
+    a = np.empty((n, n_head, dv), np.float32)
+    if par[1]:
+        _attend_par(q3, kt, v, slot, pos, window, scale, cap, f16, flash, a, k3, v3, sinks)
+    else:
+        _attend_serial(q3, kt, v, slot, pos, window, scale, cap, f16, flash, a, k3, v3, sinks)
+    a2 = a.reshape((n, n_head * dv))
+    if stage == 1:
+        return a2
+    return _output(a2, kinds_o, ws_o, tbl, par[2], threads, b_o, post_norm, eps)
 
 
 _NONE = kernels.read_only(np.zeros(0, np.float32))
@@ -181,6 +252,7 @@ class Group:
     ws: tuple[np.ndarray, ...]
     biases: tuple[np.ndarray, ...]
     macs: int
+    count: int  # how many products
 
 
 def group(lins: tuple[Linear, ...]) -> Group:
@@ -189,7 +261,13 @@ def group(lins: tuple[Linear, ...]) -> Group:
         [int(lin.w.type) for lin in lins],
         [kernels.read_only(grouped.weight_bytes(lin.w.raw)) for lin in lins])
     return Group(kinds, ws, tuple(vector(lin.b) for lin in lins),
-                 sum(lin.w.shape[0] for lin in lins) * lins[0].w.shape[1])
+                 sum(lin.w.shape[0] for lin in lins) * lins[0].w.shape[1], len(lins))
+
+
+def _qkv(a: Any) -> tuple[Linear, ...]:
+    """The products attention ``a`` runs on its input, as ``reference.attention`` (and
+    ``_heads``) takes them: Q, K, V; Q, K (V = K's); Q alone (an earlier layer's K, V)."""
+    return (a.q,) if a.kv_layer is not None else (a.q, a.k) if a.v is a.k else (a.q, a.k, a.v)
 
 
 @dataclass(frozen=True, eq=False)
@@ -201,7 +279,8 @@ class LayerArgs:
     out: Group | None
     gate_up: Group | None  # None: the FFN runs as ``reference.ffn_part`` (experts, ...)
     down: Group | None
-    norms: tuple[np.ndarray, ...]  # attn, Q heads, K heads, post-attn, FFN, post-FFN, sinks
+    # attn, Q heads, K heads, post-attn, FFN, post-FFN, sinks, V heads
+    norms: tuple[np.ndarray, ...]
     eps: np.float32
     scale: np.float32
     cap: np.float32
@@ -216,34 +295,49 @@ def layer_args(b: Block, mixer: bool = True, ffn: bool = True) -> LayerArgs:
     a, f = b.attn, b.ffn
     dense = ffn and not isinstance(f, Experts)
     heads = ((a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v) if mixer else (0, 0, 0, 0))
-    q_norm, k_norm, sinks = (a.q_norm, a.k_norm, a.sinks) if mixer else (None, None, None)
+    q_norm, k_norm, sinks, v_norm = ((a.q_norm, a.k_norm, a.sinks, a.v_norm) if mixer else
+                                     (None, None, None, None))
     return LayerArgs(
-        group((a.q, a.k, a.v)) if mixer else None, group((a.o,)) if mixer else None,
+        group(_qkv(a)) if mixer else None, group((a.o,)) if mixer else None,
         group((f.gate, f.up)) if dense else None, group((f.down,)) if dense else None,
         tuple(vector(w) for w in (b.attn_norm, q_norm, k_norm, b.attn_post_norm, b.ffn_norm,
-                                  b.ffn_post_norm, sinks)),
+                                  b.ffn_post_norm, sinks, v_norm)),
         np.float32(b.eps), np.float32(a.scale if mixer else 0.0),
         np.float32(a.softcap if mixer else 0.0), heads, heads[0] * (heads[2] + heads[3]))
 
 
+_NO_GATE = np.zeros((0, 0), np.float32)
+
+
 def attention(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
               rot: np.ndarray) -> np.ndarray:
-    """``attention_step`` for x (T, n_embd) in layer ``il`` of ``batch``'s caches; each
-    part on all threads from the separate ops' thresholds."""
+    """``attention_step`` for x (T, n_embd) in layer ``il`` of ``batch``'s caches (those of
+    the layer it shares keys and values with: ``kv_layer``); each part on all threads from
+    the separate ops' thresholds. An output gate (``q_gate``) splits it in two calls: its
+    sigmoid is numpy's (``ops.sigmoid``, as the reference path's), between them."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     n = len(x)
     lim = matrix.PARALLEL_MIN_MACS
-    arena = batch.arena
+    arena, a = batch.arena, b.attn
+    kv = il if a.kv_layer is None else a.kv_layer
     par = (n * la.qkv.macs >= lim,
            _attention.runs_parallel(n, la.heads[1], n * la.head_macs * batch.span),
            n * la.out.macs >= lim)
-    bq, bk, bv = la.qkv.biases
-    return attention_step(
-        x, la.norms[0], la.eps, la.qkv.kinds, la.qkv.ws, la.out.kinds, la.out.ws,
-        kernels.F16_TABLE, la.heads, la.norms[1], la.norms[2],
-        np.ascontiguousarray(rot, dtype=np.complex64), b.attn.neox, arena.k[il], arena.v[il],
-        batch.slot, batch.pos, int(b.attn.window), la.scale, la.cap, arena.f16, batch.flash,
-        la.norms[3], par, matrix.threads(), bq, bk, bv, la.out.biases[0], la.norms[6])
+    bq, bk, bv = (*la.qkv.biases, _NONE, _NONE)[:3]
+    gate = np.empty((n, la.heads[0] * la.heads[2]), np.float32) if a.q_gate else _NO_GATE
+
+    def step(y: np.ndarray, stage: int) -> np.ndarray:
+        return attention_step(
+            y, la.norms[0], la.eps, la.qkv.kinds, la.qkv.ws, la.qkv.count, la.out.kinds,
+            la.out.ws, kernels.F16_TABLE, la.heads, la.norms[1], la.norms[2], la.norms[7],
+            np.ascontiguousarray(rot, dtype=np.complex64), a.neox, arena.k[kv], arena.v[kv],
+            batch.slot, batch.pos, int(a.window), la.scale, la.cap, arena.f16, batch.flash,
+            la.norms[3], par, matrix.threads(), bq, bk, bv, la.out.biases[0], la.norms[6],
+            gate, stage)
+
+    if not a.q_gate:
+        return step(x, 0)
+    return step(step(x, 1) * ops.sigmoid(gate), 2)
 
 
 def ffn(x: np.ndarray, b: Block, la: LayerArgs) -> np.ndarray:
@@ -254,9 +348,9 @@ def ffn(x: np.ndarray, b: Block, la: LayerArgs) -> np.ndarray:
     lim = matrix.PARALLEL_MIN_MACS
     bg, bu = la.gate_up.biases
     return ffn_step(x, la.norms[4], la.eps, la.gate_up.kinds, la.gate_up.ws, la.down.kinds,
-                     la.down.ws, kernels.F16_TABLE, b.ffn.act == "gelu", la.norms[5],
-                     n * la.gate_up.macs >= lim, n * la.down.macs >= lim, matrix.threads(),
-                     bg, bu, la.down.biases[0])
+                     la.down.ws, kernels.F16_TABLE, GLU_ACTS[b.ffn.act], ops.gelu_f16_table(),
+                     la.norms[5], n * la.gate_up.macs >= lim, n * la.down.macs >= lim,
+                     matrix.threads(), bg, bu, la.down.biases[0])
 
 
 def layer(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,

@@ -240,10 +240,9 @@ def gelu(h: np.ndarray) -> np.ndarray:
 _GELU_F16: list[np.ndarray] = []  # ggml's table, made on first use
 
 
-def gelu_f16(x: np.ndarray) -> np.ndarray:
-    """GELU as ggml-cpu computes it (GGML_GELU_FP16): 0 for x <= -10, x for x >= 10, else x
-    rounded to float16 and looked up in the table of gelu_tanh, computed in float32 and
-    rounded to float16, of every float16. Elementwise, float32."""
+def gelu_f16_table() -> np.ndarray:
+    """ggml-cpu's GELU table (65536,) f32: gelu_tanh of every float16 (by its bits),
+    computed in float32 and rounded to float16; made once (the fused FFN reads it too)."""
     if not _GELU_F16:
         h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
         v = h.astype(np.float32)
@@ -252,8 +251,15 @@ def gelu_f16(x: np.ndarray) -> np.ndarray:
                                                           + np.float32(0.044715) * v * v)
             g = np.float32(0.5) * v * (np.float32(1.0) + np.tanh(inner))
         _GELU_F16.append(g.astype(np.float16).astype(np.float32))
+    return _GELU_F16[0]
+
+
+def gelu_f16(x: np.ndarray) -> np.ndarray:
+    """GELU as ggml-cpu computes it (GGML_GELU_FP16): 0 for x <= -10, x for x >= 10, else x
+    rounded to float16 and looked up in the table of gelu_tanh, computed in float32 and
+    rounded to float16, of every float16. Elementwise, float32."""
     x = np.asarray(x, np.float32)
-    y = _GELU_F16[0][x.astype(np.float16).view(np.uint16)]
+    y = gelu_f16_table()[x.astype(np.float16).view(np.uint16)]
     return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, y)).astype(np.float32)
 
 
