@@ -137,12 +137,7 @@ def ffn_step(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, act, gelu_tbl,
         geglu(g, u, glu)
     else:
         swiglu(g, u, glu)
-    out = np.empty((n, ws_d[0].shape[0]), np.float32)
-    _products(kinds_d, ws_d, glu, tbl, (out, out, out), 1, par_d, threads)
-    add_bias(out, b_down)
-    if post_norm.shape[0]:
-        rmsnorm_rows(out, post_norm, eps, out)
-    return out
+    return _output(glu, kinds_d, ws_d, tbl, par_d, threads, b_down, post_norm, eps)
 
 
 @njit(cache=True, nogil=True)
@@ -186,7 +181,8 @@ def _heads(h, kinds, ws, n_qkv, tbl, heads, q_norm, k_norm, v_norm, eps, rot, ne
 
 @njit(cache=True, nogil=True, inline="always")
 def _output(a, kinds_o, ws_o, tbl, par, threads, b_o, post_norm, eps):  # noqa: ANN001, ANN202, PLR0913
-    """a (T, H d_v) f32 -> (T, n_embd) f32: the output product, its bias, the post norm."""
+    """a (T, d_in) f32 -> (T, n_embd) f32: a layer part's last product (the attention's
+    output, the FFN's down), its bias, then the post norm (empty: none)."""
     out = np.empty((a.shape[0], ws_o[0].shape[0]), np.float32)
     _products(kinds_o, ws_o, a, tbl, (out, out, out), 1, par, threads)
     add_bias(out, b_o)
