@@ -87,7 +87,8 @@ class Reranker:
         # flash attention on or off, where the flash rounding alone moved them 2e-3
         hidden, n_tokens = self.llm.embedder.vectors(ids, POOLING[head.pooling], -1, cancel,
                                                      flash_attn=False)
-        return [head.score(h) for h in hidden], n_tokens
+        # the head's products are kernels too: they run in the engine thread, between steps
+        return self.llm.engine.call(lambda: [head.score(h) for h in hidden]), n_tokens
 
     def rerank(self, query: str, documents: Sequence[Any], top_n: int | None = None, *,
                return_documents: bool = False, model: str | None = None,
