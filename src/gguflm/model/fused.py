@@ -57,8 +57,7 @@ def qk_heads(q, k, q_norm, k_norm, eps, rot, neox, heads):  # noqa: ANN001, ANN2
     """Q (T, H d) and K (T, H_kv d) f32 in place: RMS-normalized times ``q_norm``/
     ``k_norm`` when not empty, each head (a norm of d) or each row's heads at once (of H d
     and H_kv d: OLMo 2), then rotated by ``rot`` (``rope_rows``); returned as (T, H, d)
-    and (T, H_kv, d)."""
-    n = q.shape[0]
+    and (T', H_kv, d) (K may have no rows: a layer reading an earlier layer's keys)."""
     n_head, n_kv, d, _ = heads
     if q_norm.shape[0]:
         qh = q.reshape((q.size // q_norm.shape[0], q_norm.shape[0]))
@@ -66,8 +65,8 @@ def qk_heads(q, k, q_norm, k_norm, eps, rot, neox, heads):  # noqa: ANN001, ANN2
     if k_norm.shape[0]:
         kh = k.reshape((k.size // k_norm.shape[0], k_norm.shape[0]))
         rmsnorm_rows(kh, k_norm, eps, kh)
-    q3 = q.reshape((n, n_head, d))
-    k3 = k.reshape((n, n_kv, d))
+    q3 = q.reshape((q.shape[0], n_head, d))
+    k3 = k.reshape((k.shape[0], n_kv, d))
     rope_rows(q3, rot, neox)
     rope_rows(k3, rot, neox)
     return q3, k3
@@ -168,14 +167,10 @@ def _heads(h, kinds, ws, n_qkv, tbl, heads, q_norm, k_norm, v_norm, eps, rot, ne
         q = np.empty((n, n_head * d), np.float32)
         q.reshape((n, n_head, d))[:] = qg[:, :, :d]
         gate.reshape((n, n_head, d))[:] = qg[:, :, d:]
-    for x, w in ((q, q_norm), (k, k_norm), (vv, v_norm)):
-        if w.shape[0] and x.shape[0]:
-            xh = x.reshape((x.size // w.shape[0], w.shape[0]))
-            rmsnorm_rows(xh, w, eps, xh)
-    q3 = q.reshape((n, n_head, d))
-    k3 = k.reshape((m, n_kv, d))
-    rope_rows(q3, rot, neox)
-    rope_rows(k3, rot, neox)
+    if v_norm.shape[0] and m:
+        vh = vv.reshape((vv.size // v_norm.shape[0], v_norm.shape[0]))
+        rmsnorm_rows(vh, v_norm, eps, vh)
+    q3, k3 = qk_heads(q, k, q_norm, k_norm, eps, rot, neox, heads)
     return q3, k3, vv.reshape((m, n_kv, dv))
 
 
