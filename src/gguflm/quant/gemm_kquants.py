@@ -29,8 +29,8 @@ from .vector_ir import F32, I8, I16, I32, VectorIR, vec
 
 L4 = layout(GGMLType.Q4_K, 64, 32 + 256)
 L6 = layout(GGMLType.Q6_K, 128, 64)
-L3 = layout(GGMLType.Q3_K, 128, 4 * 64)
-L2 = layout(GGMLType.Q2_K, 128, 32 + 256)  # dmin, then the mins as words (``_pack_q2k``)
+L3 = layout(GGMLType.Q3_K, 0, 4 * 64)  # the scales are in the values
+L2 = layout(GGMLType.Q2_K, 0, 32 + 256)  # dmin, then the mins as words (``pack_q2k``)
 _F4, _F6 = FORMATS[GGMLType.Q4_K], FORMATS[GGMLType.Q6_K]
 _F3, _F2 = FORMATS[GGMLType.Q3_K], FORMATS[GGMLType.Q2_K]
 _ZERO16 = ir.Constant(vec(I32, 16), [0] * 16)
@@ -165,12 +165,24 @@ def isums_q6k(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # no
 
 
 # -- Q3_K and Q2_K: 2-bit planes, 16-value groups, the tiles' 8 lanes ----------------------
+#
+# A value times its 16-value group's scale fits a byte (Q3_K's negated: -(q sc) in
+# [-128, 124]; Q2_K's q sc in [0, 45]), so the buffer holds the scaled values and each
+# lane's 4-value dots accumulate over the block's four 64-value pairs in one register
+# (one ``vpdpbusd`` per 8 values of the 8 rows, no scale step); the two dwords of a row
+# that make one tile lane are added once per block. The lanes are the same integers.
 
-def _pack_2bit(g: VectorIR, rows: list, off, out, field: int, top=None) -> None:  # noqa: ANN001
-    """The 256 values of a Q2_K/Q3_K block at ``off`` of the 8 rows into the buffer: per
-    128 values h, value 128h + 32c + l is bits 2c, 2c + 1 of byte 32h + l of the plane at
-    ``field``; ``top(h, c, j)`` (Q3_K) gives what to OR in and subtract for values
-    128h + 32c + 8j.. of the 8 rows (<64 x i8>, or None)."""
+def _row_scales(grp: int) -> ir.Constant:
+    """Shuffle indexes: row n's scale of group ``grp`` in bytes 8n..8n+7 ([row][group])."""
+    return ir.Constant(vec(I32, 64), [16 * (i // 8) + grp for i in range(64)])
+
+
+def _pack_2bit(g: VectorIR, rows: list, off, out, field: int, scales, top=None) -> None:  # noqa: ANN001, PLR0913
+    """The 256 values of a Q2_K/Q3_K block at ``off`` of the 8 rows into the buffer, each
+    times its group's scale (``scales`` <128 x i8> [row][group]): per 128 values h, value
+    128h + 32c + l is bits 2c, 2c + 1 of byte 32h + l of the plane at ``field``;
+    ``top(h, c, j)`` (Q3_K) gives what to OR in and subtract for values 128h + 32c + 8j..
+    of the 8 rows (<64 x i8>, or None)."""
     bld = g.b
     for h in range(2):
         lows = qwords(g, rows, bld.add(off, g.c64(field + 32 * h)))
@@ -180,13 +192,16 @@ def _pack_2bit(g: VectorIR, rows: list, off, out, field: int, top=None) -> None:
                 if top is not None:
                     hi, bias = top(h, c, j)
                     v = bld.sub(bld.or_(v, hi), bias)
-                store(g, v, out, 64 * (16 * h + 4 * c + j))
+                grp = 8 * h + 2 * c + j // 2
+                sc = bld.shuffle_vector(scales, scales, _row_scales(grp))
+                store(g, bld.mul(v, sc), out, 64 * (16 * h + 4 * c + j))
 
 
 def pack_q3k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
     """Q3_K block at ``off`` of the 8 rows into the buffer block ``out``: the 2-bit values
-    with bit 4h + c of ``hmask[l]`` as their bit 2, minus 4 (signed); the 16 six-bit
-    scales minus 32 [row][group]; d; the lane starts."""
+    with bit 4h + c of ``hmask[l]`` as their bit 2, minus 4 (signed), times minus their
+    six-bit scale minus 32 (so in a byte); d negated (the lanes come negated); the lane
+    starts."""
     bld = g.b
     hq = qwords(g, rows, bld.add(off, g.c64(_F3["hmask"].offset)))
 
@@ -194,7 +209,6 @@ def pack_q3k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
         bit = bld.and_(bld.lshr(hq[j], g.splat8(4 * h + c, 64)), g.splat8(1, 64))
         return bld.shl(bit, g.splat8(2, 64)), g.splat8(4, 64)
 
-    _pack_2bit(g, rows, off, out, _F3["qs"].offset, top)
     at = bld.add(off, g.c64(_F3["scales"].offset))
     u0, u1, u2 = (row_values(g, rows, bld.add(at, g.c64(4 * k)), I32) for k in range(3))
     parts = [bld.or_(bld.and_(bld.lshr(u, _c8(4 * (i // 2))), _c8(0x0F0F0F0F)),
@@ -203,22 +217,22 @@ def pack_q3k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
     sc = bld.shuffle_vector(cat(g, parts[0], parts[1]), cat(g, parts[2], parts[3]),
                             ir.Constant(vec(I32, 32), [n + 8 * i for n in range(8)
                                                        for i in range(4)]))
-    sc = bld.sub(bld.bitcast(sc, vec(I8, 128)), g.splat8(32, 128))
-    store(g, sc, out, L3.scales)
+    neg = bld.sub(g.splat8(32, 128), bld.bitcast(sc, vec(I8, 128)))  # -(scale - 32)
+    _pack_2bit(g, rows, off, out, _F3["qs"].offset, neg, top)
     pack_d(g, rows, off, _F3["d"].offset, out, L3.d)
+    store(g, bld.fneg(load(g, out, L3.d, vec(F32, 8))), out, L3.d)
     pack_starts(g, out, isums_q3k, 4, L3.extra)
 
 
 def pack_q2k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
-    """Q2_K block at ``off`` of the 8 rows into the buffer block ``out``: the 2-bit values;
-    the nibble scales [row][group]; d; dmin; the nibble mins as words, vector k holding in
+    """Q2_K block at ``off`` of the 8 rows into the buffer block ``out``: the 2-bit values
+    times their nibble scales; d; dmin; the nibble mins as words, vector k holding in
     dword i row i // 2's mins of groups 4k + 2 (i % 2) and the next (``offset_q2k``)."""
     bld = g.b
-    _pack_2bit(g, rows, off, out, _F2["qs"].offset)
     raw = [g.vload(r, bld.add(off, g.c64(_F2["scales"].offset)), 16) for r in rows]
     raw = cat(g, cat(g, cat(g, raw[0], raw[1]), cat(g, raw[2], raw[3])),
               cat(g, cat(g, raw[4], raw[5]), cat(g, raw[6], raw[7])))  # <128 x i8>
-    store(g, bld.and_(raw, g.splat8(15, 128)), out, L2.scales)
+    _pack_2bit(g, rows, off, out, _F2["qs"].offset, bld.and_(raw, g.splat8(15, 128)))
     mins = bld.lshr(raw, g.splat8(4, 128))
     for k in range(4):
         idx = [16 * (i // 2) + 4 * k + 2 * (i % 2) + t for i in range(16) for t in range(2)]
@@ -229,29 +243,31 @@ def pack_q2k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
     pack_d(g, rows, off, _F2["dmin"].offset, out, L2.extra)
 
 
+# output dword 4L + 2e + t (``PAIRED``: weight row r = 2L + t, tile lane 2m + e) from the
+# dwords 2r, 2r + 1 of accumulator e (indexes into the two side by side)
+_HALVES = [ir.Constant(vec(I32, 16), [16 * ((o // 2) % 2) + 2 * (2 * (o // 4) + o % 2) + k
+                                      for o in range(16)]) for k in range(2)]
+
+
 def _isums_2bit(g: VectorIR, blk, acts: list, starts: list, m: int, signed: bool) -> list:  # noqa: ANN001, PLR0913
     """Per activation row, its <16 x i32> lane vector m: lane 4L + 2e + t, weight row 2L + t's
     tile lane c = 2m + e (values 64p + 8c.. of each 64-value pair p, times their 16-value
-    group's scale, 4p + m for both e), from ``starts[m]`` (Q3_K: signed values times the
-    activations plus 128) or 0 (Q2_K: unsigned values times the activations)."""
+    group's scale, in the buffer's values), plus ``starts[m]`` (Q3_K: the negated scaled
+    values times the activations plus 128, so the lanes come negated) or not (Q2_K: the
+    unsigned scaled values times the activations)."""
     bld = g.b
-    sz = _scales16(g, blk, L3.scales)  # L3.scales == L2.scales
-    ext = bld.sext if signed else bld.zext
-    isums = [starts[m] if starts else None for _ in acts]
+    accs = [[_ZERO16, _ZERO16] for _ in acts]
     for p in range(4):
-        grp = 4 * p + m
-        sc = ext(bld.shuffle_vector(sz, sz, ir.Constant(vec(I32, 32),
-                                                        scale_index(16, grp, grp))),
-                 vec(I16, 32))
-        wa = load(g, blk, 64 * (8 * p + 2 * m), vec(I8, 64))
-        wb = load(g, blk, 64 * (8 * p + 2 * m + 1), vec(I8, 64))
-        for a, act in enumerate(acts):
-            xa, xb = act(64 * p + 16 * m), act(64 * p + 16 * m + 8)
-            if signed:
-                da, db = dpbusd(g, _ZERO16, xa, wa), dpbusd(g, _ZERO16, xb, wb)
-            else:
-                da, db = dpbusd(g, _ZERO16, wa, xa), dpbusd(g, _ZERO16, wb, xb)
-            isums[a] = g.pack_madd(da, db, sc, isums[a])
+        for e in range(2):
+            w = load(g, blk, 64 * (8 * p + 2 * m + e), vec(I8, 64))
+            for a, act in enumerate(acts):
+                x = act(64 * p + 16 * m + 8 * e)
+                accs[a][e] = (dpbusd(g, accs[a][e], x, w) if signed else
+                              dpbusd(g, accs[a][e], w, x))
+    isums = []
+    for a in range(len(acts)):
+        lane = bld.add(*(bld.shuffle_vector(*accs[a], idx) for idx in _HALVES))
+        isums.append(bld.add(lane, starts[m]) if starts else lane)
     return isums
 
 

@@ -6,10 +6,12 @@ each 8 values of the block the 8 rows' values side by side (one 512-bit vector: 
 bytes 8n..8n+7), and the rows' integer scales (Q4_K's and Q2_K's mins), float scales and,
 for the signed types, each lane's start (the activations come plus 128, unsigned). Then
 every activation row runs over the buffer (``_make_gemm``): 8 bytes of the activation
-broadcast to the 8 rows, one ``vpdpbusd`` per 8 values of all 8 weight rows. For the
-K-quants one ``packssdw`` + ``vpdpwssd`` per two such results applies the rows' integer
+broadcast to the 8 rows, one ``vpdpbusd`` per 8 values of all 8 weight rows. For Q4_K
+and Q6_K one ``packssdw`` + ``vpdpwssd`` per two such results applies the rows' integer
 scales; Q4_K's values are small enough that the 32 values of a group sum in each row's
-two words first (one scale step per 4 ``vpdpbusd``), the others take one per 2. The
+two words first (one scale step per 4 ``vpdpbusd``), Q6_K's take one per 2. Q3_K's and
+Q2_K's values times their scales fit a byte: the buffer holds them scaled, and a lane's
+dots accumulate over the whole block with no scale step. The
 32-value types have no integer scales: each ``vpdpbusd`` result is two of ggml's lanes of
 8 rows, converted and added as its float steps do; IQ4_XS's spans are such blocks with a
 scale each, applied to the integer lanes by ``vpmulld`` (its lanes are too wide for
