@@ -64,11 +64,7 @@ HYBRIDS = {
     # values RMS-normed and V = K's product (layer 2) fused; the experts beside a dense FFN
     "gemma4-moe": ("fused: the attention in layers 0-2; reference (numpy, op by op): in "
                    "layers 0-2, the FFN, which has what the fused step does not take yet: a "
-                   "dense FFN beside experts; in layers 0-2, an output scale"),
-    # values RMS-normed, shared keys and values (layers 3-5), the float16-table GELU fused
-    "gemma4": ("fused: the attention in layers 0-5, the FFN in layers 0-5; reference (numpy, "
-               "op by op): in layers 0-5, a per-layer embedding input; in layers 0-5, an "
-               "output scale"),
+                   "dense FFN beside experts"),
 }
 
 
@@ -143,6 +139,17 @@ def _no_value_norm(model) -> None:  # noqa: ANN001
         la, norms=(*la.norms[:7], fused.vector(None))) for la in layers), stack)
 
 
+def _layer_end_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused per-layer input's output scale a little off."""
+    from gguflm.model import fused
+
+    real = fused.end_step
+
+    def off(*args):  # noqa: ANN002, ANN202
+        return real(*args[:10], args[10] * np.float32(1.001), *args[11:])
+    monkeypatch.setattr(fused, "end_step", off)
+
+
 def _other_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fused attentions that read layer 1's keys and values read layer 0's (of the
     same shape) instead."""
@@ -161,8 +168,10 @@ def _other_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     ("qwen35", lambda model, mp: _perturbed_gate(mp)),
     ("gemma4", lambda model, mp: _float32_gelu(mp)),
     ("gemma4-moe", lambda model, mp: _no_value_norm(model)),
-    ("gemma4", lambda model, mp: _other_cache(mp))],
-    ids=["output gate", "float16-table GELU", "value norm", "shared keys and values"])
+    ("gemma4", lambda model, mp: _other_cache(mp)),
+    ("gemma4", lambda model, mp: _layer_end_off(mp))],
+    ids=["output gate", "float16-table GELU", "value norm", "shared keys and values",
+         "per-layer input"])
 def test_the_comparison_sees_a_fused_part_off(reference: Path, monkeypatch: pytest.MonkeyPatch,
                                               arch: str, perturb) -> None:  # noqa: ANN001
     """The checks above can fail: each new fused part, perturbed, changes the logits."""
@@ -178,6 +187,27 @@ def test_the_experts_are_named_on_the_reference_path(reference: Path) -> None:
     """An expert FFN beside a reference mixer is named."""
     moe = load_tiny(reference, "lfm2moe")[0].plan.describe()
     assert "in layers 1-3, the FFN, a mixture of experts, run op by op: the router" in moe
+
+
+def test_gemma4_with_its_per_layer_inputs_runs_every_part_fused(
+        reference: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny Gemma 4 as the file has it: the attention, the FFN and the per-layer input
+    with the output scale (``fused.end_step``) fused in every layer."""
+    from gguflm.model import fused
+
+    model, _ = load_tiny(reference, "gemma4")
+    plan = model.plan.describe()
+    assert model.plan.compiled and not model.plan.mixed, plan
+    assert plan == ("compiled (fused layers for every batch; no team: layer 0 has values "
+                    "RMS-normed, GELU through ggml's float16 table, a per-layer embedding "
+                    "input, an output scale, which the team does not take)"), plan
+    calls = _spied(monkeypatch)
+    ends = []
+    real = fused.end_step
+    monkeypatch.setattr(fused, "end_step", lambda *a: ends.append(1) or real(*a))
+    got = _run(model)
+    assert calls == {"attention": 6 * 6, "ffn": 6 * 6} and len(ends) == 6 * 6, (calls, ends)
+    np.testing.assert_array_equal(got, _reference(model, monkeypatch))
 
 
 @pytest.fixture(scope="module")
@@ -227,9 +257,13 @@ def test_gemma4_fused_past_the_window(gemma4_whole,  # noqa: ANN001
     np.testing.assert_array_equal(got, want)
 
 
-def test_a_mixed_pass_stops_between_every_layer(reference: Path) -> None:
-    model, _ = load_tiny(reference, "gemma4")
-    assert model.plan.mixed
+@pytest.mark.parametrize("arch", ["gemma4", "granitehybrid"])
+def test_a_pass_without_the_team_stops_between_every_layer(reference: Path, arch: str) -> None:
+    """Layer by layer, every part fused (gemma4) or some on the reference path (a mixed
+    plan: granitehybrid's Mamba2 mixers)."""
+    model, _ = load_tiny(reference, arch)
+    assert model.plan.compiled and model.plan.team_reason
+    assert model.plan.mixed == (arch == "granitehybrid")
 
     def parts() -> list[Part]:
         arena = model.new_arena(16, 2)

@@ -4,7 +4,8 @@
 apart (``LayerPath``): its mixer runs fused (``fused.attention``) or on the reference path
 (a recurrent or latent mixer, an attention with a weight type without a compiled product),
 its FFN fused (``fused.ffn``) or on the reference path (experts, a dense FFN beside
-experts...), and what comes after the FFN (a per-layer input, an output scale) op by op. From
+experts...), and what comes after the FFN (a per-layer input and the output scale:
+``fused.end_step``) fused, or op by op where its products have no compiled kernel. From
 these it builds what the compiled code needs (each layer's arguments for the fused layers,
 ``fused.LayerArgs``, and the team's tables, ``team.Stack``) or says why it cannot; ``run``
 then takes, for every batch:
@@ -106,7 +107,8 @@ class Plan:
                     team,
                 )
 
-                layers = tuple(fused.layer_args(b, p.mixer is None, p.ffn is None)
+                layers = tuple(fused.layer_args(b, p.mixer is None, p.ffn is None,
+                                                not p.extras)
                                for b, p in zip(self._blocks, self.paths, strict=True))
                 stack = None if self.team_reason else team.Stack(self._blocks)
                 self._tables = (layers, stack)
@@ -241,10 +243,18 @@ def _ffn_path(b: Block) -> Part | None:
 
 
 def _extras(b: Block) -> tuple[Part, ...]:
-    """What layer ``b`` runs after its FFN, op by op."""
-    return tuple(Part(text, text) for text, present in (
-        ("a per-layer embedding input", b.per_layer is not None),
-        ("an output scale", b.out_scale != 1.0)) if present)
+    """What layer ``b`` runs after its FFN op by op: a per-layer input whose products
+    have no compiled kernel (otherwise ``fused.end_step``, with the output scale; an
+    output scale alone is one multiply either way)."""
+    p = b.per_layer
+    slow = p is not None and next((lin for lin in (p.gate, p.proj)
+                                   if lin.w.type not in COMPILED_TYPES), None)
+    if not slow:
+        return ()
+    t = slow.w.type.ggml_name
+    text = (f"the per-layer embedding input: {slow.w.name} is {t}, which has no compiled "
+            f"product (only a dequantizing one)")
+    return (Part(f"per-layer input {t}", text),)
 
 
 def _paths(blocks: list[Block]) -> list[LayerPath]:
@@ -296,7 +306,9 @@ def _team_lacks(b: Block) -> str:
         ("keys and values shared from an earlier layer", a.kv_layer is not None),
         ("V = K's product (no attn_v)", a.kv_layer is None and a.v is a.k),
         ("an output gate (joint Q+gate rows)", a.q_gate),
-        ("GELU through ggml's float16 table", getattr(b.ffn, "act", "") == "gelu_f16"))
+        ("GELU through ggml's float16 table", getattr(b.ffn, "act", "") == "gelu_f16"),
+        ("a per-layer embedding input", b.per_layer is not None),
+        ("an output scale", b.out_scale != 1.0))
         if present)
 
 

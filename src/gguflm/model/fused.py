@@ -11,7 +11,9 @@ norm (``rmsnorm``, the Q, K and V products, per-head Q/K/V norms, RoPE, storing 
 attention, the output product) as one call instead of about ten; V may be K's product
 (Gemma 4), a layer may read an earlier layer's keys and values and store none (Gemma 4's
 shared KV layers), and an output gate (Qwen3.5) splits it in two calls around numpy's
-sigmoid (``attention``), the one the reference path computes.
+sigmoid (``attention``), the one the reference path computes. ``end_step`` runs a Gemma 4
+layer's per-layer input (its gate's product, the float16-table GELU times the input, the
+projection and its norm) and output scale after the FFN's residual add.
 
 They are plain compiled functions calling the compiled kernels the separate ops call
 (``rowkernels.rmsnorm_rows``/``rope_rows``, ``kernels.qmatmul_par``/``qmatmul_serial``,
@@ -137,6 +139,26 @@ def ffn_step(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, act, gelu_tbl,
     else:
         swiglu(g, u, glu)
     return _output(glu, kinds_d, ws_d, tbl, par_d, threads, b_down, post_norm, eps)
+
+
+@njit(cache=True, nogil=True)
+def end_step(x, inp, kinds_g, ws_g, kinds_p, ws_p, tbl, gelu_tbl, norm_w, eps, out_scale,  # noqa: ANN001, ANN201, PLR0913
+             par_g, par_p, threads, b_g, b_p):
+    """x (T, n_embd) f32 after the FFN's residual add -> (T, n_embd) f32, as
+    ``reference.layer_end`` with a per-layer input (``inp`` (T, d) f32):
+    ``x + rmsnorm(proj(gelu_f16(gate(x)) * inp)) * norm_w``, then times ``out_scale``
+    (1: none). ``ws_g``/``kinds_g`` the gate's weight and type id, ``ws_p``/``kinds_p`` the
+    projection's (padded as ``kernels.pad_products`` pads them); ``gelu_tbl`` ggml's
+    float16 GELU table (``geglu_f16``); ``par_*`` whether each product runs on ``threads``
+    threads; ``b_*`` each product's bias, or empty. (A layer with an output scale alone
+    multiplies in numpy, as the reference path.)"""
+    g = np.empty((x.shape[0], ws_g[0].shape[0]), np.float32)
+    _products(kinds_g, ws_g, x, tbl, (g, g, g), 1, par_g, threads)
+    add_bias(g, b_g)
+    gated = np.empty_like(g)
+    geglu_f16(g, inp, gelu_tbl, gated)
+    y = x + _output(gated, kinds_p, ws_p, tbl, par_p, threads, b_p, norm_w, eps)
+    return y if out_scale == np.float32(1.0) else y * out_scale
 
 
 @njit(cache=True, nogil=True)
@@ -277,12 +299,15 @@ class LayerArgs:
     cap: np.float32
     heads: tuple[int, int, int, int]
     head_macs: int  # attention's multiply-adds per row and cached position
+    # the per-layer input's gate and projection (None: none, or on the reference path)
+    per_layer: tuple[Group, Group] | None = None
 
 
-def layer_args(b: Block, mixer: bool = True, ffn: bool = True) -> LayerArgs:
-    """``LayerArgs`` of a layer whose attention (``mixer``) and dense FFN (``ffn``) run
-    fused: their products all have compiled kernels (``grouped.COMPILED_TYPES``); the
-    other parts run on the reference path."""
+def layer_args(b: Block, mixer: bool = True, ffn: bool = True, end: bool = True
+               ) -> LayerArgs:
+    """``LayerArgs`` of a layer whose attention (``mixer``), dense FFN (``ffn``) and
+    per-layer input (``end``) run fused: their products all have compiled kernels
+    (``grouped.COMPILED_TYPES``); the other parts run on the reference path."""
     a, f = b.attn, b.ffn
     dense = ffn and not isinstance(f, Experts)
     heads = ((a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v) if mixer else (0, 0, 0, 0))
@@ -294,7 +319,9 @@ def layer_args(b: Block, mixer: bool = True, ffn: bool = True) -> LayerArgs:
         tuple(vector(w) for w in (b.attn_norm, q_norm, k_norm, b.attn_post_norm, b.ffn_norm,
                                   b.ffn_post_norm, sinks, v_norm)),
         np.float32(b.eps), np.float32(a.scale if mixer else 0.0),
-        np.float32(a.softcap if mixer else 0.0), heads, heads[0] * (heads[2] + heads[3]))
+        np.float32(a.softcap if mixer else 0.0), heads, heads[0] * (heads[2] + heads[3]),
+        (group((b.per_layer.gate,)), group((b.per_layer.proj,)))
+        if end and b.per_layer is not None else None)
 
 
 _NO_GATE = np.zeros((0, 0), np.float32)
@@ -344,13 +371,27 @@ def ffn(x: np.ndarray, b: Block, la: LayerArgs) -> np.ndarray:
                      matrix.threads(), bg, bu, la.down.biases[0])
 
 
+def layer_end(x: np.ndarray, b: Block, la: LayerArgs, inp: np.ndarray | None) -> np.ndarray:
+    """``end_step`` for x (T, n_embd) after the FFN's residual add (``reference.layer_end``
+    where the plan left the per-layer input there); ``inp`` (T, d) this layer's input."""
+    if b.per_layer is None or la.per_layer is None:  # an output scale alone: one multiply
+        return reference.layer_end(x, b, inp)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n, lim = len(x), matrix.PARALLEL_MIN_MACS
+    g, p = la.per_layer
+    return end_step(x, np.ascontiguousarray(inp, dtype=np.float32), g.kinds, g.ws, p.kinds,
+                    p.ws, kernels.F16_TABLE, ops.gelu_f16_table(), vector(b.per_layer.norm),
+                    la.eps, np.float32(b.out_scale), n * g.macs >= lim, n * p.macs >= lim,
+                    matrix.threads(), g.biases[0], p.biases[0])
+
+
 def layer(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
           ropes: tuple[np.ndarray, ...], rows: np.ndarray | None = None,
           inp: np.ndarray | None = None) -> np.ndarray:
     """``reference.layer`` with each part the plan compiled (``la``) as one compiled call:
     the attention, the dense FFN; the others as the reference path runs them (a recurrent
-    mixer, experts: ``reference.ffn_part``, each expert's products compiled; the per-layer
-    input, the output scale: ``reference.layer_end``). The branches join the residual as
+    mixer, experts: ``reference.ffn_part``, each expert's products compiled); then the
+    per-layer input and the output scale (``layer_end``). The branches join the residual as
     ``reference.residual`` scales them; ``ropes``, ``rows``, ``inp`` as
     ``reference.stack`` takes them, ``inp`` this layer's input."""
     if la.qkv is not None:
@@ -362,4 +403,4 @@ def layer(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
         inp = None if inp is None else inp[rows]
     x = x + reference.residual(a, b)
     f = ffn(x, b, la) if la.gate_up is not None else reference.ffn_part(x, b)
-    return reference.layer_end(x + reference.residual(f, b), b, inp)
+    return layer_end(x + reference.residual(f, b), b, la, inp)
