@@ -119,6 +119,10 @@ class LatentAttention:
     scale: float
     neox: bool = False
     rope: int = 0  # the RoPE table's index, as ``Attention.rope``
+    # every head's k_b, and v_b, as one call takes them (``expert_products``: a head is an
+    # expert every row chose)
+    k_b_all: ExpertWeights = field(init=False, repr=False)
+    v_b_all: ExpertWeights = field(init=False, repr=False)
 
     @property
     def kv_lora(self) -> int:
@@ -152,6 +156,8 @@ class LatentAttention:
             if not ok:
                 raise ValueError(f"latent attention of {h} heads, latent {lora} and "
                                  f"{self.n_rot} rotated dims: {what}")
+        object.__setattr__(self, "k_b_all", ExpertWeights(self.k_b))
+        object.__setattr__(self, "v_b_all", ExpertWeights(self.v_b))
 
 
 @dataclass(frozen=True, eq=False)

@@ -25,6 +25,7 @@ from numba import njit, prange
 
 from ..quant import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from ..quant.floatbits import expf_ggml, kv_encode, kv_load, round_f16, to_f16
+from ..quant.matrix import ExpertWeights, QMatrix
 from . import ops
 from .attention import _max_of, _soft_max_sum, runs_parallel
 from .layer import LatentAttention
@@ -141,6 +142,21 @@ def attend_latent(q: np.ndarray, cache: np.ndarray, slot: np.ndarray, pos: np.nd
     return out
 
 
+def per_head(mats: tuple[QMatrix, ...], every: ExpertWeights, x: np.ndarray) -> np.ndarray:
+    """x (T, H, K) -> (T, H, rows): head h's rows times ``mats[h]``. One kernel call for
+    every head (``every``: each head an expert that every row chose, its T rows together)
+    where the weights allow, else head by head; each row's numbers are ``mats[h].matmul``'s
+    of that row alone either way."""
+    n, n_head = x.shape[:2]
+    if not every.usable:
+        return np.stack([m.matmul(np.ascontiguousarray(x[:, h])) for h, m in enumerate(mats)],
+                        axis=1)
+    slots = np.ascontiguousarray(x.transpose(1, 0, 2).reshape(n_head * n, -1), np.float32)
+    heads = np.arange(n_head, dtype=np.int64)
+    out = every(slots, heads, np.arange(n_head + 1, dtype=np.int64) * n)[0]  # (H T, rows)
+    return out.reshape(n_head, n, -1).transpose(1, 0, 2)
+
+
 def queries(h: np.ndarray, a: LatentAttention, eps: float, q_a: np.ndarray | None
             ) -> np.ndarray:
     """The query heads (T, H, nope + n_rot) of the normed input h: ``q_b`` of the
@@ -163,13 +179,10 @@ def forward(h: np.ndarray, a: LatentAttention, batch: object, il: int, rot: np.n
     k_pe = rope(kv[:, None, lora:], rot)[:, 0]
     q_pe = rope(q[:, :, a.nope:], rot)
     absorbed = np.empty((n, a.n_head, lora + a.n_rot), np.float32)
-    for head, k_b in enumerate(a.k_b):  # q_nope into the latent space
-        absorbed[:, head, :lora] = k_b.matmul(np.ascontiguousarray(q[:, head, :a.nope]))
+    absorbed[:, :, :lora] = per_head(a.k_b, a.k_b_all, q[:, :, :a.nope])  # into the latent
     absorbed[:, :, lora:] = q_pe
     arena = batch.arena
     o = attend_latent(absorbed, arena.k[il], batch.slot, batch.pos, a.scale, arena.f16, lora,
                       np.concatenate([latent, k_pe], axis=1))
-    heads = np.empty((n, a.n_head, a.head_dim_v), np.float32)
-    for head, v_b in enumerate(a.v_b):  # each head's latent sum out through its v_b
-        heads[:, head] = v_b.matmul(np.ascontiguousarray(o[:, head]))
+    heads = per_head(a.v_b, a.v_b_all, o)  # each head's latent sum out through its v_b
     return ops.linear(heads.reshape(n, -1), a.o.w, a.o.b)

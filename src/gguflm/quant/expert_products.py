@@ -18,7 +18,7 @@ from numba import njit, prange, types
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from .act_quant import Q8_K_KINDS
 from .int_tiles import ROW_CHUNK, prepare, qmatmul_rows
-from .products import CHUNKS_PER_THREAD, activation_sets_for_par
+from .products import CHUNKS_PER_THREAD, activation_sets, activation_sets_for_par
 from .vector_ir import F16_TABLE, array_view
 
 _u8_view = array_view(types.uint8, 2, readonly=True)
@@ -47,25 +47,38 @@ def _items(count, nrows, starts, threads):  # noqa: ANN001, ANN202
     return items
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _run_par(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items):  # noqa: ANN001, ANN202
+@njit(cache=True, nogil=True, inline="always")
+def _run_item(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items, c):  # noqa: ANN001, ANN202, PLR0913
     # the hot loop: item c = rows r0:r1 of matrix m of expert experts[g] (shape[0],
     # shape[1]) u8 @ the group's activation rows -> out[m, s0:s1, r0:r1]
+    m, g = items[c, 0], items[c, 1]
+    kind = kinds[m]
+    w = _u8_view(ptrs[m, experts[g]], (shape[0], shape[1]), (shape[1], 1))
+    a = ak if kind in Q8_K_KINDS else a32
+    s0, s1 = starts[g], starts[g + 1]
+    nc, nq = a.cor.shape[0], a.qu.shape[0]
+    qmatmul_rows(kind, w, a.qa[s0:s1], a.da[s0:s1], a.aux[s0:s1],
+                 a.cor[min(s0, nc):min(s1, nc)], a.qu[min(s0, nq):min(s1, nq)], tbl,
+                 out[m, s0:s1], items[c, 2], items[c, 3])
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _run_par(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items):  # noqa: ANN001, ANN202
     for c in prange(items.shape[0]):
-        m, g = items[c, 0], items[c, 1]
-        kind = kinds[m]
-        w = _u8_view(ptrs[m, experts[g]], (shape[0], shape[1]), (shape[1], 1))
-        a = ak if kind in Q8_K_KINDS else a32
-        s0, s1 = starts[g], starts[g + 1]
-        nc, nq = a.cor.shape[0], a.qu.shape[0]
-        qmatmul_rows(kind, w, a.qa[s0:s1], a.da[s0:s1], a.aux[s0:s1],
-                     a.cor[min(s0, nc):min(s1, nc)], a.qu[min(s0, nq):min(s1, nq)], tbl,
-                     out[m, s0:s1], items[c, 2], items[c, 3])
+        _run_item(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items, c)
 
 
 @njit(cache=True, nogil=True)
 def _expert_products(kinds, ptrs, shape, x, experts, starts, tbl, out, threads):  # noqa: ANN001, ANN202
+    """``expert_products``' work; ``threads`` 1: in this thread, no parallel region (a
+    step too small to share: the same numbers, each item computed alike)."""
     count = kinds.shape[0]
+    if threads == 1:
+        a32, ak = activation_sets(kinds, count, x)
+        items = _items(count, shape[0], starts, 1)
+        for c in range(items.shape[0]):
+            _run_item(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items, c)
+        return
     a32, ak = activation_sets_for_par(kinds, count, x)
     _run_par(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out,
              _items(count, shape[0], starts, threads))
@@ -83,8 +96,12 @@ def expert_products(kinds: np.ndarray, ptrs: np.ndarray, shape: tuple[int, int],
     a row per slot; ``experts`` (G,), ``starts`` (G + 1,) i64; ``out`` (M, S, rows) f32."""
     if len(x) == 0:  # no rows (a step with nothing to compute here)
         return out
+    from . import matrix  # its threshold may change at run time (spinning threads)
+
     prepare([int(k) for k in kinds])
+    macs = len(x) * len(kinds) * shape[0] * x.shape[1]
+    threads = numba.get_num_threads() if macs >= matrix.PARALLEL_MIN_MACS else 1
     _expert_products(kinds, ptrs, np.array(shape, np.int64), np.ascontiguousarray(x, np.float32),
-                     experts, starts, F16_TABLE, out, numba.get_num_threads())
+                     experts, starts, F16_TABLE, out, threads)
     return out
 
