@@ -57,7 +57,7 @@ def test_greedy_continuations_are_llama_cpps(tiny) -> None:
 
 def test_the_conv_layers_are_conv_and_the_plan_says_so(tiny, capsys) -> None:
     """head_count_kv's zeros are the short convolutions: they keep state, no keys or values,
-    and they run on the reference mixer, the rest compiled, which ``inspect`` says."""
+    and they run fused, without the team, which ``inspect`` says."""
     from gguflm.cli import main
 
     model, folder = tiny
@@ -65,15 +65,14 @@ def test_the_conv_layers_are_conv_and_the_plan_says_so(tiny, capsys) -> None:
     assert [b.attn.index for b in model.blocks if isinstance(b.attn, ShortConv)] == [0, 1, 2, 3]
     arena = model.new_arena(16)
     assert [k is None for k in arena.k] == list(model.config.conv_layers)
-    assert model.plan.compiled and model.plan.mixed
-    assert ("fused: the attention in layers 2, 4, the FFN in layers 0-5; reference (numpy, "
-            "op by op): in layers 0-1, 3, 5, the gated short convolution (a recurrent mixer)"
-            ) in model.plan.describe()
+    assert model.plan.compiled and not model.plan.mixed
+    plan = ("compiled (fused layers for every batch; no team: layer 0 has the gated short "
+            "convolution (a recurrent mixer), which the team does not take)")
+    assert model.plan.describe() == plan
     assert main(["inspect", str(folder / "tiny-lfm2-f16.gguf")]) == 0
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if "layers run" in ln)
-    assert "compiled per part (fused layers for every batch; no team: some parts" in line
-    assert "the gated short convolution (a recurrent mixer)" in line
+    assert plan in line
     # 2 attention layers of 2 KV heads of 64, f16, K and V; 4 convolutions x 2 x 256 f32
     assert "KV cache (f16)    1,024 bytes/token (attention layers)" in out
     assert f"recurrent state   {4 * 2 * 256 * 4:,} bytes/sequence" in out
@@ -111,6 +110,22 @@ def test_the_convolution_is_causal_and_keeps_its_last_inputs() -> None:
     np.testing.assert_array_equal(kept, x[-2:])
     _, first = shortconv.causal_conv(x[:4], np.zeros((2, 4), np.float32), w)
     np.testing.assert_array_equal(shortconv.causal_conv(x[4:], first, w)[0], out[4:])
+
+
+def test_the_fused_sequence_step_is_causal_conv() -> None:
+    """``shortconv.sequence`` (the fused layers' per-sequence call) against
+    ``causal_conv``, bit for bit: the output and the new kept inputs."""
+    from gguflm.quant import matrix
+
+    matrix.threads()  # numba's threads started: a cached caller of parallel kernels needs them
+    rng = np.random.default_rng(3)
+    x, prev = (rng.standard_normal((m, 64)).astype(np.float32) for m in (7, 2))
+    w = rng.standard_normal((64, 3)).astype(np.float32)
+    want, kept = shortconv.causal_conv(x, prev, w)
+    got, new_kept = np.empty_like(want), np.empty_like(prev)
+    shortconv.sequence(x, prev, w, new_kept, got)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(new_kept, kept)
 
 
 def test_the_selection_bias_chooses_the_experts_and_leaves_their_weights(reference) -> None:

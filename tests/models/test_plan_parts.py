@@ -3,12 +3,14 @@ whose mixer, FFN or extra input the fused steps cannot take runs that part on th
 path and the rest fused; the plan names each part's path, and the logits are the reference
 path's bit for bit (``reference.stack`` forced: every part op by op).
 
-The tiny random-weight hybrids of the reference data (a recurrent mixer beside attention:
-Qwen3.5's with its gated attention fused), the tiny Gemma 4s (their attention fused: values
-normed, V = K's product, keys and values shared from an earlier layer; the dense FFN's
-float16-table GELU fused; the per-layer inputs, output scale and experts on the reference
-path), one of them with every part fused, and a tiny model with one weight in a type
-without a compiled product. Each new fused part, perturbed, makes the comparison fail.
+The tiny random-weight hybrids of the reference data (a recurrent mixer beside attention),
+the tiny Qwen3.5s and LFM2s (every part fused but the experts: the gated delta net or short
+convolution beside the attention, without the team; a quantized Qwen3.5 with one delta net
+on the reference path), the tiny Gemma 4s (their attention fused: values normed, V = K's
+product, keys and values shared from an earlier layer; the dense FFN's float16-table GELU
+fused; the per-layer inputs, output scale and experts on the reference path), one of them
+with every part fused, and a tiny model with one weight in a type without a compiled
+product. Each new fused part, perturbed, makes the comparison fail.
 """
 
 from __future__ import annotations
@@ -51,12 +53,6 @@ def _reference(model, monkeypatch: pytest.MonkeyPatch) -> np.ndarray:  # noqa: A
 
 # each hybrid's fused parts, then the first of those on the reference path
 HYBRIDS = {
-    "qwen35": ("fused: the attention in layers 1, 3, the FFN in layers 0-3; reference (numpy, "
-               "op by op): in layers 0, 2, the gated delta net (a recurrent mixer)"),
-    "qwen35moe": ("fused: the attention in layer 1; reference (numpy, op by op): in layer 0, "
-                  "the gated delta net (a recurrent mixer)"),
-    "lfm2": ("fused: the attention in layers 2, 4, the FFN in layers 0-5; reference (numpy, "
-             "op by op): in layers 0-1, 3, 5, the gated short convolution"),
     "granitehybrid": ("fused: the attention in layers 2, 4; reference (numpy, op by op): in "
                       "layers 0-1, 3, the Mamba2 state-space mixer"),
     "deepseek2": ("fused: the FFN in layer 0; reference (numpy, op by op): in layers 0-2, "
@@ -72,7 +68,7 @@ def _spied(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """How many times the fused attention and FFN steps run from now on."""
     from gguflm.model import fused
 
-    calls = {"attention": 0, "ffn": 0}
+    calls = {"attention": 0, "ffn": 0, "delta_net": 0, "short_conv": 0}
     for name in calls:
         real = getattr(fused, name)
 
@@ -95,8 +91,8 @@ def test_a_hybrid_runs_its_parts_fused_or_reference_with_the_reference_numbers(
     calls = _spied(monkeypatch)
     got = _run(model)
     fused = HYBRIDS[arch].split("; reference")[0]
-    assert (bool(calls["attention"]), bool(calls["ffn"])) == (
-        "the attention in" in fused, "the FFN in" in fused), calls
+    assert (bool(calls["attention"]), bool(calls["ffn"]), calls["delta_net"],
+            calls["short_conv"]) == ("the attention in" in fused, "the FFN in" in fused, 0, 0)
     assert np.isfinite(got).all()
     np.testing.assert_array_equal(got, _reference(model, monkeypatch))
 
@@ -110,6 +106,114 @@ def test_the_new_fused_attentions_with_other_cache_types(
     model, _ = load_tiny(reference, arch)
     model.use_kv_type(kv_type)
     np.testing.assert_array_equal(_run(model), _reference(model, monkeypatch))
+
+
+def _no_team(mixer: str) -> str:
+    return (f"compiled (fused layers for every batch; no team: layer 0 has the gated {mixer} "
+            "(a recurrent mixer), which the team does not take)")
+
+
+# each model's fused calls in ``_run`` (6 batches) by fused step; its dense FFNs' layers
+RECURRENT = {
+    "qwen35": ("delta net", {"attention": 2 * 6, "ffn": 4 * 6, "delta_net": 2 * 6,
+                             "short_conv": 0}, [0, 1, 2, 3]),
+    "qwen35moe": ("delta net", {"attention": 6, "ffn": 0, "delta_net": 6, "short_conv": 0},
+                  []),
+    "lfm2": ("short convolution", {"attention": 2 * 6, "ffn": 6 * 6, "delta_net": 0,
+                                   "short_conv": 4 * 6}, [0, 1, 2, 3, 4, 5]),
+    "lfm2moe": ("short convolution", {"attention": 6, "ffn": 6, "delta_net": 0,
+                                      "short_conv": 3 * 6}, [0]),
+}
+
+
+@pytest.mark.parametrize("arch", list(RECURRENT))
+def test_the_recurrent_mixers_run_fused_with_the_reference_numbers(
+        reference: Path, monkeypatch: pytest.MonkeyPatch, arch: str) -> None:
+    """The gated delta nets (``fused.delta_net``) and short convolutions
+    (``fused.short_conv``) fused beside the attention, the experts the only part on the
+    reference path; not the team, which takes no recurrent mixer. A prefill, decode steps,
+    a last-row prefill, two sequences batched."""
+    mixer, calls, dense = RECURRENT[arch]
+    model, _ = load_tiny(reference, arch)
+    assert model.plan.describe() == _no_team(mixer)
+    assert all(p.mixer is None for p in model.plan.paths)
+    assert [il for il, p in enumerate(model.plan.paths) if p.ffn is None] == dense
+    spied = _spied(monkeypatch)
+    got = _run(model)
+    assert spied == calls
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, _reference(model, monkeypatch))
+
+
+def _three_sequences(model) -> np.ndarray:  # noqa: ANN001
+    """Logits of a prompt, then its next chunk beside a new sequence's prompt (its last row)
+    and a one-token new sequence, then a decode step of all three, then two of them."""
+    arena = model.new_arena(32, 3)
+    a, b, c = arena.slots
+    out = [model.forward_batch([Part(a, np.arange(40, 47), ALL)])]
+    out.append(model.forward_batch([Part(b, np.arange(9, 14), LAST), Part(a, np.arange(3, 8),
+                                    ALL), Part(c, np.array([77]), ALL)]))
+    out.append(model.forward_batch([Part(s, np.array([60 + k]), ALL)
+                                    for k, s in enumerate((c, a, b))]))
+    out.append(model.forward_batch([Part(b, np.array([61, 62]), ALL),
+                                    Part(c, np.array([63]), ALL)]))
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("arch", list(RECURRENT))
+def test_the_fused_recurrent_mixers_with_chunks_and_new_sequences_beside_others(
+        reference: Path, monkeypatch: pytest.MonkeyPatch, arch: str) -> None:
+    """Each sequence from its own state (a new one from zeros), whatever its neighbours in
+    the batch: the reference path's logits."""
+    model, _ = load_tiny(reference, arch)
+    got = _three_sequences(model)
+    with monkeypatch.context() as m:
+        m.setattr(model, "plan", executor.Plan(None, "forced by the test"))
+        want = _three_sequences(model)
+    np.testing.assert_array_equal(got, want)
+
+
+def _quantized(arch: str) -> tuple[dict, dict]:
+    """A tiny random Qwen3.5 (4 layers: delta nets in 0 and 2) or LFM2 (3 layers: short
+    convolutions in 0 and 2): its metadata, and its 2-D weights' types: Q8_0, layer 0's
+    alpha or in_proj F16 (a group of two types, or F16 alone), layer 2's beta or output
+    F32 (no compiled product); the convolutions' taps F32."""
+    from test_archs_lfm2 import LFM2_TINY
+    from test_qwen35 import QWEN35_TINY
+
+    md = (tiny_metadata("qwen35", **QWEN35_TINY, block_count=4) if arch == "qwen35" else
+          tiny_metadata("lfm2", **LFM2_TINY))
+    odd = ({"blk.0.ssm_alpha.weight": GGMLType.F16, "blk.2.ssm_beta.weight": GGMLType.F32}
+           if arch == "qwen35" else {"blk.0.shortconv.in_proj.weight": GGMLType.F16,
+                                     "blk.2.shortconv.out_proj.weight": GGMLType.F32})
+    return md, odd
+
+
+@pytest.mark.parametrize(("arch", "step", "want"), [
+    ("qwen35", "delta_net", "fused: the attention in layers 1, 3, the gated delta net in layer "
+     "0, the FFN in layers 0-3; reference (numpy, op by op): in layer 2, the gated delta net: "
+     "blk.2.ssm_beta.weight (beta/alpha) is F32, which has no compiled product"),
+    ("lfm2", "short_conv", "fused: the attention in layer 1, the gated short convolution in "
+     "layer 0, the FFN in layers 0-2; reference (numpy, op by op): in layer 2, the gated short "
+     "convolution: blk.2.shortconv.out_proj.weight (output) is F32, which has no compiled "
+     "product")])
+def test_quantized_recurrent_mixers_fused_beside_one_on_the_reference_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str, step: str,
+        want: str) -> None:
+    """``_quantized``'s model: layer 2's mixer on the reference path, named, layer 0's
+    fused; the logits the reference path's."""
+    md, odd = _quantized(arch)
+    tensors = random_tensors(md, seed=7)
+    types = {n: GGMLType.Q8_0 for n, t in tensors.items()
+             if n.startswith("blk.") and t.ndim == 2 and "conv" not in n.split(".")[-2]}
+    model = gguflm.load_model(write_model(tmp_path / "q.gguf", md, tensors, types | odd))
+    plan = model.plan.describe()
+    assert model.plan.compiled and model.plan.mixed, plan
+    assert want in plan, plan
+    spied = _spied(monkeypatch)
+    got = _run(model)
+    assert spied[step] == 6, spied
+    np.testing.assert_array_equal(got, _reference(model, monkeypatch))
 
 
 def _perturbed_gate(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,6 +254,17 @@ def _layer_end_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fused, "end_step", off)
 
 
+def _delta_off(model, what: str) -> None:  # noqa: ANN001
+    """The fused recurrent mixers' convolution taps, or the delta nets' read-out norm
+    weight, a little off (the reference path's untouched)."""
+    from gguflm.model import fused
+
+    layers, stack = model.plan.tables()
+    model.plan._tables = (tuple(la if la.recurrent is None else dataclasses.replace(
+        la, recurrent=dataclasses.replace(la.recurrent, **{what: fused.vector(
+            getattr(la.recurrent, what) * np.float32(1.0001))})) for la in layers), stack)
+
+
 def _other_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fused attentions that read layer 1's keys and values read layer 0's (of the
     same shape) instead."""
@@ -169,9 +284,13 @@ def _other_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     ("gemma4", lambda model, mp: _float32_gelu(mp)),
     ("gemma4-moe", lambda model, mp: _no_value_norm(model)),
     ("gemma4", lambda model, mp: _other_cache(mp)),
-    ("gemma4", lambda model, mp: _layer_end_off(mp))],
+    ("gemma4", lambda model, mp: _layer_end_off(mp)),
+    ("qwen35", lambda model, mp: _delta_off(model, "conv")),
+    ("qwen35moe", lambda model, mp: _delta_off(model, "norm")),
+    ("lfm2moe", lambda model, mp: _delta_off(model, "conv"))],
     ids=["output gate", "float16-table GELU", "value norm", "shared keys and values",
-         "per-layer input"])
+         "per-layer input", "delta net convolution", "delta net read-out norm",
+         "short convolution"])
 def test_the_comparison_sees_a_fused_part_off(reference: Path, monkeypatch: pytest.MonkeyPatch,
                                               arch: str, perturb) -> None:  # noqa: ANN001
     """The checks above can fail: each new fused part, perturbed, changes the logits."""
@@ -185,8 +304,8 @@ def test_the_comparison_sees_a_fused_part_off(reference: Path, monkeypatch: pyte
 
 def test_the_experts_are_named_on_the_reference_path(reference: Path) -> None:
     """An expert FFN beside a reference mixer is named."""
-    moe = load_tiny(reference, "lfm2moe")[0].plan.describe()
-    assert "in layers 1-3, the FFN, a mixture of experts, run op by op: the router" in moe
+    moe = load_tiny(reference, "deepseek2")[0].plan.describe()
+    assert "in layers 1-2, the FFN, a mixture of experts, run op by op: the router" in moe
 
 
 def test_gemma4_with_its_per_layer_inputs_runs_every_part_fused(
@@ -206,7 +325,7 @@ def test_gemma4_with_its_per_layer_inputs_runs_every_part_fused(
     real = fused.end_step
     monkeypatch.setattr(fused, "end_step", lambda *a: ends.append(1) or real(*a))
     got = _run(model)
-    assert calls == {"attention": 6 * 6, "ffn": 6 * 6} and len(ends) == 6 * 6, (calls, ends)
+    assert (calls["attention"], calls["ffn"], len(ends)) == (6 * 6,) * 3, (calls, ends)
     np.testing.assert_array_equal(got, _reference(model, monkeypatch))
 
 
@@ -232,7 +351,7 @@ def test_gemma4_every_part_fused_runs_without_the_team(
                     "take)"), plan
     calls = _spied(monkeypatch)
     got = _run(model)
-    assert calls == {"attention": 6 * 6, "ffn": 6 * 6}, calls
+    assert calls == {"attention": 6 * 6, "ffn": 6 * 6, "delta_net": 0, "short_conv": 0}, calls
     assert np.isfinite(got).all()
     np.testing.assert_array_equal(got, _reference(model, monkeypatch))
 

@@ -64,20 +64,20 @@ def test_greedy_continuations_are_llama_cpps(tiny) -> None:
         assert greedy_tokens(model, case) == case["generated_tokens"], case["id"]
 
 
-def test_the_plan_says_which_parts_run_on_the_reference(tiny, capsys) -> None:
-    """The delta nets run on the reference mixer, the gated attention and every FFN fused."""
+def test_the_plan_says_how_the_layers_run(tiny, capsys) -> None:
+    """The delta nets, the gated attention and every FFN fused; no team (it takes no
+    recurrent mixer)."""
     from gguflm.cli import main
 
     model, folder = tiny
-    assert model.plan.compiled and model.plan.mixed
-    assert ("fused: the attention in layers 1, 3, the FFN in layers 0-3; reference (numpy, "
-            "op by op): in layers 0, 2, the gated delta net (a recurrent mixer), which has no "
-            "compiled executor yet") in model.plan.describe()
+    assert model.plan.compiled and not model.plan.mixed
+    plan = ("compiled (fused layers for every batch; no team: layer 0 has the gated delta net "
+            "(a recurrent mixer), which the team does not take)")
+    assert model.plan.describe() == plan
     assert main(["inspect", str(folder / "tiny-qwen35-f16.gguf")]) == 0
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if "layers run" in ln)
-    assert "compiled per part (fused layers for every batch; no team: some parts" in line
-    assert "fused: the attention in layers 1, 3, the FFN in layers 0-3" in line
+    assert plan in line
     # keys and values in the 2 attention layers only (2 KV heads of 64, f16, K and V); the
     # state: per delta net 3 x 512 conv inputs and 8 x 32 x 32, f32
     assert "KV cache (f16)    1,024 bytes/token (attention layers)" in out
@@ -194,6 +194,35 @@ def test_the_delta_rule_kernel_matches_a_float64_twin() -> None:
     deltanet.delta_rule(q, k, v, g, beta, state, state, again)  # in place: the same numbers
     np.testing.assert_array_equal(again, out)
     np.testing.assert_array_equal(state, new_state)
+
+
+@pytest.mark.parametrize(("n_k", "n_v", "s", "n"), [(2, 4, 128, 5), (4, 8, 32, 1)])
+def test_the_fused_sequence_step_is_the_op_by_op_steps(n_k: int, n_v: int, s: int,
+                                                        n: int) -> None:
+    """``deltanet.sequence`` (the fused layers' per-sequence call) against ``forward``'s
+    steps, convolution, L2 norms and delta rule, bit for bit: the read-out, the new
+    convolution inputs and the new state, at Qwen3.5-2B's head size and the tiny one's."""
+    from gguflm.quant import matrix
+
+    matrix.threads()  # numba's threads started: a cached caller of parallel kernels needs them
+    rng = np.random.default_rng(4)
+    c = (2 * n_k + n_v) * s
+    mixed, prev = (rng.standard_normal((m, c)).astype(np.float32) for m in (n, 3))
+    w = rng.standard_normal((c, 4)).astype(np.float32)
+    g = -np.abs(rng.standard_normal((n, n_v))).astype(np.float32)
+    beta = rng.uniform(0, 1, (n, n_v)).astype(np.float32)
+    ssm = rng.standard_normal((n_v, s, s)).astype(np.float32) * np.float32(0.1)
+    x, kept = deltanet.causal_conv(mixed, prev, w)
+    want, want_ssm = np.empty((n, n_v, s), np.float32), np.empty_like(ssm)
+    q, k = (deltanet.l2_norm(x[:, i * n_k * s:(i + 1) * n_k * s].reshape(n, n_k, s), 1e-6)
+            for i in (0, 1))
+    deltanet.delta_rule(q, k, np.ascontiguousarray(x[:, 2 * n_k * s:].reshape(n, n_v, s)), g,
+                        beta, ssm, want_ssm, want)
+    got, got_ssm, got_conv = np.empty_like(want), np.empty_like(ssm), np.empty_like(prev)
+    deltanet.sequence(mixed, prev, w, got_conv, g, beta, ssm, got_ssm, got, n_k,
+                      *deltanet.l2_constants(s, 1e-6))
+    for a, b in ((got, want), (got_ssm, want_ssm), (got_conv, kept)):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 def test_the_convolution_is_causal_and_keeps_its_last_inputs() -> None:

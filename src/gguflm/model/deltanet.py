@@ -8,6 +8,10 @@ token the fused delta rule, one float32 step at a time, exactly as ggml's fused 
 for prompts and decoding alike (its chunked form is a GPU path). So a sequence's numbers
 do not depend on how its prompt was cut into batches or on the other rows of a batch;
 the new states are staged and committed with the positions (``Batch.advance``).
+
+``forward`` runs it op by op (the reference path); the fused layers (``fused.delta_net``)
+run the same kernels in fewer calls: the per-sequence steps as one (``sequence``), the
+gates in numpy between calls (``gates``), which both paths share.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ import numpy as np
 from numba import njit, prange
 
 from ..quant import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
+from ..quant.glu import silu_par
 from . import ops
 from .layer import DeltaNet
+from .rowkernels import rmsnorm_rows
 
 
 # reassociation lets the dot products vectorize (8 or 16 partial sums, as ggml's
@@ -95,6 +101,58 @@ def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
     return unit * np.float32(1.0 / np.sqrt(np.float32(n)))
 
 
+def gates(beta: np.ndarray, alpha: np.ndarray, d: DeltaNet) -> tuple[np.ndarray, np.ndarray]:
+    """The beta and alpha products (T, n_v) -> (the rates sigmoid(beta), the log decays
+    g = softplus(alpha + dt) * a), each (T, n_v) f32 and C-contiguous: numpy's exp and
+    log1p, which both paths run (numba's float32 exp differs from numpy's on some inputs)."""
+    return ops.sigmoid(beta), ops.softplus(alpha + d.dt) * d.a
+
+
+def l2_constants(s: int, eps: float) -> tuple[np.float32, np.float32]:
+    """(the eps of ``l2_norm``'s RMS norm, its scale 1 / sqrt(s)) for heads of s, as
+    ``l2_norm`` forms them: what ``sequence`` takes."""
+    return np.float32(eps / s), np.float32(1.0 / np.sqrt(np.float32(s)))
+
+
+@njit(cache=True, nogil=True)
+def _l2_heads(x, n_head, s, eps, scale):  # noqa: ANN001, ANN202
+    """x (T, n_head s) f32 -> (T, n_head, s) f32: each head ``l2_norm``ed (``rmsnorm_rows``
+    with unit weights and eps / s, then times 1 / sqrt(s): ``l2_constants``)."""
+    rows = np.ascontiguousarray(x).reshape((x.shape[0] * n_head, s))
+    out = np.empty_like(rows)
+    rmsnorm_rows(rows, np.ones(s, np.float32), eps, out)
+    for r in range(out.shape[0]):
+        for i in range(s):
+            out[r, i] = out[r, i] * scale
+    return out.reshape((x.shape[0], n_head, s))
+
+
+@njit(cache=True, nogil=True)
+def sequence(mixed, prev, w, new_conv, g, beta, ssm, new_ssm, out, n_k, eps, scale):  # noqa: ANN001, ANN201, PLR0913
+    """One sequence's rows through ``forward``'s per-sequence steps in one call: mixed
+    (T, conv_dim) f32 after the kept inputs ``prev`` (d_conv - 1, conv_dim), taps w
+    (conv_dim, d_conv) -> ``causal_conv`` (its kept inputs into ``new_conv``), q and k
+    (``n_k`` heads) L2-normed (``_l2_heads``: ``l2_constants``' eps and scale), then
+    ``delta_rule`` with g, beta (T, n_v) from ``ssm`` into ``new_ssm`` and out (T, n_v, S).
+    The same kernels as the op-by-op steps, on arrays of the same types: the same numbers.
+    Its parallel kernels need numba's threads started (``matrix.threads()``) before a call
+    loaded from the cache."""
+    n, taps = mixed.shape[0], w.shape[1]
+    s = out.shape[2]
+    window = np.empty((n + taps - 1, mixed.shape[1]), np.float32)
+    window[:taps - 1] = prev
+    window[taps - 1:] = mixed
+    acc = np.empty((n, mixed.shape[1]), np.float32)
+    _conv_rows(window, w, acc)
+    x = np.empty_like(acc)
+    silu_par(acc, x)
+    new_conv[:] = window[n:]
+    q = _l2_heads(x[:, :n_k * s], n_k, s, eps, scale)
+    k = _l2_heads(x[:, n_k * s:2 * n_k * s], n_k, s, eps, scale)
+    v = np.ascontiguousarray(x[:, 2 * n_k * s:]).reshape((n, out.shape[1], s))
+    delta_rule(q, k, v, g, beta, ssm, new_ssm, out)
+
+
 def forward(h: np.ndarray, d: DeltaNet, batch: object, eps: float) -> np.ndarray:
     """Normed input h (T, n_embd) -> (T, n_embd), each sequence of ``batch`` from its
     slot's state, staging the new states; ``eps`` the model's RMS eps (L2 norms, gated
@@ -102,8 +160,7 @@ def forward(h: np.ndarray, d: DeltaNet, batch: object, eps: float) -> np.ndarray
     n, nk, nv, s = len(h), d.n_k_head, d.n_v_head, d.head_dim
     mixed, z, beta, alpha = ops.linears(h, (d.qkv, d.z, d.beta, d.alpha))
     z = z.reshape(n, nv, s)                                   # mixed (T, conv_dim)
-    beta = ops.sigmoid(beta)                                  # (T, n_v)
-    g = ops.softplus(alpha + d.dt) * d.a
+    beta, g = gates(beta, alpha, d)                           # (T, n_v)
     out = np.empty((n, nv, s), np.float32)
     for part, rows in batch.sequences():
         conv_state, ssm, new_conv, new_ssm = batch.recurrent_state(d.index, part)

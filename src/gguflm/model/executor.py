@@ -1,20 +1,22 @@
 """The layers' one way to run: a planner over the layer specs and one executor.
 
 ``plan(blocks)`` looks at the typed specs once, at load, and decides each layer's parts
-apart (``LayerPath``): its mixer runs fused (``fused.attention``) or on the reference path
-(a recurrent or latent mixer, an attention with a weight type without a compiled product),
-its FFN fused (``fused.ffn``) or on the reference path (experts, a dense FFN beside
-experts...), and what comes after the FFN (a per-layer input and the output scale:
-``fused.end_step``) fused, or op by op where its products have no compiled kernel. From
+apart (``LayerPath``): its mixer runs fused (``fused.attention``; ``fused.delta_net``,
+``fused.short_conv`` for a gated delta net or short convolution) or on the reference path
+(Mamba2, latent attention, a mixer with a weight type without a compiled product), its FFN
+fused (``fused.ffn``) or on the reference path (experts, a dense FFN beside experts...),
+and what comes after the FFN (a per-layer input and the output scale: ``fused.end_step``)
+fused, or op by op where its products have no compiled kernel. From
 these it builds what the compiled code needs (each layer's arguments for the fused layers,
 ``fused.LayerArgs``, and the team's tables, ``team.Stack``) or says why it cannot; ``run``
 then takes, for every batch:
 
 - the team (``team.run_stack``): every layer in one compiled call shared by the threads,
   for a few rows (decoding, short prompts), where every layer is compiled whole and alike;
-- the fused layers (``fused.layer``): each layer's fused parts as one compiled call each,
-  the others as the reference path runs them, for longer batches (for every batch where
-  the team cannot take the layers);
+- the fused layers (``fused.layer``): each layer's fused parts as one compiled call each
+  (a recurrent mixer two, and one more per further sequence of the batch), the others as
+  the reference path runs them, for longer batches (for every batch where the team cannot
+  take the layers);
 - the reference forward (``reference.stack``) when the plan says no part of the layers can
   be compiled, for the reason it gives (``Plan.describe``, shown by ``gguflm inspect`` and
   ``run --verbose``, which name each part's path: never silently); or, on a first run,
@@ -163,12 +165,13 @@ EXPERTS = "experts"  # the key of an expert FFN (op by op, as in a compiled mode
 @dataclass(frozen=True)
 class LayerPath:
     """How one layer's parts run: the mixer and the FFN each fused (None: ``fused.attention``,
-    ``fused.ffn``) or on the reference path (the ``Part``); ``extras``: what runs after
-    the FFN, op by op (``reference.layer_end``)."""
+    ``fused.delta_net`` or ``fused.short_conv``, ``fused.ffn``) or on the reference path (the
+    ``Part``); ``extras``: what runs after the FFN, op by op (``reference.layer_end``)."""
 
     mixer: Part | None
     ffn: Part | None
     extras: tuple[Part, ...] = ()
+    mixer_name: str = "the attention"  # what the mixer is, in the plan (``_mixer_name``)
 
     @property
     def fused(self) -> bool:
@@ -183,12 +186,16 @@ class LayerPath:
                 and not self.extras)
 
 
+# the gated delta net's product groups, as ``fused.delta_net`` runs them
+_DELTA_GROUPS = (("qkv/z", lambda b: (b.attn.qkv, b.attn.z)),
+                 ("beta/alpha", lambda b: (b.attn.beta, b.attn.alpha)),
+                 ("output", lambda b: (b.attn.out,)))
+_SHORT_GROUPS = (("in_proj", lambda b: (b.attn.in_proj,)), ("output", lambda b: (b.attn.out,)))
+DELTA_NET = "the gated delta net"  # their names in the plan
+SHORT_CONV = "the gated short convolution"
+
 # recurrent and latent mixers, which have no fused step: (what, how they run)
-_MIXERS = ((DeltaNet, "the gated delta net (a recurrent mixer)",
-            "its convolution and delta rule run per sequence in numba"),
-           (ShortConv, "the gated short convolution (a recurrent mixer)",
-            "its convolution runs per sequence in numba"),
-           (Mamba2, "the Mamba2 state-space mixer (a recurrent mixer)",
+_MIXERS = ((Mamba2, "the Mamba2 state-space mixer (a recurrent mixer)",
             "its convolution and scan run per sequence in numba"),
            (LatentAttention, "the multi-head latent attention (MLA: the cache holds each "
             "position's compressed latent)", "its attention runs over the latent in numba"))
@@ -212,6 +219,10 @@ def _mixer_path(b: Block) -> Part | None:
         if isinstance(a, kind):
             text = f"{what}, which has no compiled executor yet: {how}, its products op by op"
             return Part(text, text)
+    if isinstance(a, DeltaNet):
+        return _slow_product(b, _DELTA_GROUPS, DELTA_NET)
+    if isinstance(a, ShortConv):
+        return _slow_product(b, _SHORT_GROUPS, SHORT_CONV)
     return _slow_product(b, _GROUPS[:2], "the attention")
 
 
@@ -259,7 +270,13 @@ def _extras(b: Block) -> tuple[Part, ...]:
 
 def _paths(blocks: list[Block]) -> list[LayerPath]:
     """Each layer's parts' paths."""
-    return [LayerPath(_mixer_path(b), _ffn_path(b), _extras(b)) for b in blocks]
+    return [LayerPath(_mixer_path(b), _ffn_path(b), _extras(b), _mixer_name(b)) for b in blocks]
+
+
+def _mixer_name(b: Block) -> str:
+    """What layer ``b``'s mixer is, in the plan."""
+    return (DELTA_NET if isinstance(b.attn, DeltaNet) else
+            SHORT_CONV if isinstance(b.attn, ShortConv) else "the attention")
 
 
 def _layers(ils: list[int]) -> str:
@@ -276,8 +293,10 @@ def _layers(ils: list[int]) -> str:
 
 def _summary(paths: list[LayerPath]) -> tuple[str, str]:
     """(the fused parts and their layers, the reference path's parts and their layers)."""
-    fused = [(what, [il for il, p in enumerate(paths) if getattr(p, part) is None])
-             for what, part in (("the attention", "mixer"), ("the FFN", "ffn"))]
+    fused = [(what, [il for il, p in enumerate(paths) if getattr(p, part) is None
+                     and (part == "ffn" or p.mixer_name == what)])
+             for what, part in (("the attention", "mixer"), (DELTA_NET, "mixer"),
+                                (SHORT_CONV, "mixer"), ("the FFN", "ffn"))]
     found = sorted(((rank, il, part) for il, p in enumerate(paths)  # mixers, FFNs, extras
                     for rank, part in enumerate((p.mixer, p.ffn, *p.extras))
                     if part is not None), key=lambda f: f[:2])
@@ -299,8 +318,10 @@ def _not_compilable(blocks: list[Block], paths: list[LayerPath]) -> str:
 
 def _team_lacks(b: Block) -> str:
     """What of layer ``b``'s the team's attention or FFN does not take (the fused steps
-    do), or ''."""
+    do: a recurrent mixer, ...), or ''."""
     a = b.attn
+    if isinstance(a, DeltaNet | ShortConv):
+        return f"{_mixer_name(b)} (a recurrent mixer)"
     return ", ".join(name for name, present in (
         ("values RMS-normed", a.v_norm is not None),
         ("keys and values shared from an earlier layer", a.kv_layer is not None),

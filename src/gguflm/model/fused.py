@@ -13,7 +13,14 @@ attention, the output product) as one call instead of about ten; V may be K's pr
 shared KV layers), and an output gate (Qwen3.5) splits it in two calls around numpy's
 sigmoid (``attention``), the one the reference path computes. ``end_step`` runs a Gemma 4
 layer's per-layer input (its gate's product, the float16-table GELU times the input, the
-projection and its norm) and output scale after the FFN's residual add.
+projection and its norm) and output scale after the FFN's residual add. A gated delta
+net (``delta_net``: Qwen3.5's recurrent mixer) runs as ``delta_in`` (norm and products),
+its gates in numpy (``deltanet.gates``, the reference path's exp and log1p), per sequence
+``deltanet.sequence`` (convolution, L2 norms, delta rule; the states staged between calls,
+as ``deltanet.forward`` stages them), then ``delta_out`` (gated norm, output product) in
+the last sequence's call (``delta_last``); a gated short convolution (``short_conv``:
+LFM2's) as ``short_in``, per sequence ``shortconv.sequence``, the last with ``short_out``
+(``short_last``). Two compiled calls per layer for a batch of one sequence.
 
 They are plain compiled functions calling the compiled kernels the separate ops call
 (``rowkernels.rmsnorm_rows``/``rope_rows``, ``kernels.qmatmul_par``/``qmatmul_serial``,
@@ -36,12 +43,12 @@ from numba import njit
 from gguflm.quant import grouped, kernels, matrix
 from gguflm.quant.floatbits import f16_from_f32
 from gguflm.quant.grouped import matmul_par, matmul_serial
-from gguflm.quant.kernels import geglu, swiglu
+from gguflm.quant.kernels import geglu, silu_par, swiglu
 
 from . import attention as _attention
-from . import ops, reference
+from . import deltanet, ops, reference, shortconv
 from .attention import _attend_par, _attend_serial
-from .layer import Block, Experts, Linear
+from .layer import Block, DeltaNet, Experts, Linear, ShortConv
 from .rowkernels import rmsnorm_rows, rope_rows
 
 
@@ -245,6 +252,100 @@ def attention_step(x, norm_w, eps, kinds_qkv, ws_qkv, n_qkv, kinds_o, ws_o, tbl,
     return _output(a2, kinds_o, ws_o, tbl, par[2], threads, b_o, post_norm, eps)
 
 
+@njit(cache=True, nogil=True)
+def delta_in(x, norm_w, eps, kinds_mz, ws_mz, kinds_ba, ws_ba, tbl, par, threads, biases):  # noqa: ANN001, ANN201, PLR0913
+    """x (T, n_embd) f32 -> the gated delta net's products of its normed input (``norm_w``
+    as ``pre_norm`` takes it): (mixed (T, conv_dim), z (T, n_v S), beta (T, n_v), alpha
+    (T, n_v)) f32, as ``deltanet.forward`` forms them. ``ws_mz``/``kinds_mz``: the qkv and z
+    weights, ``ws_ba``/``kinds_ba``: beta's and alpha's (padded as ``kernels.pad_products``
+    pads them: MAX_FUSED products a call); ``par`` whether each group runs on ``threads``
+    threads; ``biases`` the four products' (their rows,) f32, or empty."""
+    n = x.shape[0]
+    h = np.empty_like(x)
+    pre_norm(x, norm_w, eps, h)
+    mixed = np.empty((n, ws_mz[0].shape[0]), np.float32)
+    z = np.empty((n, ws_mz[1].shape[0]), np.float32)
+    beta = np.empty((n, ws_ba[0].shape[0]), np.float32)
+    alpha = np.empty((n, ws_ba[1].shape[0]), np.float32)
+    _products(kinds_mz, ws_mz, h, tbl, (mixed, z, mixed), 2, par[0], threads)
+    _products(kinds_ba, ws_ba, h, tbl, (beta, alpha, beta), 2, par[1], threads)
+    add_bias(mixed, biases[0])
+    add_bias(z, biases[1])
+    add_bias(beta, biases[2])
+    add_bias(alpha, biases[3])
+    return mixed, z, beta, alpha
+
+
+@njit(cache=True, nogil=True)
+def delta_out(o, z, norm, eps, kinds_o, ws_o, tbl, par, threads, b_o, post_norm):  # noqa: ANN001, ANN201, PLR0913
+    """The delta rule's read-out o (T, n_v, S) f32 -> (T, n_embd) f32: each head
+    RMS-normed times ``norm`` (S,), times silu(z) (z (T, n_v S): ``silu_par`` over rows of
+    S, as ``ops.silu`` of z (T, n_v, S)), then the output product and the post norm
+    (``_output``)."""
+    n, nv, s = o.shape
+    normed = np.empty((n * nv, s), np.float32)
+    rmsnorm_rows(o.reshape((n * nv, s)), norm, eps, normed)
+    sz = np.empty((n * nv, s), np.float32)
+    silu_par(z.reshape((n * nv, s)), sz)
+    gated = np.empty((n, nv * s), np.float32)
+    flat = gated.reshape((n * nv, s))
+    for r in range(n * nv):
+        for i in range(s):
+            flat[r, i] = normed[r, i] * sz[r, i]
+    return _output(gated, kinds_o, ws_o, tbl, par, threads, b_o, post_norm, eps)
+
+
+@njit(cache=True, nogil=True)
+def delta_last(mixed, prev, w, new_conv, g, beta, ssm, new_ssm, o_rows, n_k, l2, o, z, norm,  # noqa: ANN001, ANN201, PLR0913
+               eps, kinds_o, ws_o, tbl, par, threads, b_o, post_norm):
+    """The batch's last sequence's ``deltanet.sequence`` (its read-out into ``o_rows``, its
+    rows of o; ``l2``: its eps and scale), then ``delta_out`` of every row: one call."""
+    deltanet.sequence(mixed, prev, w, new_conv, g, beta, ssm, new_ssm, o_rows, n_k, l2[0],
+                      l2[1])
+    return delta_out(o, z, norm, eps, kinds_o, ws_o, tbl, par, threads, b_o, post_norm)
+
+
+@njit(cache=True, nogil=True)
+def short_in(x, norm_w, eps, kinds, ws, tbl, par, threads, bias):  # noqa: ANN001, ANN201, PLR0913
+    """x (T, n_embd) f32 -> the gated short convolution's (bcx (T, 3 C), b * x (T, C)) f32
+    of its normed input (``norm_w`` as ``pre_norm`` takes it), as ``shortconv.forward``
+    forms them: ``ws``/``kinds`` in_proj's weight (padded as ``kernels.pad_products`` pads
+    it), ``bias`` its bias or empty; ``par`` whether it runs on ``threads`` threads."""
+    n = x.shape[0]
+    h = np.empty_like(x)
+    pre_norm(x, norm_w, eps, h)
+    bcx = np.empty((n, ws[0].shape[0]), np.float32)
+    _products(kinds, ws, h, tbl, (bcx, bcx, bcx), 1, par, threads)
+    add_bias(bcx, bias)
+    c = bcx.shape[1] // 3
+    bx = np.empty((n, c), np.float32)
+    for t in range(n):
+        for i in range(c):
+            bx[t, i] = bcx[t, i] * bcx[t, 2 * c + i]
+    return bcx, bx
+
+
+@njit(cache=True, nogil=True)
+def short_out(bcx, conv, kinds_o, ws_o, tbl, par, threads, b_o, post_norm, eps):  # noqa: ANN001, ANN201, PLR0913
+    """c * conv (c: bcx's middle C columns, conv (T, C) f32) through the output product
+    and the post norm (``_output``) -> (T, n_embd) f32."""
+    n, c = conv.shape
+    y = np.empty((n, c), np.float32)
+    for t in range(n):
+        for i in range(c):
+            y[t, i] = bcx[t, c + i] * conv[t, i]
+    return _output(y, kinds_o, ws_o, tbl, par, threads, b_o, post_norm, eps)
+
+
+@njit(cache=True, nogil=True)
+def short_last(bx, prev, w, new_kept, conv_rows, bcx, conv, kinds_o, ws_o, tbl, par, threads,  # noqa: ANN001, ANN201, PLR0913
+               b_o, post_norm, eps):
+    """The batch's last sequence's ``shortconv.sequence`` (into ``conv_rows``, its rows of
+    conv), then ``short_out`` of every row: one call."""
+    shortconv.sequence(bx, prev, w, new_kept, conv_rows)
+    return short_out(bcx, conv, kinds_o, ws_o, tbl, par, threads, b_o, post_norm, eps)
+
+
 _NONE = kernels.read_only(np.zeros(0, np.float32))
 
 
@@ -277,6 +378,43 @@ def group(lins: tuple[Linear, ...]) -> Group:
                  sum(lin.w.shape[0] for lin in lins) * lins[0].w.shape[1], len(lins))
 
 
+@dataclass(frozen=True, eq=False)
+class DeltaArgs:
+    """What a gated delta net's fused steps (``delta_net``) take from call to call."""
+
+    mixed_z: Group  # the qkv and z products
+    beta_alpha: Group  # the beta and alpha products
+    out: Group
+    conv: np.ndarray  # (conv_dim, d_conv) f32, read-only: the convolution's taps
+    norm: np.ndarray  # (S,) f32: the read-out's RMS norm weight
+    l2: tuple[np.float32, np.float32]  # ``deltanet.l2_constants``
+
+
+def delta_args(d: DeltaNet, eps: float) -> DeltaArgs:
+    """The ``DeltaArgs`` of delta net ``d`` (its products all compiled types), ``eps`` the
+    layer's RMS eps."""
+    return DeltaArgs(group((d.qkv, d.z)), group((d.beta, d.alpha)), group((d.out,)),
+                     vector(d.conv), vector(d.norm),
+                     deltanet.l2_constants(d.head_dim, eps))
+
+
+@dataclass(frozen=True, eq=False)
+class ShortArgs:
+    """What a gated short convolution's fused steps (``short_conv``) take."""
+
+    in_proj: Group
+    out: Group
+    conv: np.ndarray  # (C, l_cache) f32, read-only: the convolution's taps
+
+
+def recurrent_args(a: DeltaNet | ShortConv, eps: float) -> DeltaArgs | ShortArgs:
+    """The fused steps' arguments of recurrent mixer ``a`` (its products all compiled
+    types), ``eps`` the layer's RMS eps."""
+    if isinstance(a, ShortConv):
+        return ShortArgs(group((a.in_proj,)), group((a.out,)), vector(a.conv))
+    return delta_args(a, eps)
+
+
 def _qkv(a: Any) -> tuple[Linear, ...]:
     """The products attention ``a`` runs on its input, as ``reference.attention`` (and
     ``_heads``) takes them: Q, K, V; Q, K (V = K's); Q alone (an earlier layer's K, V)."""
@@ -301,27 +439,33 @@ class LayerArgs:
     head_macs: int  # attention's multiply-adds per row and cached position
     # the per-layer input's gate and projection (None: none, or on the reference path)
     per_layer: tuple[Group, Group] | None = None
+    # a recurrent mixer's, fused (``delta_net``, ``short_conv``); qkv None
+    recurrent: DeltaArgs | ShortArgs | None = None
 
 
 def layer_args(b: Block, mixer: bool = True, ffn: bool = True, end: bool = True
                ) -> LayerArgs:
-    """``LayerArgs`` of a layer whose attention (``mixer``), dense FFN (``ffn``) and
-    per-layer input (``end``) run fused: their products all have compiled kernels
-    (``grouped.COMPILED_TYPES``); the other parts run on the reference path."""
+    """``LayerArgs`` of a layer whose mixer (an attention, a gated delta net or short
+    convolution: ``mixer``), dense FFN (``ffn``) and per-layer input (``end``) run fused:
+    their products all have compiled kernels (``grouped.COMPILED_TYPES``); the other parts
+    run on the reference path."""
     a, f = b.attn, b.ffn
     dense = ffn and not isinstance(f, Experts)
-    heads = ((a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v) if mixer else (0, 0, 0, 0))
-    q_norm, k_norm, sinks, v_norm = ((a.q_norm, a.k_norm, a.sinks, a.v_norm) if mixer else
+    recurrent = mixer and isinstance(a, DeltaNet | ShortConv)
+    attn = mixer and not recurrent
+    heads = ((a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v) if attn else (0, 0, 0, 0))
+    q_norm, k_norm, sinks, v_norm = ((a.q_norm, a.k_norm, a.sinks, a.v_norm) if attn else
                                      (None, None, None, None))
     return LayerArgs(
-        group(_qkv(a)) if mixer else None, group((a.o,)) if mixer else None,
+        group(_qkv(a)) if attn else None, group((a.o,)) if attn else None,
         group((f.gate, f.up)) if dense else None, group((f.down,)) if dense else None,
         tuple(vector(w) for w in (b.attn_norm, q_norm, k_norm, b.attn_post_norm, b.ffn_norm,
                                   b.ffn_post_norm, sinks, v_norm)),
-        np.float32(b.eps), np.float32(a.scale if mixer else 0.0),
-        np.float32(a.softcap if mixer else 0.0), heads, heads[0] * (heads[2] + heads[3]),
+        np.float32(b.eps), np.float32(a.scale if attn else 0.0),
+        np.float32(a.softcap if attn else 0.0), heads, heads[0] * (heads[2] + heads[3]),
         (group((b.per_layer.gate,)), group((b.per_layer.proj,)))
-        if end and b.per_layer is not None else None)
+        if end and b.per_layer is not None else None,
+        recurrent_args(a, b.eps) if recurrent else None)
 
 
 _NO_GATE = np.zeros((0, 0), np.float32)
@@ -358,6 +502,68 @@ def attention(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
     return step(step(x, 1) * ops.sigmoid(gate), 2)
 
 
+def delta_net(x: np.ndarray, b: Block, la: LayerArgs, batch: Any) -> np.ndarray:
+    """The gated delta net of layer ``b`` behind its norm for x (T, n_embd), as
+    ``reference.mixer_part`` runs it (``deltanet.forward``): ``delta_in``; the gates in
+    numpy (``deltanet.gates``, the reference path's exp and log1p); per sequence of
+    ``batch``, from its slot's state, ``deltanet.sequence``, staging the new state as
+    ``deltanet.forward`` does; ``delta_out`` in the last sequence's call (``delta_last``):
+    two compiled calls for a batch of one sequence. Each product on all threads from
+    ``matrix.PARALLEL_MIN_MACS`` multiply-adds, as the separate products decide."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n = len(x)
+    lim = matrix.PARALLEL_MIN_MACS
+    d, dn = b.attn, la.recurrent
+    mixed, z, beta, alpha = delta_in(
+        x, la.norms[0], la.eps, dn.mixed_z.kinds, dn.mixed_z.ws, dn.beta_alpha.kinds,
+        dn.beta_alpha.ws, kernels.F16_TABLE, (n * dn.mixed_z.macs >= lim,
+                                              n * dn.beta_alpha.macs >= lim),
+        matrix.threads(), (*dn.mixed_z.biases, *dn.beta_alpha.biases))
+    beta, g = deltanet.gates(beta, alpha, d)
+    out = np.empty((n, d.n_v_head, d.head_dim), np.float32)
+    seqs = batch.sequences()
+    for i, (part, rows) in enumerate(seqs):
+        conv, ssm, new_conv, new_ssm = batch.recurrent_state(d.index, part)
+        args = (mixed[rows], conv, dn.conv, new_conv, np.ascontiguousarray(g[rows]),
+                np.ascontiguousarray(beta[rows]), ssm, new_ssm, out[rows], d.n_k_head)
+        if i < len(seqs) - 1:
+            deltanet.sequence(*args, *dn.l2)
+        else:
+            y = delta_last(*args, dn.l2, out, z, dn.norm, la.eps, dn.out.kinds, dn.out.ws,
+                           kernels.F16_TABLE, n * dn.out.macs >= lim, matrix.threads(),
+                           dn.out.biases[0], la.norms[3])
+        batch.stage_state(d.index, part)
+    return y
+
+
+def short_conv(x: np.ndarray, b: Block, la: LayerArgs, batch: Any) -> np.ndarray:
+    """The gated short convolution of layer ``b`` behind its norm for x (T, n_embd), as
+    ``reference.mixer_part`` runs it (``shortconv.forward``): ``short_in``; per sequence of
+    ``batch``, from its slot's state, ``shortconv.sequence``, staging the new state as
+    ``shortconv.forward`` does; ``short_out`` in the last sequence's call (``short_last``):
+    two compiled calls for a batch of one sequence. Each product on all threads from
+    ``matrix.PARALLEL_MIN_MACS`` multiply-adds, as the separate products decide."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n = len(x)
+    lim = matrix.PARALLEL_MIN_MACS
+    s, sa = b.attn, la.recurrent
+    bcx, bx = short_in(x, la.norms[0], la.eps, sa.in_proj.kinds, sa.in_proj.ws,
+                       kernels.F16_TABLE, n * sa.in_proj.macs >= lim, matrix.threads(),
+                       sa.in_proj.biases[0])
+    conv = np.empty_like(bx)
+    seqs = batch.sequences()
+    for i, (part, rows) in enumerate(seqs):
+        kept, _, new_kept, _ = batch.recurrent_state(s.index, part)
+        if i < len(seqs) - 1:
+            shortconv.sequence(bx[rows], kept, sa.conv, new_kept, conv[rows])
+        else:
+            y = short_last(bx[rows], kept, sa.conv, new_kept, conv[rows], bcx, conv,
+                           sa.out.kinds, sa.out.ws, kernels.F16_TABLE, n * sa.out.macs >= lim,
+                           matrix.threads(), sa.out.biases[0], la.norms[3], la.eps)
+        batch.stage_state(s.index, part)
+    return y
+
+
 def ffn(x: np.ndarray, b: Block, la: LayerArgs) -> np.ndarray:
     """``ffn_step`` for x (T, n_embd); each product on all threads from
     ``matrix.PARALLEL_MIN_MACS`` multiply-adds, as the separate products decide."""
@@ -389,13 +595,18 @@ def layer(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
           ropes: tuple[np.ndarray, ...], rows: np.ndarray | None = None,
           inp: np.ndarray | None = None) -> np.ndarray:
     """``reference.layer`` with each part the plan compiled (``la``) as one compiled call:
-    the attention, the dense FFN; the others as the reference path runs them (a recurrent
+    the attention, the dense FFN (a gated delta net, a short convolution: ``delta_net``'s,
+    ``short_conv``'s calls); the others as the reference path runs them (another recurrent
     mixer, experts: ``reference.ffn_part``, each expert's products compiled); then the
     per-layer input and the output scale (``layer_end``). The branches join the residual as
     ``reference.residual`` scales them; ``ropes``, ``rows``, ``inp`` as
     ``reference.stack`` takes them, ``inp`` this layer's input."""
     if la.qkv is not None:
         a = attention(x, b, la, batch, il, ropes[b.attn.rope])
+    elif isinstance(la.recurrent, DeltaArgs):
+        a = delta_net(x, b, la, batch)
+    elif la.recurrent is not None:
+        a = short_conv(x, b, la, batch)
     else:
         a = reference.mixer_part(x, b, batch, il, *reference.rotations(b, ropes))
     if rows is not None:

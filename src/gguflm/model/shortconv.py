@@ -7,12 +7,17 @@ convolution over each l_cache window (ggml's ssm_conv: the taps summed in order,
 float32), times c. Each output depends only on its sequence's last l_cache inputs, so the
 numbers do not depend on how a prompt was cut into batches or on the other rows of a
 batch; the new states are staged and committed with the positions (``Batch.advance``).
+``forward`` runs it op by op (the reference path); the fused layers (``fused.short_conv``)
+run the same kernels in two compiled calls and one more per further sequence
+(``sequence``).
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
+from ..quant import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from . import ops
 from .deltanet import _conv_rows  # ggml's ssm_conv, which the delta net's convolution is too
 from .layer import ShortConv
@@ -27,6 +32,20 @@ def causal_conv(x: np.ndarray, prev: np.ndarray, w: np.ndarray) -> tuple[np.ndar
     out = np.empty((len(x), window.shape[1]), np.float32)
     _conv_rows(window, np.ascontiguousarray(w, np.float32), out)
     return out, window[len(window) - (w.shape[1] - 1):]
+
+
+@njit(cache=True, nogil=True)
+def sequence(x, prev, w, new_kept, out):  # noqa: ANN001, ANN201
+    """``causal_conv`` in one call: x (T, C) f32 after ``prev`` (d_conv - 1, C), taps w
+    (C, d_conv) -> out (T, C) f32, the new kept inputs into ``new_kept`` (the same kernel:
+    the same numbers). Needs numba's threads started (``matrix.threads()``), as
+    ``deltanet.sequence``."""
+    n, taps = x.shape[0], w.shape[1]
+    window = np.empty((n + taps - 1, x.shape[1]), np.float32)
+    window[:taps - 1] = prev
+    window[taps - 1:] = x
+    _conv_rows(window, w, out)
+    new_kept[:] = window[n:]
 
 
 def forward(h: np.ndarray, s: ShortConv, batch: object) -> np.ndarray:
