@@ -59,7 +59,8 @@ def test_batch_invariance(reference: Path, arch: str) -> None:
 
 
 def test_inspect_names_the_path(reference: Path, capsys) -> None:
-    """Attention compiled, the experts op by op (for now), and the output says so."""
+    """Attention and experts compiled (the F16 experts through the float kernel), and
+    the output says so."""
     from gguflm.cli import main
 
     path = reference / "arch" / "qwen3moe" / "tiny-qwen3moe-f16.gguf"
@@ -68,8 +69,8 @@ def test_inspect_names_the_path(reference: Path, capsys) -> None:
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
     assert ("compiled (fused layers for every batch; no team: layer 0's FFN is a mixture of "
-            "experts, run op by op") in out
-    assert "expert by expert (blk.0.ffn_gate_exps.weight[0] is F16: no integer kernel)" in out
+            "experts (fused: the router, the top-k and the chosen experts in one compiled "
+            "call), which the team does not take)") in out
     assert "8 (2 used per token)" in out
     with gguflm.gguf.open(path) as f:
         total = sum(t.n_elements for t in f.tensors.values())
@@ -153,9 +154,10 @@ def test_mxfp4_experts_run_and_the_plan_says_how(reference: Path, tmp_path: Path
 def test_quantized_experts_run_in_two_calls_with_each_experts_numbers(
         reference: Path, tmp_path: Path) -> None:
     """Quantized experts run as two kernel calls a layer (every chosen expert's gate and
-    up, then the downs: ``expert_products``). Each output is what that expert alone gives
-    that row (the expert-by-expert path, bit for bit), and a sequence's logits stay the
-    same alone, token by token and beside another sequence."""
+    up, then the downs: ``expert_products``; in the fused experts or op by op). Each
+    output is what that expert alone gives that row (the expert-by-expert path, bit for
+    bit), and a sequence's logits stay the same alone, token by token and beside another
+    sequence."""
     from gguflm.cli import main
 
     _, folder = _model(reference, "qwen3moe")
@@ -164,7 +166,7 @@ def test_quantized_experts_run_in_two_calls_with_each_experts_numbers(
     q = gguflm.load_model(out)
     e = q.blocks[0].ffn
     assert isinstance(e, Experts) and e.gate_up_all.usable and e.down_all.usable, e.gate_up_all.why
-    assert "every chosen expert's gate and up in one kernel call" in q.plan.describe()
+    assert "the chosen experts in one compiled call" in q.plan.describe()
     ids = np.array([5, 300, 77, 1200, 9, 64, 2000, 31, 450, 12])
     alone = q.logits(ids)
     cache = q.new_cache(32)
@@ -174,7 +176,9 @@ def test_quantized_experts_run_in_two_calls_with_each_experts_numbers(
     other = np.array([900, 3, 44, 1000, 2, 610, 18])
     both = q.forward_batch([Part(arena.slots[0], other, ALL), Part(arena.slots[1], ids, ALL)])
     np.testing.assert_array_equal(both[len(other):], alone)
-    for b in q.blocks:  # the expert-by-expert path
+    q.plan = executor.Plan(None, "forced by the test")  # the reference path's experts:
+    np.testing.assert_array_equal(q.logits(ids), alone)  # two calls
+    for b in q.blocks:  # expert by expert
         b.ffn.gate_up_all.usable = False
     np.testing.assert_array_equal(q.logits(ids), alone)
     none = np.zeros(0, np.int64)  # a step where no row reaches the layer's experts

@@ -4,13 +4,14 @@ path and the rest fused; the plan names each part's path, and the logits are the
 path's bit for bit (``reference.stack`` forced: every part op by op).
 
 The tiny random-weight hybrids of the reference data (a recurrent mixer beside attention),
-the tiny Qwen3.5s and LFM2s (every part fused but the experts: the gated delta net or short
-convolution beside the attention, without the team; a quantized Qwen3.5 with one delta net
-on the reference path), the tiny Gemma 4s (their attention fused: values normed, V = K's
-product, keys and values shared from an earlier layer; the dense FFN's float16-table GELU
-fused; the per-layer inputs, output scale and experts on the reference path), one of them
-with every part fused, and a tiny model with one weight in a type without a compiled
-product. Each new fused part, perturbed, makes the comparison fail.
+the tiny Qwen3.5s and LFM2s (every part fused: the gated delta net or short convolution
+beside the attention, without the team; a quantized Qwen3.5 with one delta net on the
+reference path), the tiny Gemma 4s (their attention fused: values normed, V = K's product,
+keys and values shared from an earlier layer; the dense FFN's float16-table GELU fused;
+the per-layer inputs and output scale fused; experts beside a dense FFN on the reference
+path), one of them with every part fused, and a tiny model with one weight in a type
+without a compiled product. The expert FFNs run fused (``fused_experts``; their own
+tests: test_fused_experts.py). Each new fused part, perturbed, makes the comparison fail.
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ def _reference(model, monkeypatch: pytest.MonkeyPatch) -> np.ndarray:  # noqa: A
 
 # each hybrid's fused parts, then the first of those on the reference path
 HYBRIDS = {
-    "granitehybrid": ("fused: the attention in layers 2, 4; reference (numpy, op by op): in "
-                      "layers 0-1, 3, the Mamba2 state-space mixer"),
-    "deepseek2": ("fused: the FFN in layer 0; reference (numpy, op by op): in layers 0-2, "
+    "granitehybrid": ("fused: the attention in layers 2, 4, the FFN in layers 0-4; reference "
+                      "(numpy, op by op): in layers 0-1, 3, the Mamba2 state-space mixer"),
+    # the dense FFN of layer 0 and the experts of layers 1-2
+    "deepseek2": ("fused: the FFN in layers 0-2; reference (numpy, op by op): in layers 0-2, "
                   "the multi-head latent attention"),
     # values RMS-normed and V = K's product (layer 2) fused; the experts beside a dense FFN
     "gemma4-moe": ("fused: the attention in layers 0-2; reference (numpy, op by op): in "
@@ -65,10 +67,10 @@ HYBRIDS = {
 
 
 def _spied(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """How many times the fused attention and FFN steps run from now on."""
+    """How many times the fused attention, FFN and experts steps run from now on."""
     from gguflm.model import fused
 
-    calls = {"attention": 0, "ffn": 0, "delta_net": 0, "short_conv": 0}
+    calls = {"attention": 0, "ffn": 0, "delta_net": 0, "short_conv": 0, "experts": 0}
     for name in calls:
         real = getattr(fused, name)
 
@@ -91,8 +93,9 @@ def test_a_hybrid_runs_its_parts_fused_or_reference_with_the_reference_numbers(
     calls = _spied(monkeypatch)
     got = _run(model)
     fused = HYBRIDS[arch].split("; reference")[0]
-    assert (bool(calls["attention"]), bool(calls["ffn"]), calls["delta_net"],
-            calls["short_conv"]) == ("the attention in" in fused, "the FFN in" in fused, 0, 0)
+    assert (bool(calls["attention"]), bool(calls["ffn"] or calls["experts"]),
+            calls["delta_net"], calls["short_conv"]) == (
+        "the attention in" in fused, "the FFN in" in fused, 0, 0), calls
     assert np.isfinite(got).all()
     np.testing.assert_array_equal(got, _reference(model, monkeypatch))
 
@@ -113,16 +116,17 @@ def _no_team(mixer: str) -> str:
             "(a recurrent mixer), which the team does not take)")
 
 
-# each model's fused calls in ``_run`` (6 batches) by fused step; its dense FFNs' layers
+# each model's fused calls in ``_run`` (6 batches) by fused step; its fused FFNs' layers
+# (dense or experts: ``fused_experts``)
 RECURRENT = {
     "qwen35": ("delta net", {"attention": 2 * 6, "ffn": 4 * 6, "delta_net": 2 * 6,
-                             "short_conv": 0}, [0, 1, 2, 3]),
-    "qwen35moe": ("delta net", {"attention": 6, "ffn": 0, "delta_net": 6, "short_conv": 0},
-                  []),
+                             "short_conv": 0, "experts": 0}, [0, 1, 2, 3]),
+    "qwen35moe": ("delta net", {"attention": 6, "ffn": 0, "delta_net": 6, "short_conv": 0,
+                                "experts": 2 * 6}, [0, 1]),
     "lfm2": ("short convolution", {"attention": 2 * 6, "ffn": 6 * 6, "delta_net": 0,
-                                   "short_conv": 4 * 6}, [0, 1, 2, 3, 4, 5]),
+                                   "short_conv": 4 * 6, "experts": 0}, [0, 1, 2, 3, 4, 5]),
     "lfm2moe": ("short convolution", {"attention": 6, "ffn": 6, "delta_net": 0,
-                                      "short_conv": 3 * 6}, [0]),
+                                      "short_conv": 3 * 6, "experts": 3 * 6}, [0, 1, 2, 3]),
 }
 
 
@@ -130,8 +134,8 @@ RECURRENT = {
 def test_the_recurrent_mixers_run_fused_with_the_reference_numbers(
         reference: Path, monkeypatch: pytest.MonkeyPatch, arch: str) -> None:
     """The gated delta nets (``fused.delta_net``) and short convolutions
-    (``fused.short_conv``) fused beside the attention, the experts the only part on the
-    reference path; not the team, which takes no recurrent mixer. A prefill, decode steps,
+    (``fused.short_conv``) fused beside the attention and the FFNs (dense or experts);
+    not the team, which takes no recurrent mixer. A prefill, decode steps,
     a last-row prefill, two sequences batched."""
     mixer, calls, dense = RECURRENT[arch]
     model, _ = load_tiny(reference, arch)
@@ -302,10 +306,12 @@ def test_the_comparison_sees_a_fused_part_off(reference: Path, monkeypatch: pyte
     assert not np.array_equal(got, want)
 
 
-def test_the_experts_are_named_on_the_reference_path(reference: Path) -> None:
-    """An expert FFN beside a reference mixer is named."""
+def test_the_experts_beside_a_reference_mixer_are_fused(reference: Path) -> None:
+    """An expert FFN beside a reference mixer runs fused (``fused_experts``), and the plan
+    says so."""
     moe = load_tiny(reference, "deepseek2")[0].plan.describe()
-    assert "in layers 1-2, the FFN, a mixture of experts, run op by op: the router" in moe
+    assert "fused: the FFN in layers 0-2; reference" in moe, moe
+    assert "mixture of experts" not in moe, moe
 
 
 def test_gemma4_with_its_per_layer_inputs_runs_every_part_fused(
@@ -351,7 +357,8 @@ def test_gemma4_every_part_fused_runs_without_the_team(
                     "take)"), plan
     calls = _spied(monkeypatch)
     got = _run(model)
-    assert calls == {"attention": 6 * 6, "ffn": 6 * 6, "delta_net": 0, "short_conv": 0}, calls
+    assert calls == {"attention": 6 * 6, "ffn": 6 * 6, "delta_net": 0, "short_conv": 0,
+                     "experts": 0}, calls
     assert np.isfinite(got).all()
     np.testing.assert_array_equal(got, _reference(model, monkeypatch))
 

@@ -4,9 +4,10 @@
 apart (``LayerPath``): its mixer runs fused (``fused.attention``; ``fused.delta_net``,
 ``fused.short_conv`` for a gated delta net or short convolution) or on the reference path
 (Mamba2, latent attention, a mixer with a weight type without a compiled product), its FFN
-fused (``fused.ffn``) or on the reference path (experts, a dense FFN beside experts...),
-and what comes after the FFN (a per-layer input and the output scale: ``fused.end_step``)
-fused, or op by op where its products have no compiled kernel. From
+fused (a dense one: ``fused.ffn``; experts: ``fused_experts``) or on the reference path
+(experts the fused step does not take, a dense FFN beside experts...), and what comes after
+the FFN (a per-layer input and the output scale: ``fused.end_step``) fused, or op by op
+where its products have no compiled kernel. From
 these it builds what the compiled code needs (each layer's arguments for the fused layers,
 ``fused.LayerArgs``, and the team's tables, ``team.Stack``) or says why it cannot; ``run``
 then takes, for every batch:
@@ -36,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from ..gguf.types import GGMLType
 from ..quant.kerneltypes import COMPILED_TYPES
 from . import reference
 from .layer import (
@@ -74,6 +76,11 @@ class Plan:
         # table: a batch where the two differ runs on the reference path (``run``)
         self.query_tables = tuple(sorted({(b.attn.rope, b.attn.q_rope) for b in blocks or ()
                                           if getattr(b.attn, "q_rope", None) is not None}))
+        # the fused experts' compiled steps the layers run (``fused_experts``, by name): what
+        # a first run's compilation has to put in the cache besides the fused steps
+        self.experts_steps = tuple(sorted({
+            name for b, p in zip(blocks or (), self.paths, strict=False)
+            if isinstance(b.ffn, Experts) and p.ffn is None for name in _experts_steps(b.ffn)}))
 
     def defer(self, pending: Any) -> None:
         """Run on the reference path until ``pending`` (a ``background.Compiling``) has the
@@ -159,14 +166,17 @@ class Part:
     text: str
 
 
-EXPERTS = "experts"  # the key of an expert FFN (op by op, as in a compiled model)
+# the key of an expert FFN the fused experts do not take (``_experts_refused``): op by op,
+# each product compiled, as in a compiled model
+EXPERTS = "experts"
 
 
 @dataclass(frozen=True)
 class LayerPath:
     """How one layer's parts run: the mixer and the FFN each fused (None: ``fused.attention``,
-    ``fused.delta_net`` or ``fused.short_conv``, ``fused.ffn``) or on the reference path (the
-    ``Part``); ``extras``: what runs after the FFN, op by op (``reference.layer_end``)."""
+    ``fused.delta_net`` or ``fused.short_conv``, ``fused.ffn`` or ``fused_experts``) or on
+    the reference path (the ``Part``); ``extras``: what runs after the FFN, op by op
+    (``reference.layer_end``)."""
 
     mixer: Part | None
     ffn: Part | None
@@ -180,8 +190,9 @@ class LayerPath:
 
     @property
     def compiled(self) -> bool:
-        """Whether the layer runs as a compiled model's: a fused attention, a fused FFN or
-        experts, nothing after them."""
+        """Whether the layer runs as a compiled model's: a fused attention, a fused FFN
+        (dense or experts) or experts the fused step does not take (``EXPERTS``: op by op,
+        each product compiled, which the plan's line names), nothing after them."""
         return (self.mixer is None and (self.ffn is None or self.ffn.key == EXPERTS)
                 and not self.extras)
 
@@ -227,29 +238,73 @@ def _mixer_path(b: Block) -> Part | None:
 
 
 def _experts_run(e: Experts) -> str:
-    """How an expert FFN runs, op by op, and which of its weights dequantize."""
+    """How an expert FFN the fused experts do not take runs, op by op, why, and which of
+    its weights dequantize."""
     slow = next((m for m in (*e.gate, *e.up, *e.down) if m.type not in COMPILED_TYPES), None)
     how = ("every chosen expert's gate and up in one kernel call, their downs in another"
            if e.gate_up_all.usable and e.down_all.usable else
            f"expert by expert ({e.gate_up_all.why or e.down_all.why})")
-    return (f"a mixture of experts, run op by op: the router, the top-k, then {how}" + (
-        f"; {slow.name} is {slow.type.ggml_name}, whose products dequantize (no compiled "
-        f"product yet)" if slow is not None else ""))
+    return (f"a mixture of experts, run op by op ({_experts_refused(e)}, which the fused "
+            f"experts do not take): the router, the top-k, then {how}" + (
+                f"; {slow.name} is {slow.type.ggml_name}, whose products dequantize (no "
+                f"compiled product yet)" if slow is not None else ""))
+
+
+def _f16_experts(mats: tuple) -> bool:
+    """Whether these expert matrices (per matrix, every expert's) are F16 weights the
+    fused experts' float kernel takes: (rows, K) C-contiguous, all of one shape."""
+    first = mats[0][0]
+    return all(m.type == GGMLType.F16 and m.raw.dtype in (np.float16, np.uint16)
+               and m.raw.ndim == 2 and m.raw.flags.c_contiguous and m.shape == first.shape
+               for ms in mats for m in ms)
+
+
+def _experts_steps(e: Experts) -> tuple[str, ...]:
+    """The compiled steps (``fused_experts``) that fused experts ``e`` run: one, or two
+    around a numpy step (``fused_experts.run``)."""
+    return (("moe_front", "moe_back") if e.act == "swiglu_oai" else
+            ("moe_route", "moe_experts") if e.gating == "sigmoid" else ("moe_step",))
+
+
+def _calls(e: Experts) -> str:
+    """The compiled calls fused experts ``e`` take, in words."""
+    return ("one compiled call" if len(_experts_steps(e)) == 1 else
+            f"two compiled calls around numpy's "
+            f"{'clamped SwiGLU' if e.act == 'swiglu_oai' else 'sigmoid'}")
+
+
+def _experts_refused(e: Experts) -> str:
+    """Why the fused experts (``fused_experts``) do not take ``e``, or ''."""
+    if e.router_in_norm is not None:
+        return "a normed router input"
+    if e.act == "swiglu_oai" and e.gating == "sigmoid":
+        return "a sigmoid gating beside the clamped SwiGLU (two numpy steps)"
+    if e.router.w.type not in COMPILED_TYPES | {GGMLType.F32}:
+        return f"the router {e.router.w.name} is {e.router.w.type.ggml_name}"
+    for what, all_w, mats in (("gate and up", e.gate_up_all, (e.gate, e.up)),
+                              ("down", e.down_all, (e.down,))):
+        if not all_w.usable and not _f16_experts(mats):
+            return f"the experts' {what}: {all_w.why}"
+    if e.shared is not None:
+        slow = next((lin.w for lin in (e.shared.gate, e.shared.up, e.shared.down)
+                     if lin.w.type not in COMPILED_TYPES), None)
+        if slow is not None:
+            return f"the shared expert's {slow.name} is {slow.type.ggml_name}"
+    return ""
 
 
 def _ffn_path(b: Block) -> Part | None:
     """Why layer ``b``'s FFN runs on the reference path (``reference.ffn_part``), or None:
-    fused."""
+    fused (a dense FFN: ``fused.ffn``; experts: ``fused_experts``)."""
     f = b.ffn
     why = ("a dense FFN beside experts" if isinstance(f, DenseAndExperts) else
-           "a normed router input or scaled experts" if isinstance(f, Experts) and (
-               f.router_in_norm is not None or f.down_scale is not None) else
-           "")
+           "a normed router input" if isinstance(f, Experts) and f.router_in_norm is not None
+           else "")
     if why:
         text = f"the FFN, which has what the fused step does not take yet: {why}"
         return Part(text, text)
     if isinstance(f, Experts):
-        return Part(EXPERTS, f"the FFN, {_experts_run(f)}")
+        return Part(EXPERTS, f"the FFN, {_experts_run(f)}") if _experts_refused(f) else None
     return _slow_product(b, _GROUPS[2:], "the FFN")
 
 
@@ -342,7 +397,10 @@ def _team_differs(blocks: list[Block]) -> str:
             return (f"layer {il} scales its branches before the residual adds (Granite's "
                     f"residual_scale), which the team does not take")
         if isinstance(b.ffn, Experts):
-            return f"layer {il}'s FFN is {_experts_run(b.ffn)}"
+            return (f"layer {il}'s FFN is a mixture of experts (fused: the router, the "
+                    f"top-k and the chosen experts in {_calls(b.ffn)}), which the team "
+                    f"does not take" if not _experts_refused(b.ffn) else
+                    f"layer {il}'s FFN is {_experts_run(b.ffn)}")
     def shape(b: Block) -> tuple:
         a, f = b.attn, b.ffn
         return (tuple(lin.w.shape for lin in (a.q, a.k, a.v, a.o, f.gate, f.up, f.down)),

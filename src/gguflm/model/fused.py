@@ -22,6 +22,10 @@ the last sequence's call (``delta_last``); a gated short convolution (``short_co
 LFM2's) as ``short_in``, per sequence ``shortconv.sequence``, the last with ``short_out``
 (``short_last``). Two compiled calls per layer for a batch of one sequence.
 
+A mixture-of-experts FFN runs as one such step too (``fused_experts``: the router, the
+choice of the experts, every chosen expert's products in two calls, the weighted sum),
+called from ``layer`` as ``experts``.
+
 They are plain compiled functions calling the compiled kernels the separate ops call
 (``rowkernels.rmsnorm_rows``/``rope_rows``, ``kernels.qmatmul_par``/``qmatmul_serial``,
 ``kernels.swiglu``/``geglu``, ``attention._attend_par``/``_attend_serial``; ``geglu_f16``
@@ -441,16 +445,24 @@ class LayerArgs:
     per_layer: tuple[Group, Group] | None = None
     # a recurrent mixer's, fused (``delta_net``, ``short_conv``); qkv None
     recurrent: DeltaArgs | ShortArgs | None = None
+    # the fused experts' (``fused_experts.ExpertArgs``), or None: no experts or they run
+    # as ``reference.ffn_part``
+    experts: Any = None
 
 
 def layer_args(b: Block, mixer: bool = True, ffn: bool = True, end: bool = True
                ) -> LayerArgs:
     """``LayerArgs`` of a layer whose mixer (an attention, a gated delta net or short
-    convolution: ``mixer``), dense FFN (``ffn``) and per-layer input (``end``) run fused:
-    their products all have compiled kernels (``grouped.COMPILED_TYPES``); the other parts
-    run on the reference path."""
+    convolution: ``mixer``), FFN (``ffn``: a dense one, or experts, ``fused_experts``) and
+    per-layer input (``end``) run fused: their products all have compiled kernels
+    (``grouped.COMPILED_TYPES``); the other parts run on the reference path."""
     a, f = b.attn, b.ffn
     dense = ffn and not isinstance(f, Experts)
+    moe = None
+    if ffn and isinstance(f, Experts):
+        from .fused_experts import expert_args  # it builds on this module's steps
+
+        moe = expert_args(f, b.ffn_norm, b.ffn_post_norm, b.eps)
     recurrent = mixer and isinstance(a, DeltaNet | ShortConv)
     attn = mixer and not recurrent
     heads = ((a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v) if attn else (0, 0, 0, 0))
@@ -465,7 +477,7 @@ def layer_args(b: Block, mixer: bool = True, ffn: bool = True, end: bool = True
         np.float32(a.softcap if attn else 0.0), heads, heads[0] * (heads[2] + heads[3]),
         (group((b.per_layer.gate,)), group((b.per_layer.proj,)))
         if end and b.per_layer is not None else None,
-        recurrent_args(a, b.eps) if recurrent else None)
+        recurrent_args(a, b.eps) if recurrent else None, moe)
 
 
 _NO_GATE = np.zeros((0, 0), np.float32)
@@ -591,14 +603,20 @@ def layer_end(x: np.ndarray, b: Block, la: LayerArgs, inp: np.ndarray | None) ->
                     matrix.threads(), g.biases[0], p.biases[0])
 
 
+def experts(x: np.ndarray, la: LayerArgs) -> np.ndarray:
+    """The fused experts' FFN of x (T, n_embd) (``fused_experts.run``)."""
+    return la.experts.run(x)
+
+
 def layer(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
           ropes: tuple[np.ndarray, ...], rows: np.ndarray | None = None,
           inp: np.ndarray | None = None) -> np.ndarray:
     """``reference.layer`` with each part the plan compiled (``la``) as one compiled call:
-    the attention, the dense FFN (a gated delta net, a short convolution: ``delta_net``'s,
-    ``short_conv``'s calls); the others as the reference path runs them (another recurrent
-    mixer, experts: ``reference.ffn_part``, each expert's products compiled); then the
-    per-layer input and the output scale (``layer_end``). The branches join the residual as
+    the attention, the dense FFN or the experts (``fused_experts``; a gated delta net, a
+    short convolution: ``delta_net``'s, ``short_conv``'s calls); the others as the
+    reference path runs them (another recurrent mixer; experts the fused step does not
+    take: ``reference.ffn_part``, each expert's products compiled); then the per-layer
+    input and the output scale (``layer_end``). The branches join the residual as
     ``reference.residual`` scales them; ``ropes``, ``rows``, ``inp`` as
     ``reference.stack`` takes them, ``inp`` this layer's input."""
     if la.qkv is not None:
@@ -613,5 +631,6 @@ def layer(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
         a, x = a[rows], x[rows]
         inp = None if inp is None else inp[rows]
     x = x + reference.residual(a, b)
-    f = ffn(x, b, la) if la.gate_up is not None else reference.ffn_part(x, b)
+    f = (ffn(x, b, la) if la.gate_up is not None else experts(x, la)
+         if la.experts is not None else reference.ffn_part(x, b))
     return layer_end(x + reference.residual(f, b), b, la, inp)

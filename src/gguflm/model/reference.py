@@ -91,9 +91,7 @@ def expert_choice(logits: np.ndarray, e: Experts) -> tuple[np.ndarray, np.ndarra
     sigmoid; or, for ``softmax_weight``, the logits, and a softmax over the chosen ones),
     the best first (ties: lower index; ranked by the scores plus ``e.select_bias`` when
     given, weighted by the scores alone), renormalised and scaled as ``e`` says."""
-    scores = (_softmax(logits) if e.gating == "softmax" else logits
-              if e.gating == "softmax_weight" else
-              np.float32(1) / (np.float32(1) + np.exp(-logits)))
+    scores = _softmax(logits) if e.gating == "softmax" else gate_scores(logits, e.gating)
     ranked = scores if e.select_bias is None else scores + e.select_bias
     if e.groups > 1:
         ranked = best_groups(ranked, e.groups, e.groups_used)
@@ -106,6 +104,14 @@ def expert_choice(logits: np.ndarray, e: Experts) -> tuple[np.ndarray, np.ndarra
     if e.scale not in (0.0, 1.0):
         w = w * np.float32(e.scale)
     return chosen, w.astype(np.float32)
+
+
+def gate_scores(logits: np.ndarray, gating: str) -> np.ndarray:
+    """The scores of a ``sigmoid`` gating (numpy's exp: the fused experts split their call
+    around it), the logits themselves for ``softmax_weight``."""
+    if gating == "softmax_weight":
+        return logits
+    return np.float32(1) / (np.float32(1) + np.exp(-logits))
 
 
 def best_groups(ranked: np.ndarray, groups: int, used: int) -> np.ndarray:
@@ -202,7 +208,11 @@ def experts(h: np.ndarray, e: Experts, x: np.ndarray | None = None, eps: float =
     """Normed input h (T, n_embd) -> (T, n_embd): each row through its chosen experts,
     weighted and summed in selection order. Rows that chose an expert run through it
     together (its weights read once per batch); each row's numbers are its own. ``x``
-    and ``eps``: the FFN's input and norm eps, for a router that reads x itself."""
+    and ``eps``: the FFN's input and norm eps, for a router that reads x itself.
+
+    Op by op: the compiled layers run these steps as one call (``fused_experts``, the
+    same numbers) where the plan takes the experts; here the others, and every expert
+    layer of a model run on the reference path."""
     logits = ops.linear(router_input(h, e, x, eps), e.router.w, e.router.b)
     chosen, w = expert_choice(logits, e)
     gated = {**GATED, "swiglu_oai": swiglu_oai}[e.act]
@@ -224,7 +234,12 @@ def experts(h: np.ndarray, e: Experts, x: np.ndarray | None = None, eps: float =
 def shared_expert(h: np.ndarray, e: Experts) -> np.ndarray:
     """The shared expert's output for h (T, n_embd), times sigmoid(``shared_gate`` . h)
     where the layer has that gate."""
-    y = ffn(h, e.shared)
+    return gated_shared(ffn(h, e.shared), h, e)
+
+
+def gated_shared(y: np.ndarray, h: np.ndarray, e: Experts) -> np.ndarray:
+    """The shared expert's output y (T, n_embd) of h, times its sigmoid gate where the
+    layer has one (numpy's sigmoid and float64 sum: the fused experts leave it here)."""
     if e.shared_gate is None:
         return y
     # each row's gate logit a sum of its own (batch-invariant)
