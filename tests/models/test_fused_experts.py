@@ -142,13 +142,15 @@ def test_a_first_run_compiles_the_fused_experts_too(
     from gguflm.model import base, fused_experts
     from gguflm.quant import jitcache
 
-    steps = {arch: load_tiny(reference, arch)[0].plan.experts_steps
+    steps = {arch: load_tiny(reference, arch)[0].plan.steps
              for arch in ("qwen3moe", "glm4moe", "gpt-oss", "qwen3")}
-    assert steps == {"qwen3moe": ("moe_step",), "glm4moe": ("moe_experts", "moe_route"),
-                     "gpt-oss": ("moe_back", "moe_front"), "qwen3": ()}, steps
+    assert steps == {"qwen3moe": ("fused_experts.moe_step",),
+                     "glm4moe": ("fused_experts.moe_experts", "fused_experts.moe_route"),
+                     "gpt-oss": ("fused_experts.moe_back", "fused_experts.moe_front"),
+                     "qwen3": ()}, steps
     model = load_tiny(reference, "qwen3moe")[0]
     model.forward([1, 2], model.new_cache(4))  # every step compiled or loaded
-    kinds, moe = model.kernel_types(), model.plan.experts_steps
+    kinds, moe = model.kernel_types(), model.plan.steps
     assert base.compiled(kinds, False, moe) and not base._compile_steps(kinds, True, False, moe)
     real = jitcache.cached
     monkeypatch.setattr(jitcache, "cached", lambda fns: fused_experts.moe_step not in fns

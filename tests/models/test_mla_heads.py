@@ -1,22 +1,25 @@
 """Multi-head latent attention's per-head products (``mla.per_head``): every head's ``k_b``
 (and ``v_b``) in one kernel call (``expert_products``, a head an expert every row chose)
-gives each row the numbers of that head's own product of that row alone; and the model's
-logits are those of the head-by-head loop.
+gives each row the numbers of that head's own product of that row alone; the model's
+logits are those of the head-by-head loop; and the fused latent attention
+(``fused_mla.mla_step``: the whole mixer in one compiled call) gives the reference path's.
 
 The tiny deepseek2 reference keeps its per-head matrices in F16 (no integer kernel: the
-loop runs); requantized to Q8_0 they take the one call.
+loop runs, and the mixer on the reference path); requantized to Q8_0 they take the one
+call, and the mixer runs fused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import gguflm
-from gguflm.model import mla
-from gguflm.model.batch import ALL, Part
+from gguflm.model import executor, fused, mla
+from gguflm.model.batch import ALL, LAST, Part
 from gguflm.quant.quantize_file import quantize_file
 
 
@@ -46,15 +49,22 @@ def test_every_head_in_one_call_gives_each_heads_own_product(q8_model, n: int) -
         np.testing.assert_array_equal(mla.per_head(mats, every, x), _loop(mats, x))
 
 
+def _run(model) -> np.ndarray:  # noqa: ANN001
+    """A prefill, a decode step beside a new sequence's prompt, a last-row prefill."""
+    arena = model.new_arena(32, 3)
+    a, b, c = arena.slots
+    out = [model.forward_batch([Part(a, np.arange(3, 15), ALL)]),
+           model.forward_batch([Part(a, np.array([20]), ALL), Part(b, np.arange(5, 9), ALL)]),
+           model.forward_batch([Part(c, np.arange(30, 41), LAST)])]
+    return np.concatenate(out)
+
+
 def test_the_logits_are_the_head_by_head_loops(q8_model, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
                                                ) -> None:
     def run() -> np.ndarray:
-        arena = q8_model.new_arena(32, 2)
-        a, b = arena.slots
-        out = [q8_model.forward_batch([Part(a, np.arange(3, 15), ALL)]),
-               q8_model.forward_batch([Part(a, np.array([20]), ALL),
-                                       Part(b, np.arange(5, 9), ALL)])]
-        return np.concatenate(out)
+        with monkeypatch.context() as m:  # the reference path, which calls per_head
+            m.setattr(q8_model, "plan", executor.Plan(None, "forced by the test"))
+            return _run(q8_model)
 
     calls = []
     real = mla.per_head
@@ -63,3 +73,24 @@ def test_the_logits_are_the_head_by_head_loops(q8_model, monkeypatch: pytest.Mon
     assert calls and all(calls), calls
     monkeypatch.setattr(mla, "per_head", lambda m, e, x: _loop(m, x))
     np.testing.assert_array_equal(got, run())
+
+
+def test_the_fused_latent_attention_gives_the_reference_numbers(
+        q8_model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    plan = q8_model.plan.describe()
+    assert "reference" not in plan and "the multi-head latent attention (MLA)" in plan, plan
+    calls = []
+    real = fused.latent_attention
+    monkeypatch.setattr(fused, "latent_attention", lambda *a: calls.append(1) or real(*a))
+    got = _run(q8_model)
+    assert len(calls) == 3 * len(q8_model.blocks), len(calls)
+    with monkeypatch.context() as m:
+        m.setattr(q8_model, "plan", executor.Plan(None, "forced by the test"))
+        want = _run(q8_model)
+    np.testing.assert_array_equal(got, want)
+    layers, stack = q8_model.plan.tables()  # the comparison sees the latent's norm off
+    with monkeypatch.context() as m:
+        m.setattr(q8_model.plan, "_tables", (tuple(dataclasses.replace(la, mixer=(
+            dataclasses.replace(la.mixer, kv_a_norm=fused.vector(
+                la.mixer.kv_a_norm * np.float32(1.001))))) for la in layers), stack))
+        assert not np.array_equal(_run(q8_model), want)

@@ -54,8 +54,6 @@ def _reference(model, monkeypatch: pytest.MonkeyPatch) -> np.ndarray:  # noqa: A
 
 # each hybrid's fused parts, then the first of those on the reference path
 HYBRIDS = {
-    "granitehybrid": ("fused: the attention in layers 2, 4, the FFN in layers 0-4; reference "
-                      "(numpy, op by op): in layers 0-1, 3, the Mamba2 state-space mixer"),
     # the dense FFN of layer 0 and the experts of layers 1-2
     "deepseek2": ("fused: the FFN in layers 0-2; reference (numpy, op by op): in layers 0-2, "
                   "the multi-head latent attention"),
@@ -177,6 +175,46 @@ def test_the_fused_recurrent_mixers_with_chunks_and_new_sequences_beside_others(
     np.testing.assert_array_equal(got, want)
 
 
+def test_the_mamba2_mixers_run_fused_with_the_reference_numbers(
+        reference: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Granite 4.0-H's Mamba2 mixers (``fused.mamba2``) fused beside the attention and the
+    experts, without the team; chunks and new sequences beside others."""
+    from gguflm.model import fused
+
+    model, _ = load_tiny(reference, "granitehybrid")
+    assert model.plan.describe() == (
+        "compiled (fused layers for every batch; no team: layer 0 has the Mamba2 state-space "
+        "mixer (a recurrent mixer), which the team does not take)")
+    calls = []
+    real = fused.mamba2
+    monkeypatch.setattr(fused, "mamba2", lambda *a: calls.append(1) or real(*a))
+    got = _run(model), _three_sequences(model)
+    assert len(calls) == 3 * 6 + 3 * 4, len(calls)
+    with monkeypatch.context() as m:
+        m.setattr(model, "plan", executor.Plan(None, "forced by the test"))
+        want = _run(model), _three_sequences(model)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_the_plan_lists_the_compiled_steps_a_first_run_compiles(reference: Path) -> None:
+    """Besides the attention's and the dense FFN's steps (``base._layer_code``), each fused
+    mixer's, experts' and per-layer input's: what ``base.compiled`` checks the cache for."""
+    from gguflm.model import base
+
+    steps = {arch: load_tiny(reference, arch)[0].plan.steps
+             for arch in ("qwen35", "lfm2", "granitehybrid", "gemma4", "qwen3")}
+    assert steps == {
+        "qwen35": ("deltanet.sequence", "fused_recurrent.delta_in",
+                   "fused_recurrent.delta_last"),
+        "lfm2": ("fused_recurrent.short_in", "fused_recurrent.short_last",
+                 "shortconv.sequence"),
+        "granitehybrid": ("fused_experts.moe_step", "fused_recurrent.mamba_in",
+                          "fused_recurrent.mamba_last", "mamba2.sequence"),
+        "gemma4": ("fused.end_step",), "qwen3": ()}, steps
+    assert len(base._layer_code(False, steps["granitehybrid"])) == 2 + 4
+
+
 def _quantized(arch: str) -> tuple[dict, dict]:
     """A tiny random Qwen3.5 (4 layers: delta nets in 0 and 2) or LFM2 (3 layers: short
     convolutions in 0 and 2): its metadata, and its 2-D weights' types: Q8_0, layer 0's
@@ -264,9 +302,9 @@ def _delta_off(model, what: str) -> None:  # noqa: ANN001
     from gguflm.model import fused
 
     layers, stack = model.plan.tables()
-    model.plan._tables = (tuple(la if la.recurrent is None else dataclasses.replace(
-        la, recurrent=dataclasses.replace(la.recurrent, **{what: fused.vector(
-            getattr(la.recurrent, what) * np.float32(1.0001))})) for la in layers), stack)
+    model.plan._tables = (tuple(la if la.mixer is None else dataclasses.replace(
+        la, mixer=dataclasses.replace(la.mixer, **{what: fused.vector(
+            getattr(la.mixer, what) * np.float32(1.0001))})) for la in layers), stack)
 
 
 def _other_cache(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -291,10 +329,12 @@ def _other_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     ("gemma4", lambda model, mp: _layer_end_off(mp)),
     ("qwen35", lambda model, mp: _delta_off(model, "conv")),
     ("qwen35moe", lambda model, mp: _delta_off(model, "norm")),
-    ("lfm2moe", lambda model, mp: _delta_off(model, "conv"))],
+    ("lfm2moe", lambda model, mp: _delta_off(model, "conv")),
+    ("granitehybrid", lambda model, mp: _delta_off(model, "conv")),
+    ("granitehybrid", lambda model, mp: _delta_off(model, "d"))],
     ids=["output gate", "float16-table GELU", "value norm", "shared keys and values",
          "per-layer input", "delta net convolution", "delta net read-out norm",
-         "short convolution"])
+         "short convolution", "Mamba2 convolution", "Mamba2 D skip"])
 def test_the_comparison_sees_a_fused_part_off(reference: Path, monkeypatch: pytest.MonkeyPatch,
                                               arch: str, perturb) -> None:  # noqa: ANN001
     """The checks above can fail: each new fused part, perturbed, changes the logits."""
@@ -383,13 +423,13 @@ def test_gemma4_fused_past_the_window(gemma4_whole,  # noqa: ANN001
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("arch", ["gemma4", "granitehybrid"])
+@pytest.mark.parametrize("arch", ["gemma4", "deepseek2"])
 def test_a_pass_without_the_team_stops_between_every_layer(reference: Path, arch: str) -> None:
     """Layer by layer, every part fused (gemma4) or some on the reference path (a mixed
-    plan: granitehybrid's Mamba2 mixers)."""
+    plan: deepseek2's latent attention, its per-head products in F16)."""
     model, _ = load_tiny(reference, arch)
     assert model.plan.compiled and model.plan.team_reason
-    assert model.plan.mixed == (arch == "granitehybrid")
+    assert model.plan.mixed == (arch == "deepseek2")
 
     def parts() -> list[Part]:
         arena = model.new_arena(16, 2)

@@ -272,9 +272,9 @@ class Model:
             return
         say = report or (lambda *_: None)
         kinds = self.kernel_types()
-        team, moe = not self.plan.team_reason, self.plan.experts_steps
-        prompt_path = prompts or not compiled((), team, moe)
-        steps = _compile_steps(kinds, prompt_path, team, moe)
+        team, more = not self.plan.team_reason, self.plan.steps
+        prompt_path = prompts or not compiled((), team, more)
+        steps = _compile_steps(kinds, prompt_path, team, more)
         defer = bool(steps.keys() & {"decoding", "prompts"}) and self._can_defer()
         joined = None
         if defer and not background:  # a script's run joins a compilation in progress
@@ -331,8 +331,8 @@ class Model:
         process could be started."""
         from .background import Compiling
 
-        team, moe = not self.plan.team_reason, self.plan.experts_steps
-        return Compiling.start(str(self.gguf.path), lambda: compiled(kinds, team, moe),
+        team, more = not self.plan.team_reason, self.plan.steps
+        return Compiling.start(str(self.gguf.path), lambda: compiled(kinds, team, more),
                                join_only)
 
     def embed_batch(self, seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
@@ -398,33 +398,31 @@ def import_kernels() -> None:
     from . import attention, deltanet, fused, rowkernels, team  # noqa: F401
 
 
-def compiled(kinds: Iterable[int] = (), team: bool = True, experts: tuple[str, ...] = ()
+def compiled(kinds: Iterable[int] = (), team: bool = True, steps: tuple[str, ...] = ()
              ) -> bool:
     """True when the machine code of the kernels (and the row kernels of weight types
     ``kinds``), the team (decoding; with ``team``: a plan that uses it) and the fused layers
-    (longer prompts, and every batch of a plan without the team; ``experts``: the fused
-    experts' steps it runs, ``Plan.experts_steps``) is cached on disk: a start
-    then takes about a second; otherwise the first calls compile them (a minute or two,
-    once)."""
+    (longer prompts, and every batch of a plan without the team; ``steps``: the other
+    compiled steps the plan runs, ``Plan.steps``) is cached on disk: a start then takes
+    about a second; otherwise the first calls compile them (a minute or two, once)."""
     from ..quant import kernels
     from ..quant.jitcache import cached
 
-    return kernels.is_compiled(tuple(kinds)) and cached(_layer_code(team, experts))
+    return kernels.is_compiled(tuple(kinds)) and cached(_layer_code(team, steps))
 
 
-def _layer_code(team: bool, experts: tuple[str, ...] = ()) -> tuple[Any, ...]:
-    """The compiled layers' dispatchers a plan runs: the team's where it has one, then the
-    fused steps', then the fused experts' named in ``experts``."""
+def _layer_code(team: bool, steps: tuple[str, ...] = ()) -> tuple[Any, ...]:
+    """The compiled layers' dispatchers a plan runs: the team's where it has one, the
+    fused steps', then the others named in ``steps`` ("module.name" in this package)."""
+    import importlib
+
     from . import fused
     from . import team as team_module
 
-    moe = ()
-    if experts:
-        from . import fused_experts
-
-        moe = tuple(getattr(fused_experts, name) for name in experts)
+    more = tuple(getattr(importlib.import_module(f"{__package__}.{mod}"), name)
+                 for mod, name in (step.split(".") for step in steps))
     return ((team_module.stack_team,) if team else ()) + (fused.attention_step,
-                                                          fused.ffn_step) + moe
+                                                          fused.ffn_step) + more
 
 
 # About how long each step of a first run's compilation takes on a quiet 2-core machine
@@ -436,10 +434,10 @@ _STEP_SECONDS = {"type": 2.0, "products": 10.0, "decoding": 90.0, "prompts": 75.
 
 
 def _compile_steps(kinds: set[int], prompts: bool, team: bool = True,
-                   experts: tuple[str, ...] = ()) -> dict[str, tuple[str, float]]:
+                   more: tuple[str, ...] = ()) -> dict[str, tuple[str, float]]:
     """What a warm-up has to compile, in order: ``{step: (what, seconds)}``; ``team``
-    False: the plan decodes through the fused layers (no team to compile); ``experts``
-    as ``compiled`` takes them."""
+    False: the plan decodes through the fused layers (no team to compile); ``more`` the
+    other steps, as ``compiled`` takes them."""
     from ..gguf.types import GGMLType
     from ..quant import int_tiles, kernels
     from ..quant.jitcache import cached
@@ -452,7 +450,7 @@ def _compile_steps(kinds: set[int], prompts: bool, team: bool = True,
         steps["types"] = (f"row kernels{' for ' + names if names else ''} and the products",
                           _STEP_SECONDS["type"] * len(todo) + _STEP_SECONDS["products"])
     if not team:  # every batch through the fused layers
-        if not cached(_layer_code(False, experts)):
+        if not cached(_layer_code(False, more)):
             steps["decoding"] = ("decoding and prompt layers", _STEP_SECONDS["prompts"])
         return steps
     if not cached(_layer_code(True)[:1]):

@@ -76,11 +76,11 @@ class Plan:
         # table: a batch where the two differ runs on the reference path (``run``)
         self.query_tables = tuple(sorted({(b.attn.rope, b.attn.q_rope) for b in blocks or ()
                                           if getattr(b.attn, "q_rope", None) is not None}))
-        # the fused experts' compiled steps the layers run (``fused_experts``, by name): what
-        # a first run's compilation has to put in the cache besides the fused steps
-        self.experts_steps = tuple(sorted({
-            name for b, p in zip(blocks or (), self.paths, strict=False)
-            if isinstance(b.ffn, Experts) and p.ffn is None for name in _experts_steps(b.ffn)}))
+        # the compiled steps the layers run besides the attention's and the dense FFN's
+        # ("module.name" in gguflm.model): what a first run's compilation has to put in the
+        # cache (``base.compiled``)
+        self.steps = tuple(sorted({step for b, p in zip(blocks or (), self.paths, strict=False)
+                                   for step in _steps(b, p)}))
 
     def defer(self, pending: Any) -> None:
         """Run on the reference path until ``pending`` (a ``background.Compiling``) has the
@@ -202,14 +202,14 @@ _DELTA_GROUPS = (("qkv/z", lambda b: (b.attn.qkv, b.attn.z)),
                  ("beta/alpha", lambda b: (b.attn.beta, b.attn.alpha)),
                  ("output", lambda b: (b.attn.out,)))
 _SHORT_GROUPS = (("in_proj", lambda b: (b.attn.in_proj,)), ("output", lambda b: (b.attn.out,)))
+_MAMBA_GROUPS = (("z/xBC/dt", lambda b: (b.attn.z, b.attn.xbc, b.attn.dt)),
+                 ("output", lambda b: (b.attn.out,)))
+_LATENT_GROUPS = (("kv_a/q_a", lambda b: (b.attn.kv_a, b.attn.q_a)),
+                  ("q_b", lambda b: (b.attn.q_b,)), ("output", lambda b: (b.attn.o,)))
 DELTA_NET = "the gated delta net"  # their names in the plan
 SHORT_CONV = "the gated short convolution"
-
-# recurrent and latent mixers, which have no fused step: (what, how they run)
-_MIXERS = ((Mamba2, "the Mamba2 state-space mixer (a recurrent mixer)",
-            "its convolution and scan run per sequence in numba"),
-           (LatentAttention, "the multi-head latent attention (MLA: the cache holds each "
-            "position's compressed latent)", "its attention runs over the latent in numba"))
+MAMBA2 = "the Mamba2 state-space mixer"
+LATENT = "the multi-head latent attention"
 
 
 def _slow_product(b: Block, groups: tuple, what: str) -> Part | None:
@@ -226,10 +226,16 @@ def _slow_product(b: Block, groups: tuple, what: str) -> Part | None:
 def _mixer_path(b: Block) -> Part | None:
     """Why layer ``b``'s mixer runs on the reference path, or None: fused."""
     a = b.attn
-    for kind, what, how in _MIXERS:
-        if isinstance(a, kind):
-            text = f"{what}, which has no compiled executor yet: {how}, its products op by op"
-            return Part(text, text)
+    if isinstance(a, LatentAttention):
+        heads = a.k_b_all.why or a.v_b_all.why
+        if heads:  # its per-head products one expert-products call each, or none
+            text = (f"{LATENT} (MLA), whose per-head products k_b/v_b have no one-call "
+                    f"kernel ({heads}): its attention over the latent in numba, its "
+                    f"products op by op")
+            return Part(f"{LATENT} heads", text)
+        return _slow_product(b, _LATENT_GROUPS, LATENT)
+    if isinstance(a, Mamba2):
+        return _slow_product(b, _MAMBA_GROUPS, MAMBA2)
     if isinstance(a, DeltaNet):
         return _slow_product(b, _DELTA_GROUPS, DELTA_NET)
     if isinstance(a, ShortConv):
@@ -257,6 +263,26 @@ def _f16_experts(mats: tuple) -> bool:
     return all(m.type == GGMLType.F16 and m.raw.dtype in (np.float16, np.uint16)
                and m.raw.ndim == 2 and m.raw.flags.c_contiguous and m.shape == first.shape
                for ms in mats for m in ms)
+
+
+# the compiled steps of each fused recurrent or latent mixer ("module.name")
+_MIXER_STEPS = ((DeltaNet, ("fused_recurrent.delta_in", "fused_recurrent.delta_last",
+                            "deltanet.sequence")),
+                (ShortConv, ("fused_recurrent.short_in", "fused_recurrent.short_last",
+                             "shortconv.sequence")),
+                (Mamba2, ("fused_recurrent.mamba_in", "fused_recurrent.mamba_last",
+                          "mamba2.sequence")),
+                (LatentAttention, ("fused_mla.mla_step",)))
+
+
+def _steps(b: Block, p: LayerPath) -> tuple[str, ...]:
+    """The compiled steps layer ``b`` runs as ``p`` plans it, besides the attention's and
+    the dense FFN's: a fused mixer's, the fused experts', the per-layer input's."""
+    mixer = next((steps for kind, steps in _MIXER_STEPS if isinstance(b.attn, kind)), ())
+    return ((mixer if p.mixer is None else ())
+            + (tuple(f"fused_experts.{s}" for s in _experts_steps(b.ffn))
+               if isinstance(b.ffn, Experts) and p.ffn is None else ())
+            + (("fused.end_step",) if b.per_layer is not None and not p.extras else ()))
 
 
 def _experts_steps(e: Experts) -> tuple[str, ...]:
@@ -330,8 +356,9 @@ def _paths(blocks: list[Block]) -> list[LayerPath]:
 
 def _mixer_name(b: Block) -> str:
     """What layer ``b``'s mixer is, in the plan."""
-    return (DELTA_NET if isinstance(b.attn, DeltaNet) else
-            SHORT_CONV if isinstance(b.attn, ShortConv) else "the attention")
+    return next((name for kind, name in ((DeltaNet, DELTA_NET), (ShortConv, SHORT_CONV),
+                                         (Mamba2, MAMBA2), (LatentAttention, LATENT))
+                 if isinstance(b.attn, kind)), "the attention")
 
 
 def _layers(ils: list[int]) -> str:
@@ -351,7 +378,8 @@ def _summary(paths: list[LayerPath]) -> tuple[str, str]:
     fused = [(what, [il for il, p in enumerate(paths) if getattr(p, part) is None
                      and (part == "ffn" or p.mixer_name == what)])
              for what, part in (("the attention", "mixer"), (DELTA_NET, "mixer"),
-                                (SHORT_CONV, "mixer"), ("the FFN", "ffn"))]
+                                (SHORT_CONV, "mixer"), (MAMBA2, "mixer"), (LATENT, "mixer"),
+                                ("the FFN", "ffn"))]
     found = sorted(((rank, il, part) for il, p in enumerate(paths)  # mixers, FFNs, extras
                     for rank, part in enumerate((p.mixer, p.ffn, *p.extras))
                     if part is not None), key=lambda f: f[:2])
@@ -375,8 +403,10 @@ def _team_lacks(b: Block) -> str:
     """What of layer ``b``'s the team's attention or FFN does not take (the fused steps
     do: a recurrent mixer, ...), or ''."""
     a = b.attn
-    if isinstance(a, DeltaNet | ShortConv):
+    if isinstance(a, DeltaNet | ShortConv | Mamba2):
         return f"{_mixer_name(b)} (a recurrent mixer)"
+    if isinstance(a, LatentAttention):
+        return f"{LATENT} (MLA)"
     return ", ".join(name for name, present in (
         ("values RMS-normed", a.v_norm is not None),
         ("keys and values shared from an earlier layer", a.kv_layer is not None),

@@ -47,17 +47,17 @@ from numba import njit
 from gguflm.quant import grouped, kernels, matrix
 from gguflm.quant.floatbits import f16_from_f32
 from gguflm.quant.grouped import matmul_par, matmul_serial
-from gguflm.quant.kernels import geglu, silu_par, swiglu
+from gguflm.quant.kernels import geglu, swiglu
 
 from . import attention as _attention
-from . import deltanet, ops, reference, shortconv
+from . import ops, reference
 from .attention import _attend_par, _attend_serial
-from .layer import Block, DeltaNet, Experts, Linear, ShortConv
+from .layer import Block, DeltaNet, Experts, LatentAttention, Linear, Mamba2, ShortConv
 from .rowkernels import rmsnorm_rows, rope_rows
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _products(kinds, ws, x, tbl, outs, count, parallel, threads):  # noqa: ANN001, ANN202
+def products(kinds, ws, x, tbl, outs, count, parallel, threads):  # noqa: ANN001, ANN202
     """The products as ``grouped.matmul_par``/``matmul_serial`` run them."""
     if parallel:
         matmul_par(kinds, ws, x, tbl, outs, count, threads)
@@ -139,7 +139,7 @@ def ffn_step(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, act, gelu_tbl,
     n_ff = ws_gu[0].shape[0]
     g = np.empty((n, n_ff), np.float32)
     u = np.empty((n, n_ff), np.float32)
-    _products(kinds_gu, ws_gu, h, tbl, (g, u, g), 2, par_gu, threads)
+    products(kinds_gu, ws_gu, h, tbl, (g, u, g), 2, par_gu, threads)
     add_bias(g, b_gate)
     add_bias(u, b_up)
     glu = np.empty((n, n_ff), np.float32)  # not in place: an aliased loop runs unvectorized
@@ -149,7 +149,7 @@ def ffn_step(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, act, gelu_tbl,
         geglu(g, u, glu)
     else:
         swiglu(g, u, glu)
-    return _output(glu, kinds_d, ws_d, tbl, par_d, threads, b_down, post_norm, eps)
+    return part_out(glu, kinds_d, ws_d, tbl, par_d, threads, b_down, post_norm, eps)
 
 
 @njit(cache=True, nogil=True)
@@ -164,11 +164,11 @@ def end_step(x, inp, kinds_g, ws_g, kinds_p, ws_p, tbl, gelu_tbl, norm_w, eps, o
     threads; ``b_*`` each product's bias, or empty. (A layer with an output scale alone
     multiplies in numpy, as the reference path.)"""
     g = np.empty((x.shape[0], ws_g[0].shape[0]), np.float32)
-    _products(kinds_g, ws_g, x, tbl, (g, g, g), 1, par_g, threads)
+    products(kinds_g, ws_g, x, tbl, (g, g, g), 1, par_g, threads)
     add_bias(g, b_g)
     gated = np.empty_like(g)
     geglu_f16(g, inp, gelu_tbl, gated)
-    y = x + _output(gated, kinds_p, ws_p, tbl, par_p, threads, b_p, norm_w, eps)
+    y = x + part_out(gated, kinds_p, ws_p, tbl, par_p, threads, b_p, norm_w, eps)
     return y if out_scale == np.float32(1.0) else y * out_scale
 
 
@@ -189,7 +189,7 @@ def _heads(h, kinds, ws, n_qkv, tbl, heads, q_norm, k_norm, v_norm, eps, rot, ne
     k = np.empty((m, n_kv * d), np.float32)
     vv = np.empty((m if n_qkv == 3 else 0, n_kv * dv), np.float32)
     outs = (q, k, vv) if n_qkv == 3 else (q, k, q) if n_qkv == 2 else (q, q, q)
-    _products(kinds, ws, h, tbl, outs, n_qkv, par, threads)
+    products(kinds, ws, h, tbl, outs, n_qkv, par, threads)
     add_bias(q, b_q)
     add_bias(k, b_k)
     add_bias(vv, b_v)
@@ -208,11 +208,11 @@ def _heads(h, kinds, ws, n_qkv, tbl, heads, q_norm, k_norm, v_norm, eps, rot, ne
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _output(a, kinds_o, ws_o, tbl, par, threads, b_o, post_norm, eps):  # noqa: ANN001, ANN202, PLR0913
+def part_out(a, kinds_o, ws_o, tbl, par, threads, b_o, post_norm, eps):  # noqa: ANN001, ANN202, PLR0913
     """a (T, d_in) f32 -> (T, n_embd) f32: a layer part's last product (the attention's
     output, the FFN's down), its bias, then the post norm (empty: none)."""
     out = np.empty((a.shape[0], ws_o[0].shape[0]), np.float32)
-    _products(kinds_o, ws_o, a, tbl, (out, out, out), 1, par, threads)
+    products(kinds_o, ws_o, a, tbl, (out, out, out), 1, par, threads)
     add_bias(out, b_o)
     if post_norm.shape[0]:
         rmsnorm_rows(out, post_norm, eps, out)
@@ -238,7 +238,7 @@ def attention_step(x, norm_w, eps, kinds_qkv, ws_qkv, n_qkv, kinds_o, ws_o, tbl,
     RoPE, as llama.cpp). ``stage`` 0: all of it; 1: up to the attention's output (T, H d_v),
     before the output product (the caller gates it); 2: x is that, gated: the rest."""
     if stage == 2:
-        return _output(x, kinds_o, ws_o, tbl, par[2], threads, b_o, post_norm, eps)
+        return part_out(x, kinds_o, ws_o, tbl, par[2], threads, b_o, post_norm, eps)
     n = x.shape[0]
     n_head, _, _, dv = heads
     h = np.empty_like(x)
@@ -253,101 +253,7 @@ def attention_step(x, norm_w, eps, kinds_qkv, ws_qkv, n_qkv, kinds_o, ws_o, tbl,
     a2 = a.reshape((n, n_head * dv))
     if stage == 1:
         return a2
-    return _output(a2, kinds_o, ws_o, tbl, par[2], threads, b_o, post_norm, eps)
-
-
-@njit(cache=True, nogil=True)
-def delta_in(x, norm_w, eps, kinds_mz, ws_mz, kinds_ba, ws_ba, tbl, par, threads, biases):  # noqa: ANN001, ANN201, PLR0913
-    """x (T, n_embd) f32 -> the gated delta net's products of its normed input (``norm_w``
-    as ``pre_norm`` takes it): (mixed (T, conv_dim), z (T, n_v S), beta (T, n_v), alpha
-    (T, n_v)) f32, as ``deltanet.forward`` forms them. ``ws_mz``/``kinds_mz``: the qkv and z
-    weights, ``ws_ba``/``kinds_ba``: beta's and alpha's (padded as ``kernels.pad_products``
-    pads them: MAX_FUSED products a call); ``par`` whether each group runs on ``threads``
-    threads; ``biases`` the four products' (their rows,) f32, or empty."""
-    n = x.shape[0]
-    h = np.empty_like(x)
-    pre_norm(x, norm_w, eps, h)
-    mixed = np.empty((n, ws_mz[0].shape[0]), np.float32)
-    z = np.empty((n, ws_mz[1].shape[0]), np.float32)
-    beta = np.empty((n, ws_ba[0].shape[0]), np.float32)
-    alpha = np.empty((n, ws_ba[1].shape[0]), np.float32)
-    _products(kinds_mz, ws_mz, h, tbl, (mixed, z, mixed), 2, par[0], threads)
-    _products(kinds_ba, ws_ba, h, tbl, (beta, alpha, beta), 2, par[1], threads)
-    add_bias(mixed, biases[0])
-    add_bias(z, biases[1])
-    add_bias(beta, biases[2])
-    add_bias(alpha, biases[3])
-    return mixed, z, beta, alpha
-
-
-@njit(cache=True, nogil=True)
-def delta_out(o, z, norm, eps, kinds_o, ws_o, tbl, par, threads, b_o, post_norm):  # noqa: ANN001, ANN201, PLR0913
-    """The delta rule's read-out o (T, n_v, S) f32 -> (T, n_embd) f32: each head
-    RMS-normed times ``norm`` (S,), times silu(z) (z (T, n_v S): ``silu_par`` over rows of
-    S, as ``ops.silu`` of z (T, n_v, S)), then the output product and the post norm
-    (``_output``)."""
-    n, nv, s = o.shape
-    normed = np.empty((n * nv, s), np.float32)
-    rmsnorm_rows(o.reshape((n * nv, s)), norm, eps, normed)
-    sz = np.empty((n * nv, s), np.float32)
-    silu_par(z.reshape((n * nv, s)), sz)
-    gated = np.empty((n, nv * s), np.float32)
-    flat = gated.reshape((n * nv, s))
-    for r in range(n * nv):
-        for i in range(s):
-            flat[r, i] = normed[r, i] * sz[r, i]
-    return _output(gated, kinds_o, ws_o, tbl, par, threads, b_o, post_norm, eps)
-
-
-@njit(cache=True, nogil=True)
-def delta_last(mixed, prev, w, new_conv, g, beta, ssm, new_ssm, o_rows, n_k, l2, o, z, norm,  # noqa: ANN001, ANN201, PLR0913
-               eps, kinds_o, ws_o, tbl, par, threads, b_o, post_norm):
-    """The batch's last sequence's ``deltanet.sequence`` (its read-out into ``o_rows``, its
-    rows of o; ``l2``: its eps and scale), then ``delta_out`` of every row: one call."""
-    deltanet.sequence(mixed, prev, w, new_conv, g, beta, ssm, new_ssm, o_rows, n_k, l2[0],
-                      l2[1])
-    return delta_out(o, z, norm, eps, kinds_o, ws_o, tbl, par, threads, b_o, post_norm)
-
-
-@njit(cache=True, nogil=True)
-def short_in(x, norm_w, eps, kinds, ws, tbl, par, threads, bias):  # noqa: ANN001, ANN201, PLR0913
-    """x (T, n_embd) f32 -> the gated short convolution's (bcx (T, 3 C), b * x (T, C)) f32
-    of its normed input (``norm_w`` as ``pre_norm`` takes it), as ``shortconv.forward``
-    forms them: ``ws``/``kinds`` in_proj's weight (padded as ``kernels.pad_products`` pads
-    it), ``bias`` its bias or empty; ``par`` whether it runs on ``threads`` threads."""
-    n = x.shape[0]
-    h = np.empty_like(x)
-    pre_norm(x, norm_w, eps, h)
-    bcx = np.empty((n, ws[0].shape[0]), np.float32)
-    _products(kinds, ws, h, tbl, (bcx, bcx, bcx), 1, par, threads)
-    add_bias(bcx, bias)
-    c = bcx.shape[1] // 3
-    bx = np.empty((n, c), np.float32)
-    for t in range(n):
-        for i in range(c):
-            bx[t, i] = bcx[t, i] * bcx[t, 2 * c + i]
-    return bcx, bx
-
-
-@njit(cache=True, nogil=True)
-def short_out(bcx, conv, kinds_o, ws_o, tbl, par, threads, b_o, post_norm, eps):  # noqa: ANN001, ANN201, PLR0913
-    """c * conv (c: bcx's middle C columns, conv (T, C) f32) through the output product
-    and the post norm (``_output``) -> (T, n_embd) f32."""
-    n, c = conv.shape
-    y = np.empty((n, c), np.float32)
-    for t in range(n):
-        for i in range(c):
-            y[t, i] = bcx[t, c + i] * conv[t, i]
-    return _output(y, kinds_o, ws_o, tbl, par, threads, b_o, post_norm, eps)
-
-
-@njit(cache=True, nogil=True)
-def short_last(bx, prev, w, new_kept, conv_rows, bcx, conv, kinds_o, ws_o, tbl, par, threads,  # noqa: ANN001, ANN201, PLR0913
-               b_o, post_norm, eps):
-    """The batch's last sequence's ``shortconv.sequence`` (into ``conv_rows``, its rows of
-    conv), then ``short_out`` of every row: one call."""
-    shortconv.sequence(bx, prev, w, new_kept, conv_rows)
-    return short_out(bcx, conv, kinds_o, ws_o, tbl, par, threads, b_o, post_norm, eps)
+    return part_out(a2, kinds_o, ws_o, tbl, par[2], threads, b_o, post_norm, eps)
 
 
 _NONE = kernels.read_only(np.zeros(0, np.float32))
@@ -382,43 +288,6 @@ def group(lins: tuple[Linear, ...]) -> Group:
                  sum(lin.w.shape[0] for lin in lins) * lins[0].w.shape[1], len(lins))
 
 
-@dataclass(frozen=True, eq=False)
-class DeltaArgs:
-    """What a gated delta net's fused steps (``delta_net``) take from call to call."""
-
-    mixed_z: Group  # the qkv and z products
-    beta_alpha: Group  # the beta and alpha products
-    out: Group
-    conv: np.ndarray  # (conv_dim, d_conv) f32, read-only: the convolution's taps
-    norm: np.ndarray  # (S,) f32: the read-out's RMS norm weight
-    l2: tuple[np.float32, np.float32]  # ``deltanet.l2_constants``
-
-
-def delta_args(d: DeltaNet, eps: float) -> DeltaArgs:
-    """The ``DeltaArgs`` of delta net ``d`` (its products all compiled types), ``eps`` the
-    layer's RMS eps."""
-    return DeltaArgs(group((d.qkv, d.z)), group((d.beta, d.alpha)), group((d.out,)),
-                     vector(d.conv), vector(d.norm),
-                     deltanet.l2_constants(d.head_dim, eps))
-
-
-@dataclass(frozen=True, eq=False)
-class ShortArgs:
-    """What a gated short convolution's fused steps (``short_conv``) take."""
-
-    in_proj: Group
-    out: Group
-    conv: np.ndarray  # (C, l_cache) f32, read-only: the convolution's taps
-
-
-def recurrent_args(a: DeltaNet | ShortConv, eps: float) -> DeltaArgs | ShortArgs:
-    """The fused steps' arguments of recurrent mixer ``a`` (its products all compiled
-    types), ``eps`` the layer's RMS eps."""
-    if isinstance(a, ShortConv):
-        return ShortArgs(group((a.in_proj,)), group((a.out,)), vector(a.conv))
-    return delta_args(a, eps)
-
-
 def _qkv(a: Any) -> tuple[Linear, ...]:
     """The products attention ``a`` runs on its input, as ``reference.attention`` (and
     ``_heads``) takes them: Q, K, V; Q, K (V = K's); Q alone (an earlier layer's K, V)."""
@@ -443,8 +312,9 @@ class LayerArgs:
     head_macs: int  # attention's multiply-adds per row and cached position
     # the per-layer input's gate and projection (None: none, or on the reference path)
     per_layer: tuple[Group, Group] | None = None
-    # a recurrent mixer's, fused (``delta_net``, ``short_conv``); qkv None
-    recurrent: DeltaArgs | ShortArgs | None = None
+    # a recurrent or latent mixer's fused steps' (``fused_recurrent``, ``fused_mla``);
+    # qkv None
+    mixer: Any = None
     # the fused experts' (``fused_experts.ExpertArgs``), or None: no experts or they run
     # as ``reference.ffn_part``
     experts: Any = None
@@ -463,8 +333,8 @@ def layer_args(b: Block, mixer: bool = True, ffn: bool = True, end: bool = True
         from .fused_experts import expert_args  # it builds on this module's steps
 
         moe = expert_args(f, b.ffn_norm, b.ffn_post_norm, b.eps)
-    recurrent = mixer and isinstance(a, DeltaNet | ShortConv)
-    attn = mixer and not recurrent
+    other = mixer and isinstance(a, DeltaNet | ShortConv | Mamba2 | LatentAttention)
+    attn = mixer and not other
     heads = ((a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v) if attn else (0, 0, 0, 0))
     q_norm, k_norm, sinks, v_norm = ((a.q_norm, a.k_norm, a.sinks, a.v_norm) if attn else
                                      (None, None, None, None))
@@ -477,7 +347,19 @@ def layer_args(b: Block, mixer: bool = True, ffn: bool = True, end: bool = True
         np.float32(a.softcap if attn else 0.0), heads, heads[0] * (heads[2] + heads[3]),
         (group((b.per_layer.gate,)), group((b.per_layer.proj,)))
         if end and b.per_layer is not None else None,
-        recurrent_args(a, b.eps) if recurrent else None, moe)
+        _mixer_args(a, b.eps) if other else None, moe)
+
+
+def _mixer_args(a: DeltaNet | ShortConv | Mamba2 | LatentAttention, eps: float) -> Any:
+    """A recurrent or latent mixer's fused steps' arguments (those modules build on this
+    one's steps: imported here)."""
+    if isinstance(a, LatentAttention):
+        from .fused_mla import latent_args
+
+        return latent_args(a)
+    from .fused_recurrent import recurrent_args
+
+    return recurrent_args(a, eps)
 
 
 _NO_GATE = np.zeros((0, 0), np.float32)
@@ -514,66 +396,46 @@ def attention(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
     return step(step(x, 1) * ops.sigmoid(gate), 2)
 
 
+def mixer(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
+          ropes: tuple[np.ndarray, ...]) -> np.ndarray:
+    """A recurrent or latent mixer's fused calls for x (T, n_embd), by its kind."""
+    kind = la.mixer.kind
+    if kind == "delta_net":
+        return delta_net(x, b, la, batch)
+    if kind == "short_conv":
+        return short_conv(x, b, la, batch)
+    if kind == "mamba2":
+        return mamba2(x, b, la, batch)
+    return latent_attention(x, b, la, batch, il, ropes[b.attn.rope])
+
+
 def delta_net(x: np.ndarray, b: Block, la: LayerArgs, batch: Any) -> np.ndarray:
-    """The gated delta net of layer ``b`` behind its norm for x (T, n_embd), as
-    ``reference.mixer_part`` runs it (``deltanet.forward``): ``delta_in``; the gates in
-    numpy (``deltanet.gates``, the reference path's exp and log1p); per sequence of
-    ``batch``, from its slot's state, ``deltanet.sequence``, staging the new state as
-    ``deltanet.forward`` does; ``delta_out`` in the last sequence's call (``delta_last``):
-    two compiled calls for a batch of one sequence. Each product on all threads from
-    ``matrix.PARALLEL_MIN_MACS`` multiply-adds, as the separate products decide."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    n = len(x)
-    lim = matrix.PARALLEL_MIN_MACS
-    d, dn = b.attn, la.recurrent
-    mixed, z, beta, alpha = delta_in(
-        x, la.norms[0], la.eps, dn.mixed_z.kinds, dn.mixed_z.ws, dn.beta_alpha.kinds,
-        dn.beta_alpha.ws, kernels.F16_TABLE, (n * dn.mixed_z.macs >= lim,
-                                              n * dn.beta_alpha.macs >= lim),
-        matrix.threads(), (*dn.mixed_z.biases, *dn.beta_alpha.biases))
-    beta, g = deltanet.gates(beta, alpha, d)
-    out = np.empty((n, d.n_v_head, d.head_dim), np.float32)
-    seqs = batch.sequences()
-    for i, (part, rows) in enumerate(seqs):
-        conv, ssm, new_conv, new_ssm = batch.recurrent_state(d.index, part)
-        args = (mixed[rows], conv, dn.conv, new_conv, np.ascontiguousarray(g[rows]),
-                np.ascontiguousarray(beta[rows]), ssm, new_ssm, out[rows], d.n_k_head)
-        if i < len(seqs) - 1:
-            deltanet.sequence(*args, *dn.l2)
-        else:
-            y = delta_last(*args, dn.l2, out, z, dn.norm, la.eps, dn.out.kinds, dn.out.ws,
-                           kernels.F16_TABLE, n * dn.out.macs >= lim, matrix.threads(),
-                           dn.out.biases[0], la.norms[3])
-        batch.stage_state(d.index, part)
-    return y
+    """The gated delta net's fused calls (``fused_recurrent.delta_net``)."""
+    from . import fused_recurrent
+
+    return fused_recurrent.delta_net(x, b, la, batch)
 
 
 def short_conv(x: np.ndarray, b: Block, la: LayerArgs, batch: Any) -> np.ndarray:
-    """The gated short convolution of layer ``b`` behind its norm for x (T, n_embd), as
-    ``reference.mixer_part`` runs it (``shortconv.forward``): ``short_in``; per sequence of
-    ``batch``, from its slot's state, ``shortconv.sequence``, staging the new state as
-    ``shortconv.forward`` does; ``short_out`` in the last sequence's call (``short_last``):
-    two compiled calls for a batch of one sequence. Each product on all threads from
-    ``matrix.PARALLEL_MIN_MACS`` multiply-adds, as the separate products decide."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    n = len(x)
-    lim = matrix.PARALLEL_MIN_MACS
-    s, sa = b.attn, la.recurrent
-    bcx, bx = short_in(x, la.norms[0], la.eps, sa.in_proj.kinds, sa.in_proj.ws,
-                       kernels.F16_TABLE, n * sa.in_proj.macs >= lim, matrix.threads(),
-                       sa.in_proj.biases[0])
-    conv = np.empty_like(bx)
-    seqs = batch.sequences()
-    for i, (part, rows) in enumerate(seqs):
-        kept, _, new_kept, _ = batch.recurrent_state(s.index, part)
-        if i < len(seqs) - 1:
-            shortconv.sequence(bx[rows], kept, sa.conv, new_kept, conv[rows])
-        else:
-            y = short_last(bx[rows], kept, sa.conv, new_kept, conv[rows], bcx, conv,
-                           sa.out.kinds, sa.out.ws, kernels.F16_TABLE, n * sa.out.macs >= lim,
-                           matrix.threads(), sa.out.biases[0], la.norms[3], la.eps)
-        batch.stage_state(s.index, part)
-    return y
+    """The gated short convolution's fused calls (``fused_recurrent.short_conv``)."""
+    from . import fused_recurrent
+
+    return fused_recurrent.short_conv(x, b, la, batch)
+
+
+def mamba2(x: np.ndarray, b: Block, la: LayerArgs, batch: Any) -> np.ndarray:
+    """The Mamba2 mixer's fused calls (``fused_recurrent.mamba2``)."""
+    from . import fused_recurrent
+
+    return fused_recurrent.mamba2(x, b, la, batch)
+
+
+def latent_attention(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
+                     rot: np.ndarray) -> np.ndarray:
+    """The latent attention's fused call (``fused_mla.latent_attention``)."""
+    from . import fused_mla
+
+    return fused_mla.latent_attention(x, b, la, batch, il, rot)
 
 
 def ffn(x: np.ndarray, b: Block, la: LayerArgs) -> np.ndarray:
@@ -621,10 +483,8 @@ def layer(x: np.ndarray, b: Block, la: LayerArgs, batch: Any, il: int,
     ``reference.stack`` takes them, ``inp`` this layer's input."""
     if la.qkv is not None:
         a = attention(x, b, la, batch, il, ropes[b.attn.rope])
-    elif isinstance(la.recurrent, DeltaArgs):
-        a = delta_net(x, b, la, batch)
-    elif la.recurrent is not None:
-        a = short_conv(x, b, la, batch)
+    elif la.mixer is not None:
+        a = mixer(x, b, la, batch, il, ropes)
     else:
         a = reference.mixer_part(x, b, batch, il, *reference.rotations(b, ropes))
     if rows is not None:

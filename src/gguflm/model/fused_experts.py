@@ -48,12 +48,12 @@ from . import ops, reference
 from .fused import (
     GLU_ACTS,
     Group,
-    _output,
-    _products,
     add_bias,
     geglu_f16,
     group,
+    part_out,
     pre_norm,
+    products,
     vector,
 )
 from .layer import Experts
@@ -388,10 +388,10 @@ def shared_ffn(h, gu, d, act, gelu_tbl, tbl, par, threads):  # noqa: ANN001, ANN
     n_ff = gu[1][0].shape[0]
     g = np.empty((h.shape[0], n_ff), np.float32)
     u = np.empty((h.shape[0], n_ff), np.float32)
-    _products(gu[0], gu[1], h, tbl, (g, u, g), 2, par[0], threads)
+    products(gu[0], gu[1], h, tbl, (g, u, g), 2, par[0], threads)
     add_bias(g, gu[2])
     add_bias(u, gu[3])
-    return _output(glu(g, u, act, gelu_tbl), d[0], d[1], tbl, par[1], threads, d[2],
+    return part_out(glu(g, u, act, gelu_tbl), d[0], d[1], tbl, par[1], threads, d[2],
                    d[2][:0], np.float32(0.0))
 
 
@@ -412,7 +412,7 @@ def moe_route(x, norm_w, eps, router, tbl, par, threads):  # noqa: ANN001, ANN20
             _f32_matmul_serial(h, w32, logits)
     else:
         logits = np.empty((x.shape[0], ws[0].shape[0]), np.float32)
-        _products(kinds, ws, h, tbl, (logits, logits, logits), 1, par, threads)
+        products(kinds, ws, h, tbl, (logits, logits, logits), 1, par, threads)
     add_bias(logits, b)
     return h, logits
 

@@ -8,6 +8,11 @@ ggml's ssm_scan runs it for prompts and decoding alike (no chunked, state-space-
 form). So a sequence's numbers do not depend on how its prompt was cut into batches or on
 the other rows of a batch; the new states are staged and committed with the positions
 (``Batch.advance``).
+
+``forward`` runs it op by op (the reference path); the fused layers
+(``fused_recurrent.mamba2``) run the same kernels in fewer calls: a sequence's steps in
+one (``sequence``), the softplus of dt in numpy between calls (``dt_rates``), which both
+paths share.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import numpy as np
 from numba import njit, prange
 
 from ..quant import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
+from ..quant.glu import silu_par
 from . import ops
+from .deltanet import _conv_rows
 from .layer import Mamba2
 from .shortconv import causal_conv
 
@@ -72,12 +79,55 @@ def _scan_inputs(xbc: np.ndarray, m: Mamba2) -> tuple[np.ndarray, np.ndarray, np
     return tuple(np.ascontiguousarray(p, np.float32) for p in parts)
 
 
+def dt_rates(dt: np.ndarray, m: Mamba2) -> np.ndarray:
+    """The dt product (T, n_head) -> softplus(dt + dt_bias), C-contiguous: numpy's exp and
+    log1p, which both paths run (numba's float32 exp differs from numpy's on some inputs)."""
+    return np.ascontiguousarray(ops.softplus(dt + m.dt_bias))
+
+
+@njit(cache=True, nogil=True)
+def sequence(xbc, prev, w, conv_b, new_conv, dt, a, d, ssm, new_ssm, y):  # noqa: ANN001, ANN201, PLR0913
+    """One sequence's rows through ``forward``'s per-sequence steps in one call: xbc (T,
+    conv_dim) f32 after the kept inputs ``prev`` (d_conv - 1, conv_dim), taps w (conv_dim,
+    d_conv) -> the convolution (its kept inputs into ``new_conv``), plus ``conv_b`` (empty:
+    none), SiLU, split into x (T, H, P), B and C (T, G, N) as ``ssm`` (H, P, N) and y (T,
+    H, P) give the sizes; ``ssm_scan`` with dt (T, H) (``dt_rates``) and a (H,) from
+    ``ssm`` into ``new_ssm``, into y; then y += x * d (H,). The same kernels as the op-by-op
+    steps, on arrays of the same types: the same numbers."""
+    n, taps, c_dim = xbc.shape[0], w.shape[1], xbc.shape[1]
+    n_head, p_dim, n_state = ssm.shape
+    window = np.empty((n + taps - 1, c_dim), np.float32)
+    window[:taps - 1] = prev
+    window[taps - 1:] = xbc
+    conv = np.empty((n, c_dim), np.float32)
+    _conv_rows(window, w, conv)
+    new_conv[:] = window[n:]
+    if conv_b.shape[0]:
+        for t in range(n):
+            for i in range(c_dim):
+                conv[t, i] = conv[t, i] + conv_b[i]
+    act = np.empty_like(conv)
+    silu_par(conv, act)
+    d_inner = n_head * p_dim
+    n_group = (c_dim - d_inner) // (2 * n_state)
+    x = np.ascontiguousarray(act[:, :d_inner]).reshape((n, n_head, p_dim))
+    b = np.ascontiguousarray(act[:, d_inner:d_inner + n_group * n_state]).reshape(
+        (n, n_group, n_state))
+    c = np.ascontiguousarray(act[:, d_inner + n_group * n_state:]).reshape(
+        (n, n_group, n_state))
+    ssm_scan(x, dt, a, b, c, ssm, new_ssm, y)
+    for t in range(n):
+        for h in range(n_head):
+            for i in range(p_dim):
+                y[t, h, i] = y[t, h, i] + x[t, h, i] * d[h]
+
+
 def forward(h: np.ndarray, m: Mamba2, batch: object, eps: float) -> np.ndarray:
     """Normed input h (T, n_embd) -> (T, n_embd), each sequence of ``batch`` from its
     slot's state, staging the new states; ``eps`` the model's RMS eps (the grouped norm)."""
     n, shape = len(h), (m.n_head, m.head_dim, m.d_state)
     z, xbc, dt = ops.linears(h, (m.z, m.xbc, m.dt))
-    dt = np.ascontiguousarray(ops.softplus(dt + m.dt_bias))  # (T, H)
+    dt = dt_rates(dt, m)  # (T, H)
     y = np.empty((n, m.n_head, m.head_dim), np.float32)
     for part, rows in batch.sequences():
         conv_state, ssm, new_conv, new_ssm = batch.recurrent_state(m.index, part)
