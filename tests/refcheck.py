@@ -154,3 +154,30 @@ def greedy_tokens(model: Any, case: dict[str, Any]) -> list[int]:
         got.append(int(np.argmax(logits)))
         logits = model.forward([got[-1]], cache)
     return got
+
+
+def path_batches(model: Any) -> np.ndarray:
+    """Logits of a prefill, decode steps, a prefill wanting its last row only (``rows``),
+    then two sequences batched: the batches the path comparisons run (``executor.plan``'s
+    parts against the reference path)."""
+    from gguflm.model.batch import ALL, LAST, Part
+
+    arena = model.new_arena(40, 2)
+    a, b = arena.slots
+    out = [model.forward_batch([Part(a, np.arange(3, 12), ALL)])]
+    for t in range(3):
+        out.append(model.forward_batch([Part(a, np.array([20 + t]), ALL)]))
+    out.append(model.forward_batch([Part(b, np.arange(5, 25), LAST)]))
+    out.append(model.forward_batch([Part(b, np.arange(7, 10), ALL),
+                                    Part(a, np.array([40]), ALL)]))
+    return np.concatenate(out)
+
+
+def reference_batches(model: Any, monkeypatch: Any) -> np.ndarray:
+    """``path_batches`` with every layer on the reference path (a forced plan)."""
+    from gguflm.model import executor
+
+    with monkeypatch.context() as m:
+        m.setattr(model, "plan", executor.Plan(None, "forced by the test"))
+        return path_batches(model)
+

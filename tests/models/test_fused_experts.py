@@ -20,9 +20,10 @@ import pytest
 
 import gguflm
 from gguflm.model import executor
-from gguflm.model.batch import ALL, LAST, Part
 from gguflm.model.layer import Experts
 from refcheck import load_tiny
+from refcheck import path_batches as _run
+from refcheck import reference_batches as _reference
 
 # the tiny MoE models (every gating: softmax, sigmoid, gpt-oss's softmax_weight with its
 # clamped SwiGLU and biases), with their shared experts (GLM-4.5's plain, Qwen3.5's
@@ -30,26 +31,6 @@ from refcheck import load_tiny
 # recurrent or latent mixers
 FUSED = ["qwen3moe", "mixtral", "gpt-oss", "glm4moe", "lfm2moe", "deepseek2", "qwen35moe",
          "granitehybrid"]
-
-
-def _run(model) -> np.ndarray:  # noqa: ANN001
-    """Logits of a prefill, decode steps, a prefill wanting its last row only, then two
-    sequences batched."""
-    arena = model.new_arena(40, 2)
-    a, b = arena.slots
-    out = [model.forward_batch([Part(a, np.arange(3, 12), ALL)])]
-    for t in range(3):
-        out.append(model.forward_batch([Part(a, np.array([20 + t]), ALL)]))
-    out.append(model.forward_batch([Part(b, np.arange(5, 25), LAST)]))
-    out.append(model.forward_batch([Part(b, np.arange(7, 10), ALL),
-                                    Part(a, np.array([40]), ALL)]))
-    return np.concatenate(out)
-
-
-def _reference(model, monkeypatch: pytest.MonkeyPatch) -> np.ndarray:  # noqa: ANN001
-    with monkeypatch.context() as m:
-        m.setattr(model, "plan", executor.Plan(None, "forced by the test"))
-        return _run(model)
 
 
 def _spied(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -29,28 +29,9 @@ from gguflm.model import executor
 from gguflm.model.batch import ALL, LAST, Part
 from gguflm.model.forward_pass import HEAD, LAYER
 from refcheck import load_tiny
+from refcheck import path_batches as _run
+from refcheck import reference_batches as _reference
 from tinymodel import random_tensors, tiny_metadata, write_model
-
-
-def _run(model) -> np.ndarray:  # noqa: ANN001
-    """Logits of a prefill, decode steps, a prefill wanting its last row only (``rows``),
-    then two sequences batched."""
-    arena = model.new_arena(40, 2)
-    a, b = arena.slots
-    out = [model.forward_batch([Part(a, np.arange(3, 12), ALL)])]
-    for t in range(3):
-        out.append(model.forward_batch([Part(a, np.array([20 + t]), ALL)]))
-    out.append(model.forward_batch([Part(b, np.arange(5, 25), LAST)]))
-    out.append(model.forward_batch([Part(b, np.arange(7, 10), ALL),
-                                    Part(a, np.array([40]), ALL)]))
-    return np.concatenate(out)
-
-
-def _reference(model, monkeypatch: pytest.MonkeyPatch) -> np.ndarray:  # noqa: ANN001
-    with monkeypatch.context() as m:
-        m.setattr(model, "plan", executor.Plan(None, "forced by the test"))
-        return _run(model)
-
 
 # each hybrid's fused parts, then the first of those on the reference path
 HYBRIDS = {

@@ -122,6 +122,20 @@ GLU_ACTS = {"silu": 0, "gelu": 1, "gelu_f16": 2}  # ``ffn_step``'s ``act`` by GL
 
 
 @njit(cache=True, nogil=True)
+def glu(g, u, act, gelu_tbl):  # noqa: ANN001, ANN201
+    """(T, F) f32 x2 -> (T, F) f32: the gated activation ``act`` (``GLU_ACTS``): SwiGLU,
+    GeGLU, or GeGLU through ggml's float16 table ``gelu_tbl`` (``geglu_f16``)."""
+    out = np.empty_like(g)  # not in place: an aliased loop runs unvectorized
+    if act == 2:
+        geglu_f16(g, u, gelu_tbl, out)
+    elif act == 1:
+        geglu(g, u, out)
+    else:
+        swiglu(g, u, out)
+    return out
+
+
+@njit(cache=True, nogil=True)
 def ffn_step(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, act, gelu_tbl, post_norm,  # noqa: ANN001, ANN201, PLR0913
               par_gu, par_d, threads, b_gate, b_up, b_down):
     """x (T, n_embd) f32 -> (T, n_embd) f32: ``down(glu(gate(h), up(h)))`` with
@@ -142,14 +156,8 @@ def ffn_step(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, act, gelu_tbl,
     products(kinds_gu, ws_gu, h, tbl, (g, u, g), 2, par_gu, threads)
     add_bias(g, b_gate)
     add_bias(u, b_up)
-    glu = np.empty((n, n_ff), np.float32)  # not in place: an aliased loop runs unvectorized
-    if act == 2:
-        geglu_f16(g, u, gelu_tbl, glu)
-    elif act == 1:
-        geglu(g, u, glu)
-    else:
-        swiglu(g, u, glu)
-    return part_out(glu, kinds_d, ws_d, tbl, par_d, threads, b_down, post_norm, eps)
+    return part_out(glu(g, u, act, gelu_tbl), kinds_d, ws_d, tbl, par_d, threads, b_down,
+                    post_norm, eps)
 
 
 @njit(cache=True, nogil=True)

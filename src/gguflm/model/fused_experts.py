@@ -41,7 +41,6 @@ from gguflm.quant.float_tiles import f16_matmul_rows, rounded_f16
 from gguflm.quant.floatbits import expf_ggml
 from gguflm.quant.floatdot import _f32_matmul_par, _f32_matmul_serial
 from gguflm.quant.int_tiles import prepare
-from gguflm.quant.kernels import geglu, swiglu
 from gguflm.quant.vector_ir import array_view
 
 from . import ops, reference
@@ -49,7 +48,7 @@ from .fused import (
     GLU_ACTS,
     Group,
     add_bias,
-    geglu_f16,
+    glu,
     group,
     part_out,
     pre_norm,
@@ -270,19 +269,6 @@ def _f16_run_par(ptrs, shape, experts, starts, xh, out, items):  # noqa: ANN001,
         w = _u16_view(ptrs[m, experts[g]], (shape[0], shape[1]), (2 * shape[1], 2))
         s0, s1 = starts[g], starts[g + 1]
         f16_matmul_rows(w, xh[s0:s1], out[m, s0:s1], items[c, 2], items[c, 3])
-
-
-@njit(cache=True, nogil=True)
-def glu(g, u, act, gelu_tbl):  # noqa: ANN001, ANN201
-    """(T, F) f32 x2 -> (T, F) f32: the gated activation ``act`` (``fused.GLU_ACTS``)."""
-    out = np.empty_like(g)  # not in place: an aliased loop runs unvectorized
-    if act == 2:
-        geglu_f16(g, u, gelu_tbl, out)
-    elif act == 1:
-        geglu(g, u, out)
-    else:
-        swiglu(g, u, out)
-    return out
 
 
 @njit(cache=True, nogil=True, inline="always")

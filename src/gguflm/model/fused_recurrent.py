@@ -174,6 +174,19 @@ def recurrent_args(a: DeltaNet | ShortConv | Mamba2, eps: float
     return delta_args(a, eps)
 
 
+def _sequences(batch: Any, index: int, each: Any, last: Any) -> np.ndarray:
+    """Every sequence of ``batch`` in order from its slot's state of recurrent layer
+    ``index``: ``each(rows, conv, ssm, new_conv, new_ssm)`` for all but the last, ``last``
+    (the same arguments) for the last, each sequence's new state staged after its call;
+    ``last``'s result."""
+    seqs = batch.sequences()
+    for i, (part, rows) in enumerate(seqs):
+        step = each if i < len(seqs) - 1 else last
+        y = step(rows, *batch.recurrent_state(index, part))
+        batch.stage_state(index, part)
+    return y
+
+
 def delta_net(x: np.ndarray, b: Block, la: Any, batch: Any) -> np.ndarray:
     """The gated delta net of layer ``b`` behind its norm for x (T, n_embd), as
     ``reference.mixer_part`` runs it (``deltanet.forward``): ``delta_in``; the gates in
@@ -193,19 +206,17 @@ def delta_net(x: np.ndarray, b: Block, la: Any, batch: Any) -> np.ndarray:
         matrix.threads(), (*dn.mixed_z.biases, *dn.beta_alpha.biases))
     beta, g = deltanet.gates(beta, alpha, d)
     out = np.empty((n, d.n_v_head, d.head_dim), np.float32)
-    seqs = batch.sequences()
-    for i, (part, rows) in enumerate(seqs):
-        conv, ssm, new_conv, new_ssm = batch.recurrent_state(d.index, part)
-        args = (mixed[rows], conv, dn.conv, new_conv, np.ascontiguousarray(g[rows]),
+
+    def args(rows: slice, conv: np.ndarray, ssm: np.ndarray, new_conv: np.ndarray,
+             new_ssm: np.ndarray) -> tuple:
+        return (mixed[rows], conv, dn.conv, new_conv, np.ascontiguousarray(g[rows]),
                 np.ascontiguousarray(beta[rows]), ssm, new_ssm, out[rows], d.n_k_head)
-        if i < len(seqs) - 1:
-            deltanet.sequence(*args, *dn.l2)
-        else:
-            y = delta_last(*args, dn.l2, out, z, dn.norm, la.eps, dn.out.kinds, dn.out.ws,
-                           kernels.F16_TABLE, n * dn.out.macs >= lim, matrix.threads(),
-                           dn.out.biases[0], la.norms[3])
-        batch.stage_state(d.index, part)
-    return y
+
+    return _sequences(
+        batch, d.index, lambda *s: deltanet.sequence(*args(*s), *dn.l2),
+        lambda *s: delta_last(*args(*s), dn.l2, out, z, dn.norm, la.eps, dn.out.kinds,
+                              dn.out.ws, kernels.F16_TABLE, n * dn.out.macs >= lim,
+                              matrix.threads(), dn.out.biases[0], la.norms[3]))
 
 
 def short_conv(x: np.ndarray, b: Block, la: Any, batch: Any) -> np.ndarray:
@@ -223,17 +234,14 @@ def short_conv(x: np.ndarray, b: Block, la: Any, batch: Any) -> np.ndarray:
                        kernels.F16_TABLE, n * sa.in_proj.macs >= lim, matrix.threads(),
                        sa.in_proj.biases[0])
     conv = np.empty_like(bx)
-    seqs = batch.sequences()
-    for i, (part, rows) in enumerate(seqs):
-        kept, _, new_kept, _ = batch.recurrent_state(s.index, part)
-        if i < len(seqs) - 1:
-            shortconv.sequence(bx[rows], kept, sa.conv, new_kept, conv[rows])
-        else:
-            y = short_last(bx[rows], kept, sa.conv, new_kept, conv[rows], bcx, conv,
-                           sa.out.kinds, sa.out.ws, kernels.F16_TABLE, n * sa.out.macs >= lim,
-                           matrix.threads(), sa.out.biases[0], la.norms[3], la.eps)
-        batch.stage_state(s.index, part)
-    return y
+    return _sequences(
+        batch, s.index,
+        lambda rows, kept, _, new_kept, __: shortconv.sequence(bx[rows], kept, sa.conv,
+                                                               new_kept, conv[rows]),
+        lambda rows, kept, _, new_kept, __: short_last(
+            bx[rows], kept, sa.conv, new_kept, conv[rows], bcx, conv, sa.out.kinds, sa.out.ws,
+            kernels.F16_TABLE, n * sa.out.macs >= lim, matrix.threads(), sa.out.biases[0],
+            la.norms[3], la.eps))
 
 
 
@@ -326,16 +334,14 @@ def mamba2(x: np.ndarray, b: Block, la: Any, batch: Any) -> np.ndarray:
     dt = _mamba2.dt_rates(dt, m)
     y = np.empty((n, m.n_head, m.head_dim), np.float32)
     shape = (m.n_head, m.head_dim, m.d_state)
-    seqs = batch.sequences()
-    for i, (part, rows) in enumerate(seqs):
-        conv, ssm, new_conv, new_ssm = batch.recurrent_state(m.index, part)
-        args = (xbc[rows], conv, ma.conv, ma.conv_b, new_conv, dt[rows], ma.a, ma.d,
+
+    def args(rows: slice, conv: np.ndarray, ssm: np.ndarray, new_conv: np.ndarray,
+             new_ssm: np.ndarray) -> tuple:
+        return (xbc[rows], conv, ma.conv, ma.conv_b, new_conv, dt[rows], ma.a, ma.d,
                 ssm.reshape(shape), new_ssm.reshape(shape), y[rows])
-        if i < len(seqs) - 1:
-            _mamba2.sequence(*args)
-        else:
-            out = mamba_last(*args, y, z, ma.norm, m.n_group, la.eps, ma.out.kinds, ma.out.ws,
-                             kernels.F16_TABLE, n * ma.out.macs >= lim, matrix.threads(),
-                             ma.out.biases[0], la.norms[3])
-        batch.stage_state(m.index, part)
-    return out
+
+    return _sequences(
+        batch, m.index, lambda *s: _mamba2.sequence(*args(*s)),
+        lambda *s: mamba_last(*args(*s), y, z, ma.norm, m.n_group, la.eps, ma.out.kinds,
+                              ma.out.ws, kernels.F16_TABLE, n * ma.out.macs >= lim,
+                              matrix.threads(), ma.out.biases[0], la.norms[3]))
