@@ -81,6 +81,20 @@ def _conv_rows(window, w, out):  # noqa: ANN001, ANN202
                 out[t, c] = out[t, c] + window[t + i, c] * wt[i, c]
 
 
+@njit(cache=True, nogil=True)
+def conv_step(x, prev, w, new_kept, out):  # noqa: ANN001, ANN201
+    """ggml's ssm_conv of one sequence's rows in one call: x (T, C) f32 after the kept
+    inputs ``prev`` (d_conv - 1, C), taps w (C, d_conv) -> out (T, C) f32 (``_conv_rows``),
+    the new kept inputs into ``new_kept``. Needs numba's threads started
+    (``matrix.threads()``) before a call loaded from the cache."""
+    n, taps = x.shape[0], w.shape[1]
+    window = np.empty((n + taps - 1, x.shape[1]), np.float32)
+    window[:taps - 1] = prev
+    window[taps - 1:] = x
+    _conv_rows(window, w, out)
+    new_kept[:] = window[n:]
+
+
 def causal_conv(x: np.ndarray, prev: np.ndarray, w: np.ndarray) -> tuple[np.ndarray,
                                                                           np.ndarray]:
     """ggml's ssm_conv then SiLU: inputs x (T, C) after the kept ``prev`` (d_conv - 1, C),
@@ -137,16 +151,11 @@ def sequence(mixed, prev, w, new_conv, g, beta, ssm, new_ssm, out, n_k, eps, sca
     The same kernels as the op-by-op steps, on arrays of the same types: the same numbers.
     Its parallel kernels need numba's threads started (``matrix.threads()``) before a call
     loaded from the cache."""
-    n, taps = mixed.shape[0], w.shape[1]
-    s = out.shape[2]
-    window = np.empty((n + taps - 1, mixed.shape[1]), np.float32)
-    window[:taps - 1] = prev
-    window[taps - 1:] = mixed
+    n, s = mixed.shape[0], out.shape[2]
     acc = np.empty((n, mixed.shape[1]), np.float32)
-    _conv_rows(window, w, acc)
+    conv_step(mixed, prev, w, new_conv, acc)
     x = np.empty_like(acc)
     silu_par(acc, x)
-    new_conv[:] = window[n:]
     q = _l2_heads(x[:, :n_k * s], n_k, s, eps, scale)
     k = _l2_heads(x[:, n_k * s:2 * n_k * s], n_k, s, eps, scale)
     v = np.ascontiguousarray(x[:, 2 * n_k * s:]).reshape((n, out.shape[1], s))

@@ -181,7 +181,7 @@ class LayerPath:
     mixer: Part | None
     ffn: Part | None
     extras: tuple[Part, ...] = ()
-    mixer_name: str = "the attention"  # what the mixer is, in the plan (``_mixer_name``)
+    mixer_name: str = "the attention"  # what the mixer is, in the plan (``MixerKind.name``)
 
     @property
     def fused(self) -> bool:
@@ -197,19 +197,43 @@ class LayerPath:
                 and not self.extras)
 
 
-# the gated delta net's product groups, as ``fused.delta_net`` runs them
-_DELTA_GROUPS = (("qkv/z", lambda b: (b.attn.qkv, b.attn.z)),
-                 ("beta/alpha", lambda b: (b.attn.beta, b.attn.alpha)),
-                 ("output", lambda b: (b.attn.out,)))
-_SHORT_GROUPS = (("in_proj", lambda b: (b.attn.in_proj,)), ("output", lambda b: (b.attn.out,)))
-_MAMBA_GROUPS = (("z/xBC/dt", lambda b: (b.attn.z, b.attn.xbc, b.attn.dt)),
-                 ("output", lambda b: (b.attn.out,)))
-_LATENT_GROUPS = (("kv_a/q_a", lambda b: (b.attn.kv_a, b.attn.q_a)),
-                  ("q_b", lambda b: (b.attn.q_b,)), ("output", lambda b: (b.attn.o,)))
-DELTA_NET = "the gated delta net"  # their names in the plan
-SHORT_CONV = "the gated short convolution"
-MAMBA2 = "the Mamba2 state-space mixer"
-LATENT = "the multi-head latent attention"
+@dataclass(frozen=True)
+class MixerKind:
+    """A kind of mixer as the planner sees it: its name in the plan, what the team's
+    refusal says of it, its product groups (by name, as its fused step runs them) and its
+    compiled steps besides the attention's ("module.name" in gguflm.model)."""
+
+    kind: type | None  # the layer spec's class (None: an attention)
+    name: str
+    team: str
+    groups: tuple
+    steps: tuple[str, ...] = ()
+
+
+_ATTENTION = MixerKind(None, "the attention", "", _GROUPS[:2])
+_MIXER_KINDS = (
+    MixerKind(DeltaNet, "the gated delta net", "a recurrent mixer",
+              (("qkv/z", lambda b: (b.attn.qkv, b.attn.z)),
+               ("beta/alpha", lambda b: (b.attn.beta, b.attn.alpha)),
+               ("output", lambda b: (b.attn.out,))),
+              ("fused_recurrent.delta_in", "fused_recurrent.delta_last", "deltanet.sequence")),
+    MixerKind(ShortConv, "the gated short convolution", "a recurrent mixer",
+              (("in_proj", lambda b: (b.attn.in_proj,)), ("output", lambda b: (b.attn.out,))),
+              ("fused_recurrent.short_in", "fused_recurrent.short_last",
+               "shortconv.sequence")),
+    MixerKind(Mamba2, "the Mamba2 state-space mixer", "a recurrent mixer",
+              (("z/xBC/dt", lambda b: (b.attn.z, b.attn.xbc, b.attn.dt)),
+               ("output", lambda b: (b.attn.out,))),
+              ("fused_recurrent.mamba_in", "fused_recurrent.mamba_last", "mamba2.sequence")),
+    MixerKind(LatentAttention, "the multi-head latent attention", "MLA",
+              (("kv_a/q_a", lambda b: (b.attn.kv_a, b.attn.q_a)),
+               ("q_b", lambda b: (b.attn.q_b,)), ("output", lambda b: (b.attn.o,))),
+              ("fused_mla.mla_step",)))
+
+
+def mixer_kind(b: Block) -> MixerKind:
+    """Layer ``b``'s mixer's ``MixerKind``."""
+    return next((k for k in _MIXER_KINDS if isinstance(b.attn, k.kind)), _ATTENTION)
 
 
 def _slow_product(b: Block, groups: tuple, what: str) -> Part | None:
@@ -225,22 +249,14 @@ def _slow_product(b: Block, groups: tuple, what: str) -> Part | None:
 
 def _mixer_path(b: Block) -> Part | None:
     """Why layer ``b``'s mixer runs on the reference path, or None: fused."""
-    a = b.attn
-    if isinstance(a, LatentAttention):
-        heads = a.k_b_all.why or a.v_b_all.why
-        if heads:  # its per-head products one expert-products call each, or none
-            text = (f"{LATENT} (MLA), whose per-head products k_b/v_b have no one-call "
-                    f"kernel ({heads}): its attention over the latent in numba, its "
-                    f"products op by op")
-            return Part(f"{LATENT} heads", text)
-        return _slow_product(b, _LATENT_GROUPS, LATENT)
-    if isinstance(a, Mamba2):
-        return _slow_product(b, _MAMBA_GROUPS, MAMBA2)
-    if isinstance(a, DeltaNet):
-        return _slow_product(b, _DELTA_GROUPS, DELTA_NET)
-    if isinstance(a, ShortConv):
-        return _slow_product(b, _SHORT_GROUPS, SHORT_CONV)
-    return _slow_product(b, _GROUPS[:2], "the attention")
+    a, mk = b.attn, mixer_kind(b)
+    heads = isinstance(a, LatentAttention) and (a.k_b_all.why or a.v_b_all.why)
+    if heads:  # its per-head products one expert-products call each, or none
+        text = (f"{mk.name} (MLA), whose per-head products k_b/v_b have no one-call "
+                f"kernel ({heads}): its attention over the latent in numba, its products "
+                f"op by op")
+        return Part(f"{mk.name} heads", text)
+    return _slow_product(b, mk.groups, mk.name)
 
 
 def _experts_run(e: Experts) -> str:
@@ -265,21 +281,10 @@ def _f16_experts(mats: tuple) -> bool:
                for ms in mats for m in ms)
 
 
-# the compiled steps of each fused recurrent or latent mixer ("module.name")
-_MIXER_STEPS = ((DeltaNet, ("fused_recurrent.delta_in", "fused_recurrent.delta_last",
-                            "deltanet.sequence")),
-                (ShortConv, ("fused_recurrent.short_in", "fused_recurrent.short_last",
-                             "shortconv.sequence")),
-                (Mamba2, ("fused_recurrent.mamba_in", "fused_recurrent.mamba_last",
-                          "mamba2.sequence")),
-                (LatentAttention, ("fused_mla.mla_step",)))
-
-
 def _steps(b: Block, p: LayerPath) -> tuple[str, ...]:
     """The compiled steps layer ``b`` runs as ``p`` plans it, besides the attention's and
     the dense FFN's: a fused mixer's, the fused experts', the per-layer input's."""
-    mixer = next((steps for kind, steps in _MIXER_STEPS if isinstance(b.attn, kind)), ())
-    return ((mixer if p.mixer is None else ())
+    return ((mixer_kind(b).steps if p.mixer is None else ())
             + (tuple(f"fused_experts.{s}" for s in _experts_steps(b.ffn))
                if isinstance(b.ffn, Experts) and p.ffn is None else ())
             + (("fused.end_step",) if b.per_layer is not None and not p.extras else ()))
@@ -351,14 +356,8 @@ def _extras(b: Block) -> tuple[Part, ...]:
 
 def _paths(blocks: list[Block]) -> list[LayerPath]:
     """Each layer's parts' paths."""
-    return [LayerPath(_mixer_path(b), _ffn_path(b), _extras(b), _mixer_name(b)) for b in blocks]
-
-
-def _mixer_name(b: Block) -> str:
-    """What layer ``b``'s mixer is, in the plan."""
-    return next((name for kind, name in ((DeltaNet, DELTA_NET), (ShortConv, SHORT_CONV),
-                                         (Mamba2, MAMBA2), (LatentAttention, LATENT))
-                 if isinstance(b.attn, kind)), "the attention")
+    return [LayerPath(_mixer_path(b), _ffn_path(b), _extras(b), mixer_kind(b).name)
+            for b in blocks]
 
 
 def _layers(ils: list[int]) -> str:
@@ -377,8 +376,7 @@ def _summary(paths: list[LayerPath]) -> tuple[str, str]:
     """(the fused parts and their layers, the reference path's parts and their layers)."""
     fused = [(what, [il for il, p in enumerate(paths) if getattr(p, part) is None
                      and (part == "ffn" or p.mixer_name == what)])
-             for what, part in (("the attention", "mixer"), (DELTA_NET, "mixer"),
-                                (SHORT_CONV, "mixer"), (MAMBA2, "mixer"), (LATENT, "mixer"),
+             for what, part in (*((k.name, "mixer") for k in (_ATTENTION, *_MIXER_KINDS)),
                                 ("the FFN", "ffn"))]
     found = sorted(((rank, il, part) for il, p in enumerate(paths)  # mixers, FFNs, extras
                     for rank, part in enumerate((p.mixer, p.ffn, *p.extras))
@@ -402,11 +400,9 @@ def _not_compilable(blocks: list[Block], paths: list[LayerPath]) -> str:
 def _team_lacks(b: Block) -> str:
     """What of layer ``b``'s the team's attention or FFN does not take (the fused steps
     do: a recurrent mixer, ...), or ''."""
-    a = b.attn
-    if isinstance(a, DeltaNet | ShortConv | Mamba2):
-        return f"{_mixer_name(b)} (a recurrent mixer)"
-    if isinstance(a, LatentAttention):
-        return f"{LATENT} (MLA)"
+    a, mk = b.attn, mixer_kind(b)
+    if mk is not _ATTENTION:
+        return f"{mk.name} ({mk.team})"
     return ", ".join(name for name, present in (
         ("values RMS-normed", a.v_norm is not None),
         ("keys and values shared from an earlier layer", a.kv_layer is not None),

@@ -147,12 +147,20 @@ def ffn_step(x, norm_w, eps, kinds_gu, ws_gu, kinds_d, ws_d, tbl, act, gelu_tbl,
     (n_embd,) f32 or empty: the output RMS-normalized times it (Gemma's post-FFN norm);
     ``par_*``: whether each product runs on ``threads`` threads; ``b_*`` each product's
     bias (its rows,) f32, or empty."""
-    n = x.shape[0]
     h = np.empty_like(x)
     pre_norm(x, norm_w, eps, h)
+    return glu_ffn(h, kinds_gu, ws_gu, kinds_d, ws_d, tbl, act, gelu_tbl, post_norm, eps,
+                   par_gu, par_d, threads, b_gate, b_up, b_down)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def glu_ffn(h, kinds_gu, ws_gu, kinds_d, ws_d, tbl, act, gelu_tbl, post_norm, eps, par_gu,  # noqa: ANN001, ANN201, PLR0913
+            par_d, threads, b_gate, b_up, b_down):
+    """``ffn_step`` of its normed input h (T, n_embd): the gate and up products and their
+    biases, the gated activation, the down product, its bias and the post norm."""
     n_ff = ws_gu[0].shape[0]
-    g = np.empty((n, n_ff), np.float32)
-    u = np.empty((n, n_ff), np.float32)
+    g = np.empty((h.shape[0], n_ff), np.float32)
+    u = np.empty((h.shape[0], n_ff), np.float32)
     products(kinds_gu, ws_gu, h, tbl, (g, u, g), 2, par_gu, threads)
     add_bias(g, b_gate)
     add_bias(u, b_up)
@@ -318,8 +326,8 @@ class LayerArgs:
     cap: np.float32
     heads: tuple[int, int, int, int]
     head_macs: int  # attention's multiply-adds per row and cached position
-    # the per-layer input's gate and projection (None: none, or on the reference path)
-    per_layer: tuple[Group, Group] | None = None
+    # the per-layer input's gate, projection and norm (None: none, or on the reference path)
+    per_layer: tuple[Group, Group, np.ndarray] | None = None
     # a recurrent or latent mixer's fused steps' (``fused_recurrent``, ``fused_mla``);
     # qkv None
     mixer: Any = None
@@ -353,7 +361,7 @@ def layer_args(b: Block, mixer: bool = True, ffn: bool = True, end: bool = True
                                   b.ffn_post_norm, sinks, v_norm)),
         np.float32(b.eps), np.float32(a.scale if attn else 0.0),
         np.float32(a.softcap if attn else 0.0), heads, heads[0] * (heads[2] + heads[3]),
-        (group((b.per_layer.gate,)), group((b.per_layer.proj,)))
+        (group((b.per_layer.gate,)), group((b.per_layer.proj,)), vector(b.per_layer.norm))
         if end and b.per_layer is not None else None,
         _mixer_args(a, b.eps) if other else None, moe)
 
@@ -466,9 +474,9 @@ def layer_end(x: np.ndarray, b: Block, la: LayerArgs, inp: np.ndarray | None) ->
         return reference.layer_end(x, b, inp)
     x = np.ascontiguousarray(x, dtype=np.float32)
     n, lim = len(x), matrix.PARALLEL_MIN_MACS
-    g, p = la.per_layer
+    g, p, norm = la.per_layer
     return end_step(x, np.ascontiguousarray(inp, dtype=np.float32), g.kinds, g.ws, p.kinds,
-                    p.ws, kernels.F16_TABLE, ops.gelu_f16_table(), vector(b.per_layer.norm),
+                    p.ws, kernels.F16_TABLE, ops.gelu_f16_table(), norm,
                     la.eps, np.float32(b.out_scale), n * g.macs >= lim, n * p.macs >= lim,
                     matrix.threads(), g.biases[0], p.biases[0])
 

@@ -36,7 +36,7 @@ from numba import njit, prange, types
 
 from gguflm.gguf.types import GGMLType
 from gguflm.quant import kernels, matrix
-from gguflm.quant.expert_products import _expert_products, _items
+from gguflm.quant.expert_products import expert_items, expert_products_kernel
 from gguflm.quant.float_tiles import f16_matmul_rows, rounded_f16
 from gguflm.quant.floatbits import expf_ggml
 from gguflm.quant.floatdot import _f32_matmul_par, _f32_matmul_serial
@@ -49,8 +49,8 @@ from .fused import (
     Group,
     add_bias,
     glu,
+    glu_ffn,
     group,
-    part_out,
     pre_norm,
     products,
     vector,
@@ -282,16 +282,16 @@ def _add_rows(y, b, of_slot):  # noqa: ANN001, ANN202
 
 @njit(cache=True, nogil=True)
 def expert_products(f16, kinds, ptrs, shape, x, experts, starts, tbl, out, threads):  # noqa: ANN001, ANN201, PLR0913
-    """``expert_products._expert_products`` (``f16`` False) or the same for F16 experts
+    """``expert_products.expert_products_kernel`` (``f16`` False) or the same for F16 experts
     (``ptrs`` each expert's (rows, K) fp16 bits, ``shape`` (rows, K)): x rounded to
     float16 once, each element as ``QMatrix.matmul``'s float kernel gives it."""
     if x.shape[0] == 0:  # no rows: nothing to share out
         return
     if not f16:
-        _expert_products(kinds, ptrs, shape, x, experts, starts, tbl, out, threads)
+        expert_products_kernel(kinds, ptrs, shape, x, experts, starts, tbl, out, threads)
         return
     _f16_run_par(ptrs, shape, experts, starts, rounded_f16(x), out,
-                 _items(kinds.shape[0], shape[0], starts, threads))
+                 expert_items(kinds.shape[0], shape[0], starts, threads))
 
 
 @njit(cache=True, nogil=True)
@@ -371,14 +371,8 @@ def shared_ffn(h, gu, d, act, gelu_tbl, tbl, par, threads):  # noqa: ANN001, ANN
     """``reference.ffn`` of the shared expert: ``gu`` (type ids, weights, gate bias, up
     bias) of its gate and up as ``fused.ffn_step`` takes them, ``d`` (type ids, weights,
     bias) of its down; ``par`` whether each runs on ``threads`` threads."""
-    n_ff = gu[1][0].shape[0]
-    g = np.empty((h.shape[0], n_ff), np.float32)
-    u = np.empty((h.shape[0], n_ff), np.float32)
-    products(gu[0], gu[1], h, tbl, (g, u, g), 2, par[0], threads)
-    add_bias(g, gu[2])
-    add_bias(u, gu[3])
-    return part_out(glu(g, u, act, gelu_tbl), d[0], d[1], tbl, par[1], threads, d[2],
-                   d[2][:0], np.float32(0.0))
+    return glu_ffn(h, gu[0], gu[1], d[0], d[1], tbl, act, gelu_tbl, d[2][:0], np.float32(0.0),
+                   par[0], par[1], threads, gu[2], gu[3], d[2])
 
 
 @njit(cache=True, nogil=True)
@@ -414,14 +408,24 @@ def moe_experts(h, scores, choice, select_bias, scale, mats, biases, act, shared
     ``experts_up``, ``act`` as ``glu``; ``shared`` (0 none, 1 added here, 2 returned;
     act, gate/up, down, par) as ``shared_ffn``; ``post_norm`` (n_embd,) f32 or empty:
     the output RMS-normed times it."""
+    w, gu, grouping = _choose_up(h, scores, choice, select_bias, scale, mats, biases, tbl,
+                                 threads)
+    ys = experts_down(glu(gu[0], gu[1], act, gelu_tbl), h.shape[0], w.shape[1], grouping, mats,
+                      biases, tbl, threads)
+    return _finish(h, ys, w, shared, post_norm, eps, gelu_tbl, tbl, threads)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _choose_up(h, scores, choice, select_bias, scale, mats, biases, tbl, threads):  # noqa: ANN001, ANN202, PLR0913
+    """The experts' choice from the router's scores (its logits but for a sigmoid gating:
+    a softmax gating's softmax here), then ``experts_up``: (the weights, the gates and ups,
+    the grouping)."""
     gating, n_used, groups, groups_used, norm = choice
     if gating == 0:
         scores = softmax_rows(scores)
     chosen, w = choose(scores, select_bias, gating, n_used, groups, groups_used, norm, scale)
     gu, grouping = experts_up(h, chosen, scores.shape[1], mats, biases, tbl, threads)
-    ys = experts_down(glu(gu[0], gu[1], act, gelu_tbl), h.shape[0], n_used, grouping, mats,
-                      biases, tbl, threads)
-    return _finish(h, ys, w, shared, post_norm, eps, gelu_tbl, tbl, threads)
+    return w, gu, grouping
 
 
 @njit(cache=True, nogil=True)
@@ -431,10 +435,8 @@ def moe_front(x, norm_w, eps, router, par, choice, select_bias, scale, mats, bia
     comes between): (h, the weights, the gates and ups (2, S, n_ff), the grouping) as
     ``experts_up`` gives them."""
     h, logits = moe_route(x, norm_w, eps, router, tbl, par, threads)
-    gating, n_used, groups, groups_used, norm = choice
-    scores = softmax_rows(logits) if gating == 0 else logits
-    chosen, w = choose(scores, select_bias, gating, n_used, groups, groups_used, norm, scale)
-    gu, grouping = experts_up(h, chosen, logits.shape[1], mats, biases, tbl, threads)
+    w, gu, grouping = _choose_up(h, logits, choice, select_bias, scale, mats, biases, tbl,
+                                 threads)
     return h, w, gu, grouping
 
 

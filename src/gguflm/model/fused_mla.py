@@ -15,31 +15,13 @@ import numpy as np
 from numba import njit
 
 from gguflm.quant import kernels, matrix
-from gguflm.quant.expert_products import _expert_products
-from gguflm.quant.matrix import ExpertWeights
+from gguflm.quant.expert_products import threads_for
 
 from . import mla
 from .attention import runs_parallel
 from .fused import Group, add_bias, group, part_out, pre_norm, products, vector
 from .layer import Block, LatentAttention
 from .rowkernels import rmsnorm_rows, rope_rows
-
-
-@njit(cache=True, nogil=True)
-def _per_head(kinds, ptrs, shape, x, tbl, threads):  # noqa: ANN001, ANN202
-    """x (T, H, K) f32 -> (T, H, rows) f32: ``mla.per_head``'s one call (each head an
-    expert that every row chose, its T rows together)."""
-    n, n_head = x.shape[0], x.shape[1]
-    slots = np.empty((n_head * n, x.shape[2]), np.float32)
-    for h in range(n_head):
-        slots[h * n:(h + 1) * n] = x[:, h]
-    starts = np.arange(n_head + 1) * n
-    out = np.empty((1, n_head * n, shape[0]), np.float32)
-    _expert_products(kinds, ptrs, shape, slots, np.arange(n_head), starts, tbl, out, threads)
-    res = np.empty((n, n_head, shape[0]), np.float32)
-    for h in range(n_head):
-        res[:, h] = out[0, h * n:(h + 1) * n]
-    return res
 
 
 @njit(cache=True, nogil=True)
@@ -91,7 +73,7 @@ def mla_step(x, norm_w, eps, kinds_a, ws_a, n_a, q_a_norm, kinds_qb, ws_qb, kv_a
     q_pe = np.ascontiguousarray(q3[:, :, nope:])
     rope_rows(q_pe, rot, neox)
     absorbed = np.empty((n, n_head, lora + n_rot), np.float32)
-    absorbed[:, :, :lora] = _per_head(kb[0], kb[1], kb[2], np.ascontiguousarray(
+    absorbed[:, :, :lora] = mla.heads_product(kb[0], kb[1], kb[2], np.ascontiguousarray(
         q3[:, :, :nope]), tbl, kb[3])
     absorbed[:, :, lora:] = q_pe
     mla.store_latent(cache, slot, pos, rows)
@@ -100,7 +82,7 @@ def mla_step(x, norm_w, eps, kinds_a, ws_a, n_a, q_a_norm, kinds_qb, ws_qb, kv_a
         mla._attend_par(absorbed, cache, slot, pos, scale, f16, o)
     else:
         mla._attend_serial(absorbed, cache, slot, pos, scale, f16, o)
-    out = _per_head(vb[0], vb[1], vb[2], o, tbl, vb[3])
+    out = mla.heads_product(vb[0], vb[1], vb[2], o, tbl, vb[3])
     return part_out(out.reshape((n, -1)), kinds_o, ws_o, tbl, par[3], threads, biases[3],
                    post_norm, eps)
 
@@ -118,6 +100,8 @@ class LatentArgs:
     q_a_norm: np.ndarray
     kv_a_norm: np.ndarray
     biases: tuple[np.ndarray, ...]  # kv_a's, q_a's, q_b's, o's
+    k_b: tuple  # every head's k_b and v_b as ``mla.heads_product`` takes them
+    v_b: tuple
 
 
 def latent_args(a: LatentAttention) -> LatentArgs:
@@ -125,23 +109,10 @@ def latent_args(a: LatentAttention) -> LatentArgs:
     as ``ExpertWeights``)."""
     first = group((a.kv_a,) if a.q_a is None else (a.kv_a, a.q_a))
     q_b, out = group((a.q_b,)), group((a.o,))
+    b_qa = first.biases[1] if a.q_a is not None else vector(None)
     return LatentArgs(first, q_b, out, vector(a.q_a_norm), vector(a.kv_a_norm),
-                      (first.biases[0], (*first.biases, vector(None))[1], q_b.biases[0],
-                       out.biases[0]))
-
-
-def _heads_args(e: ExpertWeights, rows: int) -> tuple:
-    """(kinds, ptrs, shape, threads) of every head's matrices, for ``rows`` query rows:
-    in this thread where the work is under ``matrix.PARALLEL_MIN_MACS``, as
-    ``expert_products`` decides."""
-    import numba
-
-    from gguflm.quant.int_tiles import prepare
-
-    prepare([int(k) for k in e.kinds])  # the row kernels' table, as ``expert_products``
-    macs = rows * e.ptrs.shape[1] * e.rows * e.d_in
-    return (e.kinds, e.ptrs, np.array(e.shape, np.int64),
-            numba.get_num_threads() if macs >= matrix.PARALLEL_MIN_MACS else 1)
+                      (first.biases[0], b_qa, q_b.biases[0], out.biases[0]),
+                      mla.heads_args(a.k_b_all), mla.heads_args(a.v_b_all))
 
 
 def latent_attention(x: np.ndarray, b: Block, la: Any, batch: Any, il: int,
@@ -159,7 +130,8 @@ def latent_attention(x: np.ndarray, b: Block, la: Any, batch: Any, il: int,
                     ma.q_b.kinds, ma.q_b.ws, ma.kv_a_norm,
                     (a.n_head, a.nope, a.n_rot, a.kv_lora),
                     np.ascontiguousarray(rot, dtype=np.complex64), a.neox,
-                    _heads_args(a.k_b_all, n), _heads_args(a.v_b_all, n), arena.k[il],
+                    (*ma.k_b, threads_for(n * a.n_head * a.kv_lora * a.nope)),
+                    (*ma.v_b, threads_for(n * a.n_head * a.head_dim_v * a.kv_lora)), arena.k[il],
                     batch.slot, batch.pos, np.float32(a.scale), arena.f16, ma.out.kinds,
                     ma.out.ws, kernels.F16_TABLE, par, matrix.threads(), ma.biases,
                     la.norms[3])

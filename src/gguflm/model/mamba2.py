@@ -23,7 +23,7 @@ from numba import njit, prange
 from ..quant import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from ..quant.glu import silu_par
 from . import ops
-from .deltanet import _conv_rows
+from .deltanet import conv_step
 from .layer import Mamba2
 from .shortconv import causal_conv
 
@@ -94,14 +94,10 @@ def sequence(xbc, prev, w, conv_b, new_conv, dt, a, d, ssm, new_ssm, y):  # noqa
     H, P) give the sizes; ``ssm_scan`` with dt (T, H) (``dt_rates``) and a (H,) from
     ``ssm`` into ``new_ssm``, into y; then y += x * d (H,). The same kernels as the op-by-op
     steps, on arrays of the same types: the same numbers."""
-    n, taps, c_dim = xbc.shape[0], w.shape[1], xbc.shape[1]
+    n, c_dim = xbc.shape
     n_head, p_dim, n_state = ssm.shape
-    window = np.empty((n + taps - 1, c_dim), np.float32)
-    window[:taps - 1] = prev
-    window[taps - 1:] = xbc
     conv = np.empty((n, c_dim), np.float32)
-    _conv_rows(window, w, conv)
-    new_conv[:] = window[n:]
+    conv_step(xbc, prev, w, new_conv, conv)
     if conv_b.shape[0]:
         for t in range(n):
             for i in range(c_dim):

@@ -24,8 +24,11 @@ import numpy as np
 from numba import njit, prange
 
 from ..quant import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
+from ..quant.expert_products import expert_products_kernel, threads_for
 from ..quant.floatbits import expf_ggml, kv_encode, kv_load, round_f16, to_f16
+from ..quant.int_tiles import prepare
 from ..quant.matrix import ExpertWeights, QMatrix
+from ..quant.vector_ir import F16_TABLE
 from . import ops
 from .attention import _max_of, _soft_max_sum, runs_parallel
 from .layer import LatentAttention
@@ -142,19 +145,42 @@ def attend_latent(q: np.ndarray, cache: np.ndarray, slot: np.ndarray, pos: np.nd
     return out
 
 
+@njit(cache=True, nogil=True)
+def heads_product(kinds, ptrs, shape, x, tbl, threads):  # noqa: ANN001, ANN201
+    """x (T, H, K) f32 -> (T, H, rows) f32: head h's rows times its matrix, every head in
+    one ``expert_products_kernel`` call (each head an expert that every row chose, its T
+    rows together); ``kinds``, ``ptrs``, ``shape`` an ``ExpertWeights``' (the shape as an
+    i64 array), ``threads`` as ``expert_products.threads_for`` gives them."""
+    n, n_head = x.shape[0], x.shape[1]
+    slots = np.empty((n_head * n, x.shape[2]), np.float32)
+    for h in range(n_head):
+        slots[h * n:(h + 1) * n] = x[:, h]
+    out = np.empty((1, n_head * n, shape[0]), np.float32)
+    expert_products_kernel(kinds, ptrs, shape, slots, np.arange(n_head),
+                           np.arange(n_head + 1) * n, tbl, out, threads)
+    res = np.empty((n, n_head, shape[0]), np.float32)
+    for h in range(n_head):
+        res[:, h] = out[0, h * n:(h + 1) * n]
+    return res
+
+
+def heads_args(every: ExpertWeights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(type ids, addresses, shape as i64) of every head's matrices, as ``heads_product``
+    takes them, their row kernels made ready (once: a model's layers keep the tuple)."""
+    prepare([int(k) for k in every.kinds])
+    return every.kinds, every.ptrs, np.array(every.shape, np.int64)
+
+
 def per_head(mats: tuple[QMatrix, ...], every: ExpertWeights, x: np.ndarray) -> np.ndarray:
     """x (T, H, K) -> (T, H, rows): head h's rows times ``mats[h]``. One kernel call for
-    every head (``every``: each head an expert that every row chose, its T rows together)
-    where the weights allow, else head by head; each row's numbers are ``mats[h].matmul``'s
-    of that row alone either way."""
-    n, n_head = x.shape[:2]
+    every head (``heads_product``) where the weights allow (``every`` usable), else head
+    by head; each row's numbers are ``mats[h].matmul``'s of that row alone either way."""
     if not every.usable:
         return np.stack([m.matmul(np.ascontiguousarray(x[:, h])) for h, m in enumerate(mats)],
                         axis=1)
-    slots = np.ascontiguousarray(x.transpose(1, 0, 2).reshape(n_head * n, -1), np.float32)
-    heads = np.arange(n_head, dtype=np.int64)
-    out = every(slots, heads, np.arange(n_head + 1, dtype=np.int64) * n)[0]  # (H T, rows)
-    return out.reshape(n_head, n, -1).transpose(1, 0, 2)
+    x = np.ascontiguousarray(x, np.float32)
+    return heads_product(*heads_args(every), x, F16_TABLE,
+                         threads_for(x.shape[0] * x.shape[1] * every.rows * every.d_in))
 
 
 def queries(h: np.ndarray, a: LatentAttention, eps: float, q_a: np.ndarray | None

@@ -15,12 +15,15 @@ run the same kernels in two compiled calls and one more per further sequence
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-from ..quant import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from . import ops
-from .deltanet import _conv_rows  # ggml's ssm_conv, which the delta net's convolution is too
+from .deltanet import (
+    _conv_rows,  # ggml's ssm_conv, which the delta net's convolution is too
+    conv_step,
+)
 from .layer import ShortConv
+
+sequence = conv_step  # a sequence's convolution in one call: the fused layers' step
 
 
 def causal_conv(x: np.ndarray, prev: np.ndarray, w: np.ndarray) -> tuple[np.ndarray,
@@ -32,20 +35,6 @@ def causal_conv(x: np.ndarray, prev: np.ndarray, w: np.ndarray) -> tuple[np.ndar
     out = np.empty((len(x), window.shape[1]), np.float32)
     _conv_rows(window, np.ascontiguousarray(w, np.float32), out)
     return out, window[len(window) - (w.shape[1] - 1):]
-
-
-@njit(cache=True, nogil=True)
-def sequence(x, prev, w, new_kept, out):  # noqa: ANN001, ANN201
-    """``causal_conv`` in one call: x (T, C) f32 after ``prev`` (d_conv - 1, C), taps w
-    (C, d_conv) -> out (T, C) f32, the new kept inputs into ``new_kept`` (the same kernel:
-    the same numbers). Needs numba's threads started (``matrix.threads()``), as
-    ``deltanet.sequence``."""
-    n, taps = x.shape[0], w.shape[1]
-    window = np.empty((n + taps - 1, x.shape[1]), np.float32)
-    window[:taps - 1] = prev
-    window[taps - 1:] = x
-    _conv_rows(window, w, out)
-    new_kept[:] = window[n:]
 
 
 def forward(h: np.ndarray, s: ShortConv, batch: object) -> np.ndarray:

@@ -25,7 +25,7 @@ _u8_view = array_view(types.uint8, 2, readonly=True)
 
 
 @njit(cache=True, nogil=True)
-def _items(count, nrows, starts, threads):  # noqa: ANN001, ANN202
+def expert_items(count, nrows, starts, threads):  # noqa: ANN001, ANN201
     """(items, 4) i64 rows ``(matrix, group, r0, r1)``: each matrix's rows for each group,
     cut so that the threads get a few items each (a batch's in multiples of ROW_CHUNK)."""
     groups = starts.shape[0] - 1
@@ -69,19 +69,19 @@ def _run_par(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items):  # 
 
 
 @njit(cache=True, nogil=True)
-def _expert_products(kinds, ptrs, shape, x, experts, starts, tbl, out, threads):  # noqa: ANN001, ANN202
+def expert_products_kernel(kinds, ptrs, shape, x, experts, starts, tbl, out, threads):  # noqa: ANN001, ANN201
     """``expert_products``' work; ``threads`` 1: in this thread, no parallel region (a
     step too small to share: the same numbers, each item computed alike)."""
     count = kinds.shape[0]
     if threads == 1:
         a32, ak = activation_sets(kinds, count, x)
-        items = _items(count, shape[0], starts, 1)
+        items = expert_items(count, shape[0], starts, 1)
         for c in range(items.shape[0]):
             _run_item(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items, c)
         return
     a32, ak = activation_sets_for_par(kinds, count, x)
     _run_par(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out,
-             _items(count, shape[0], starts, threads))
+             expert_items(count, shape[0], starts, threads))
 
 
 def expert_products(kinds: np.ndarray, ptrs: np.ndarray, shape: tuple[int, int],
@@ -96,12 +96,18 @@ def expert_products(kinds: np.ndarray, ptrs: np.ndarray, shape: tuple[int, int],
     a row per slot; ``experts`` (G,), ``starts`` (G + 1,) i64; ``out`` (M, S, rows) f32."""
     if len(x) == 0:  # no rows (a step with nothing to compute here)
         return out
-    from . import matrix  # its threshold may change at run time (spinning threads)
-
     prepare([int(k) for k in kinds])
-    macs = len(x) * len(kinds) * shape[0] * x.shape[1]
-    threads = numba.get_num_threads() if macs >= matrix.PARALLEL_MIN_MACS else 1
-    _expert_products(kinds, ptrs, np.array(shape, np.int64), np.ascontiguousarray(x, np.float32),
-                     experts, starts, F16_TABLE, out, threads)
+    expert_products_kernel(kinds, ptrs, np.array(shape, np.int64),
+                           np.ascontiguousarray(x, np.float32), experts, starts, F16_TABLE,
+                           out, threads_for(len(x) * len(kinds) * shape[0] * x.shape[1]))
     return out
+
+
+def threads_for(macs: int) -> int:
+    """The threads an expert-products call of ``macs`` multiply-adds runs on: all of them
+    from ``matrix.PARALLEL_MIN_MACS`` (read at the call: spinning threads lower it), else
+    1, in the calling thread (no parallel region)."""
+    from . import matrix
+
+    return numba.get_num_threads() if macs >= matrix.PARALLEL_MIN_MACS else 1
 
