@@ -4,9 +4,9 @@ Conformance: shared/reference/arch/gemma4*/'s tiny random-weight F16 models agai
 llama.cpp's greedy.json, teacher-forced, with the bars of the other architectures. Batch
 invariance: a sequence's logits are bit-identical alone, token by token, in chunks and
 beside other sequences (shared KV layers read what their source layer stored in the same
-pass). The attention (values normed, V = K's product, shared keys and values) and the dense
-FFN (the float16-table GELU) run fused, the per-layer inputs, the output scale and the
-experts beside a dense FFN on the reference path, and the plan says so.
+pass). The attention (values normed, V = K's product, shared keys and values), the dense
+FFN (the float16-table GELU), the per-layer inputs with the output scale and the experts
+beside a dense FFN run fused, and the plan says so.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def test_inspect_names_the_path(reference: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert ("compiled (fused layers for every batch; no team: layer 0's FFN is a mixture of "
             "experts (fused: the router, the top-k and the chosen experts in one compiled "
-            "call), which the team does not take)") in out
+            "call) with float experts, which the team does not take)") in out
     assert "8 (2 used per token)" in out
     with gguflm.gguf.open(path) as f:
         total = sum(t.n_elements for t in f.tensors.values())
@@ -154,7 +154,7 @@ def test_mxfp4_experts_run_and_the_plan_says_how(reference: Path, tmp_path: Path
 def test_quantized_experts_run_in_two_calls_with_each_experts_numbers(
         reference: Path, tmp_path: Path) -> None:
     """Quantized experts run as two kernel calls a layer (every chosen expert's gate and
-    up, then the downs: ``expert_products``; in the fused experts or op by op). Each
+    up, then the downs: ``expert_products``; in the team, the fused experts or op by op). Each
     output is what that expert alone gives that row (the expert-by-expert path, bit for
     bit), and a sequence's logits stay the same alone, token by token and beside another
     sequence."""
@@ -166,7 +166,8 @@ def test_quantized_experts_run_in_two_calls_with_each_experts_numbers(
     q = gguflm.load_model(out)
     e = q.blocks[0].ffn
     assert isinstance(e, Experts) and e.gate_up_all.usable and e.down_all.usable, e.gate_up_all.why
-    assert "the chosen experts in one compiled call" in q.plan.describe()
+    assert q.plan.describe() == ("compiled (team for decoding and short prompts, fused "
+                                 "layers for longer batches)"), q.plan.describe()
     ids = np.array([5, 300, 77, 1200, 9, 64, 2000, 31, 450, 12])
     alone = q.logits(ids)
     cache = q.new_cache(32)

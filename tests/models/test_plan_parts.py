@@ -8,10 +8,11 @@ the tiny Qwen3.5s and LFM2s (every part fused: the gated delta net or short conv
 beside the attention, without the team; a quantized Qwen3.5 with one delta net on the
 reference path), the tiny Gemma 4s (their attention fused: values normed, V = K's product,
 keys and values shared from an earlier layer; the dense FFN's float16-table GELU fused;
-the per-layer inputs and output scale fused; experts beside a dense FFN on the reference
-path), one of them with every part fused, and a tiny model with one weight in a type
-without a compiled product. The expert FFNs run fused (``fused_experts``; their own
-tests: test_fused_experts.py). Each new fused part, perturbed, makes the comparison fail.
+the per-layer inputs and output scale fused; the MoE model's experts beside a dense FFN,
+their router reading its own norm of the FFN's input, fused in one call), each with every
+part fused, and a tiny model with one weight in a type without a compiled product. The
+expert FFNs run fused (``fused_experts``; their own tests: test_fused_experts.py). Each
+new fused part, perturbed, makes the comparison fail.
 """
 
 from __future__ import annotations
@@ -38,10 +39,6 @@ HYBRIDS = {
     # the dense FFN of layer 0 and the experts of layers 1-2
     "deepseek2": ("fused: the FFN in layers 0-2; reference (numpy, op by op): in layers 0-2, "
                   "the multi-head latent attention"),
-    # values RMS-normed and V = K's product (layer 2) fused; the experts beside a dense FFN
-    "gemma4-moe": ("fused: the attention in layers 0-2; reference (numpy, op by op): in "
-                   "layers 0-2, the FFN, which has what the fused step does not take yet: a "
-                   "dense FFN beside experts"),
 }
 
 
@@ -184,7 +181,8 @@ def test_the_plan_lists_the_compiled_steps_a_first_run_compiles(reference: Path)
     from gguflm.model import base
 
     steps = {arch: load_tiny(reference, arch)[0].plan.steps
-             for arch in ("qwen35", "lfm2", "granitehybrid", "gemma4", "qwen3")}
+             for arch in ("qwen35", "lfm2", "granitehybrid", "gemma4", "gemma4-moe",
+                          "qwen3")}
     assert steps == {
         "qwen35": ("deltanet.sequence", "fused_recurrent.delta_in",
                    "fused_recurrent.delta_last"),
@@ -192,7 +190,8 @@ def test_the_plan_lists_the_compiled_steps_a_first_run_compiles(reference: Path)
                  "shortconv.sequence"),
         "granitehybrid": ("fused_experts.moe_step", "fused_recurrent.mamba_in",
                           "fused_recurrent.mamba_last", "mamba2.sequence"),
-        "gemma4": ("fused.end_step",), "qwen3": ()}, steps
+        "gemma4": ("fused.end_step",), "gemma4-moe": ("fused_experts.dense_moe_step",),
+        "qwen3": ()}, steps
     assert len(base._layer_code(False, steps["granitehybrid"])) == 2 + 4
 
 
@@ -277,6 +276,30 @@ def _layer_end_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fused, "end_step", off)
 
 
+def _dense_moe_off(model, what: str) -> None:  # noqa: ANN001
+    """The fused dense-beside-experts FFN's router input norm (``router_in_norm``), its
+    experts' post norm or its dense FFN's post norm a little off (the reference path's
+    untouched)."""
+    from gguflm.model import fused
+
+    def off(w: np.ndarray) -> np.ndarray:
+        return fused.vector(w * np.float32(1.0001))
+
+    def replaced(da):  # noqa: ANN001, ANN202
+        ea = da.experts
+        if what == "router_in_norm":
+            return dataclasses.replace(da, experts=dataclasses.replace(
+                ea, router=(*ea.router[:4], off(ea.router[4]), ea.router[5])))
+        if what == "experts_post_norm":
+            return dataclasses.replace(da, experts=dataclasses.replace(
+                ea, norms=(ea.norms[0], off(ea.norms[1]))))
+        return dataclasses.replace(da, norms=(da.norms[0], off(da.norms[1]), da.norms[2]))
+
+    layers, stack = model.plan.tables()
+    model.plan._tables = (tuple(dataclasses.replace(la, experts=replaced(la.experts))
+                                for la in layers), stack)
+
+
 def _delta_off(model, what: str) -> None:  # noqa: ANN001
     """The fused recurrent mixers' convolution taps, or the delta nets' read-out norm
     weight, a little off (the reference path's untouched)."""
@@ -306,6 +329,9 @@ def _other_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     ("qwen35", lambda model, mp: _perturbed_gate(mp)),
     ("gemma4", lambda model, mp: _float32_gelu(mp)),
     ("gemma4-moe", lambda model, mp: _no_value_norm(model)),
+    ("gemma4-moe", lambda model, mp: _dense_moe_off(model, "router_in_norm")),
+    ("gemma4-moe", lambda model, mp: _dense_moe_off(model, "experts_post_norm")),
+    ("gemma4-moe", lambda model, mp: _dense_moe_off(model, "dense_post_norm")),
     ("gemma4", lambda model, mp: _other_cache(mp)),
     ("gemma4", lambda model, mp: _layer_end_off(mp)),
     ("qwen35", lambda model, mp: _delta_off(model, "conv")),
@@ -313,7 +339,8 @@ def _other_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     ("lfm2moe", lambda model, mp: _delta_off(model, "conv")),
     ("granitehybrid", lambda model, mp: _delta_off(model, "conv")),
     ("granitehybrid", lambda model, mp: _delta_off(model, "d"))],
-    ids=["output gate", "float16-table GELU", "value norm", "shared keys and values",
+    ids=["output gate", "float16-table GELU", "value norm", "router input norm",
+         "experts' post norm", "dense post norm beside experts", "shared keys and values",
          "per-layer input", "delta net convolution", "delta net read-out norm",
          "short convolution", "Mamba2 convolution", "Mamba2 D skip"])
 def test_the_comparison_sees_a_fused_part_off(reference: Path, monkeypatch: pytest.MonkeyPatch,
@@ -353,6 +380,69 @@ def test_gemma4_with_its_per_layer_inputs_runs_every_part_fused(
     monkeypatch.setattr(fused, "end_step", lambda *a: ends.append(1) or real(*a))
     got = _run(model)
     assert (calls["attention"], calls["ffn"], len(ends)) == (6 * 6,) * 3, (calls, ends)
+    np.testing.assert_array_equal(got, _reference(model, monkeypatch))
+
+
+# the tiny Gemma 4 MoE's plan: every part fused, the FFN in one call a layer
+GEMMA4_MOE = ("compiled (fused layers for every batch; no team: layer 0 has values RMS-normed, "
+              "GELU through ggml's float16 table, a dense FFN beside a mixture of experts "
+              "(fused: the dense FFN, the router, the top-k and the chosen experts in one "
+              "compiled call), an output scale, which the team does not take)")
+
+
+def test_gemma4_moe_runs_every_part_fused(reference: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture) -> None:
+    """The tiny Gemma 4 MoE: the attention and the dense FFN beside the experts (their
+    router reading rms_norm(x) x scale x ``router_in_norm`` of the FFN's input; each
+    branch post-normed, the sum post-normed: ``fused_experts.dense_moe_step``) fused in
+    every layer, as ``inspect`` says; the reference path's logits for prompts, decode
+    steps, a last-row prefill, chunks beside new sequences."""
+    from gguflm.cli import main
+    from gguflm.model import fused_experts
+
+    model, folder = load_tiny(reference, "gemma4-moe")
+    assert model.plan.compiled and not model.plan.mixed
+    assert model.plan.describe() == GEMMA4_MOE
+    assert main(["inspect", str(folder / "tiny-gemma4-moe-f16.gguf")]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "layers run" in ln)
+    assert GEMMA4_MOE in line, line
+    calls = _spied(monkeypatch)
+    steps = []
+    real = fused_experts.dense_moe_step
+    monkeypatch.setattr(fused_experts, "dense_moe_step", lambda *a: steps.append(1) or real(*a))
+    got = _run(model), _three_sequences(model)
+    assert calls == {"attention": 3 * 10, "ffn": 0, "delta_net": 0, "short_conv": 0,
+                     "experts": 3 * 10}, calls
+    assert len(steps) == 3 * 10
+    with monkeypatch.context() as m:
+        m.setattr(model, "plan", executor.Plan(None, "forced by the test"))
+        want = _run(model), _three_sequences(model)
+    for g, w in zip(got, want, strict=True):
+        assert np.isfinite(g).all()
+        np.testing.assert_array_equal(g, w)
+
+
+def test_a_dense_ffn_beside_experts_the_fused_step_does_not_take_runs_op_by_op(
+        reference: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny Gemma 4 MoE's experts with a sigmoid gating (two compiled calls around
+    numpy's sigmoid, which the one-call step does not take): that FFN on the reference
+    path, named, the attention fused; the logits the reference path's."""
+    model, _ = load_tiny(reference, "gemma4-moe")
+    blocks = [dataclasses.replace(b, ffn=dataclasses.replace(
+        b.ffn, experts=dataclasses.replace(b.ffn.experts, gating="sigmoid")))
+        for b in model.blocks]
+    model.blocks = blocks
+    model.plan = executor.plan(blocks)
+    plan = model.plan.describe()
+    assert model.plan.compiled and model.plan.mixed, plan
+    assert plan.endswith(
+        "fused: the attention in layers 0-2; reference (numpy, op by op): in layers 0-2, the "
+        "FFN, a dense FFN beside experts, op by op: the fused step does not take its "
+        "experts: experts in more than one compiled call"), plan
+    assert model.plan.steps == ()
+    calls = _spied(monkeypatch)
+    got = _run(model)
+    assert (calls["attention"], calls["experts"]) == (3 * 6, 0), calls
     np.testing.assert_array_equal(got, _reference(model, monkeypatch))
 
 

@@ -4,8 +4,8 @@
 apart (``LayerPath``): its mixer runs fused (``fused.attention``; ``fused.delta_net``,
 ``fused.short_conv`` for a gated delta net or short convolution) or on the reference path
 (Mamba2, latent attention, a mixer with a weight type without a compiled product), its FFN
-fused (a dense one: ``fused.ffn``; experts: ``fused_experts``) or on the reference path
-(experts the fused step does not take, a dense FFN beside experts...), and what comes after
+fused (a dense one: ``fused.ffn``; experts, alone or beside a dense one: ``fused_experts``)
+or on the reference path (experts the fused step does not take, ...), and what comes after
 the FFN (a per-layer input and the output scale: ``fused.end_step``) fused, or op by op
 where its products have no compiled kernel. From
 these it builds what the compiled code needs (each layer's arguments for the fused layers,
@@ -284,9 +284,11 @@ def _f16_experts(mats: tuple) -> bool:
 def _steps(b: Block, p: LayerPath) -> tuple[str, ...]:
     """The compiled steps layer ``b`` runs as ``p`` plans it, besides the attention's and
     the dense FFN's: a fused mixer's, the fused experts', the per-layer input's."""
+    f = b.ffn
+    moe = (_experts_steps(f) if isinstance(f, Experts) else ("dense_moe_step",)
+           if isinstance(f, DenseAndExperts) else ()) if p.ffn is None else ()
     return ((mixer_kind(b).steps if p.mixer is None else ())
-            + (tuple(f"fused_experts.{s}" for s in _experts_steps(b.ffn))
-               if isinstance(b.ffn, Experts) and p.ffn is None else ())
+            + tuple(f"fused_experts.{s}" for s in moe)
             + (("fused.end_step",) if b.per_layer is not None and not p.extras else ()))
 
 
@@ -306,8 +308,6 @@ def _calls(e: Experts) -> str:
 
 def _experts_refused(e: Experts) -> str:
     """Why the fused experts (``fused_experts``) do not take ``e``, or ''."""
-    if e.router_in_norm is not None:
-        return "a normed router input"
     if e.act == "swiglu_oai" and e.gating == "sigmoid":
         return "a sigmoid gating beside the clamped SwiGLU (two numpy steps)"
     if e.router.w.type not in COMPILED_TYPES | {GGMLType.F32}:
@@ -324,16 +324,33 @@ def _experts_refused(e: Experts) -> str:
     return ""
 
 
+# the dense FFN's product groups beside experts (``DenseAndExperts``)
+_DENSE_GROUPS = (("FFN gate/up", lambda b: (b.ffn.dense.gate, b.ffn.dense.up)),
+                 ("FFN down", lambda b: (b.ffn.dense.down,)))
+
+
+def _dense_experts_refused(b: Block) -> str:
+    """Why the fused dense-beside-experts step (``fused_experts.dense_moe_step``: the
+    experts in one call, ``moe_step``) does not take layer ``b``'s FFN, or ''."""
+    e = b.ffn.experts
+    why = (_experts_refused(e) or (
+        "experts in more than one compiled call" if len(_experts_steps(e)) > 1 else
+        "a gated shared expert" if e.shared_gate is not None else ""))
+    if why:
+        return f"its experts: {why}"
+    slow = _slow_product(b, _DENSE_GROUPS, "its dense FFN")
+    return "" if slow is None else slow.text
+
+
 def _ffn_path(b: Block) -> Part | None:
     """Why layer ``b``'s FFN runs on the reference path (``reference.ffn_part``), or None:
-    fused (a dense FFN: ``fused.ffn``; experts: ``fused_experts``)."""
+    fused (a dense FFN: ``fused.ffn``; experts: ``fused_experts``, beside a dense FFN
+    ``fused_experts.dense_moe_step``)."""
     f = b.ffn
-    why = ("a dense FFN beside experts" if isinstance(f, DenseAndExperts) else
-           "a normed router input" if isinstance(f, Experts) and f.router_in_norm is not None
-           else "")
-    if why:
-        text = f"the FFN, which has what the fused step does not take yet: {why}"
-        return Part(text, text)
+    if isinstance(f, DenseAndExperts):
+        why = _dense_experts_refused(b)
+        text = f"the FFN, a dense FFN beside experts, op by op: the fused step does not take {why}"
+        return Part(text, text) if why else None
     if isinstance(f, Experts):
         return Part(EXPERTS, f"the FFN, {_experts_run(f)}") if _experts_refused(f) else None
     return _slow_product(b, _GROUPS[2:], "the FFN")
@@ -408,9 +425,25 @@ def _team_lacks(b: Block) -> str:
         ("keys and values shared from an earlier layer", a.kv_layer is not None),
         ("V = K's product (no attn_v)", a.kv_layer is None and a.v is a.k),
         ("an output gate (joint Q+gate rows)", a.q_gate),
-        ("GELU through ggml's float16 table", getattr(b.ffn, "act", "") == "gelu_f16"),
+        ("GELU through ggml's float16 table",
+         getattr(getattr(b.ffn, "dense", b.ffn), "act", "") == "gelu_f16"),
+        ("a dense FFN beside a mixture of experts (fused: the dense FFN, the router, the "
+         "top-k and the chosen experts in one compiled call)", isinstance(b.ffn, DenseAndExperts)),
         ("a per-layer embedding input", b.per_layer is not None),
         ("an output scale", b.out_scale != 1.0))
+        if present)
+
+
+def _team_refuses(e: Experts) -> str:
+    """What of the fused experts ``e`` the team's (``team_experts``) do not take, or ''."""
+    return ", ".join(name for name, present in (
+        ("a normed router input", e.router_in_norm is not None),
+        ("a sigmoid gating", e.gating == "sigmoid"),
+        ("the clamped SwiGLU", e.act == "swiglu_oai"),
+        ("a shared expert", e.shared is not None),
+        ("biases", any(v is not None for v in (e.gate_b, e.up_b, e.down_b, e.down_scale))),
+        (f"a {e.router.w.type.ggml_name} router", e.router.w.type != GGMLType.F32),
+        ("float experts", not (e.gate_up_all.usable and e.down_all.usable)))
         if present)
 
 
@@ -422,21 +455,27 @@ def _team_differs(blocks: list[Block]) -> str:
         if b.residual_scale != 1.0:
             return (f"layer {il} scales its branches before the residual adds (Granite's "
                     f"residual_scale), which the team does not take")
-        if isinstance(b.ffn, Experts):
+        if isinstance(b.ffn, Experts) and _experts_refused(b.ffn):
+            return f"layer {il}'s FFN is {_experts_run(b.ffn)}"
+        if isinstance(b.ffn, Experts) and (why := _team_refuses(b.ffn)):
             return (f"layer {il}'s FFN is a mixture of experts (fused: the router, the "
-                    f"top-k and the chosen experts in {_calls(b.ffn)}), which the team "
-                    f"does not take" if not _experts_refused(b.ffn) else
-                    f"layer {il}'s FFN is {_experts_run(b.ffn)}")
+                    f"top-k and the chosen experts in {_calls(b.ffn)}) with {why}, which "
+                    f"the team does not take")
+
     def shape(b: Block) -> tuple:
         a, f = b.attn, b.ffn
-        return (tuple(lin.w.shape for lin in (a.q, a.k, a.v, a.o, f.gate, f.up, f.down)),
-                a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v, a.neox, a.scale,
-                a.softcap, f.act, b.eps)
+        ffn = ((f.gate_up_all.rows, f.down_all.rows, len(f.gate), f.n_used, f.gating,
+                f.groups, f.groups_used, f.norm_weights, f.scale)
+               if isinstance(f, Experts) else tuple(lin.w.shape for lin in (f.gate, f.up,
+                                                                             f.down)))
+        return (tuple(lin.w.shape for lin in (a.q, a.k, a.v, a.o)), ffn, a.n_head,
+                a.n_head_kv, a.head_dim, a.head_dim_v, a.neox, a.scale, a.softcap, f.act,
+                b.eps)
     first = shape(blocks[0])
     for il, b in enumerate(blocks):
         if shape(b) != first:
             return (f"layer {il} differs from layer 0 in its shapes, RoPE pairing, scale, "
-                    f"soft-cap, activation or eps")
+                    f"soft-cap, activation, eps or experts")
     return ""
 
 

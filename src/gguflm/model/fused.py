@@ -52,7 +52,16 @@ from gguflm.quant.kernels import geglu, swiglu
 from . import attention as _attention
 from . import ops, reference
 from .attention import _attend_par, _attend_serial
-from .layer import Block, DeltaNet, Experts, LatentAttention, Linear, Mamba2, ShortConv
+from .layer import (
+    Block,
+    DeltaNet,
+    DenseAndExperts,
+    Experts,
+    LatentAttention,
+    Linear,
+    Mamba2,
+    ShortConv,
+)
 from .rowkernels import rmsnorm_rows, rope_rows
 
 
@@ -331,24 +340,26 @@ class LayerArgs:
     # a recurrent or latent mixer's fused steps' (``fused_recurrent``, ``fused_mla``);
     # qkv None
     mixer: Any = None
-    # the fused experts' (``fused_experts.ExpertArgs``), or None: no experts or they run
-    # as ``reference.ffn_part``
+    # the fused experts' (``fused_experts.ExpertArgs``; beside a dense FFN:
+    # ``DenseExpertArgs``), or None: no experts or they run as ``reference.ffn_part``
     experts: Any = None
 
 
 def layer_args(b: Block, mixer: bool = True, ffn: bool = True, end: bool = True
                ) -> LayerArgs:
     """``LayerArgs`` of a layer whose mixer (an attention, a gated delta net or short
-    convolution: ``mixer``), FFN (``ffn``: a dense one, or experts, ``fused_experts``) and
+    convolution: ``mixer``), FFN (``ffn``: a dense one, or experts, alone or beside a dense
+    one, ``fused_experts``) and
     per-layer input (``end``) run fused: their products all have compiled kernels
     (``grouped.COMPILED_TYPES``); the other parts run on the reference path."""
     a, f = b.attn, b.ffn
-    dense = ffn and not isinstance(f, Experts)
+    dense = ffn and not isinstance(f, Experts | DenseAndExperts)
     moe = None
-    if ffn and isinstance(f, Experts):
-        from .fused_experts import expert_args  # it builds on this module's steps
+    if ffn and not dense:
+        from .fused_experts import dense_expert_args, expert_args  # they build on this module
 
-        moe = expert_args(f, b.ffn_norm, b.ffn_post_norm, b.eps)
+        moe = (expert_args if isinstance(f, Experts) else dense_expert_args)(
+            f, b.ffn_norm, b.ffn_post_norm, b.eps)
     other = mixer and isinstance(a, DeltaNet | ShortConv | Mamba2 | LatentAttention)
     attn = mixer and not other
     heads = ((a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v) if attn else (0, 0, 0, 0))
@@ -482,7 +493,8 @@ def layer_end(x: np.ndarray, b: Block, la: LayerArgs, inp: np.ndarray | None) ->
 
 
 def experts(x: np.ndarray, la: LayerArgs) -> np.ndarray:
-    """The fused experts' FFN of x (T, n_embd) (``fused_experts.run``)."""
+    """The fused experts' FFN of x (T, n_embd) (``fused_experts.run``; beside a dense FFN:
+    ``fused_experts.run_dense``)."""
     return la.experts.run(x)
 
 

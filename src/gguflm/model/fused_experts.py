@@ -24,6 +24,12 @@ gpt-oss's clamped SwiGLU (``moe_front``, ``reference.swiglu_oai``, ``moe_back``)
 shared expert's sigmoid gate (added after the call, ``reference.gated_shared``, then the
 post norm). A sigmoid gating beside the clamped SwiGLU (no such model) stays on the
 reference path (``executor._experts_refused``).
+
+A router may read its own input (Gemma 4's ``router_in_norm``): the FFN's input RMS-normed
+without a weight, scaled, times that weight, in the call (``router_input``). Gemma 4's MoE
+layers, a dense GLU beside the experts (``layer.DenseAndExperts``), run as one call too
+(``dense_moe_step``: ``fused.glu_ffn``'s dense branch and its post norm, ``moe_step``'s
+experts behind their own pre-norm and post norm, the sum and the block's post norm).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from gguflm.quant import kernels, matrix
 from gguflm.quant.expert_products import expert_items, expert_products_kernel
 from gguflm.quant.float_tiles import f16_matmul_rows, rounded_f16
 from gguflm.quant.floatbits import expf_ggml
-from gguflm.quant.floatdot import _f32_matmul_par, _f32_matmul_serial
+from gguflm.quant.floatdot import f32_matmul_par, f32_matmul_serial
 from gguflm.quant.int_tiles import prepare
 from gguflm.quant.vector_ir import array_view
 
@@ -55,7 +61,7 @@ from .fused import (
     products,
     vector,
 )
-from .layer import Experts
+from .layer import DenseAndExperts, Experts
 from .rowkernels import rmsnorm_rows
 
 _NONE = vector(None)
@@ -375,24 +381,42 @@ def shared_ffn(h, gu, d, act, gelu_tbl, tbl, par, threads):  # noqa: ANN001, ANN
                    par[0], par[1], threads, gu[2], gu[3], d[2])
 
 
+@njit(cache=True, nogil=True, inline="always")
+def router_input(x, h, in_norm, in_scale, eps):  # noqa: ANN001, ANN201
+    """What the router reads, as ``reference.router_input``: the experts' normed input h
+    (T, n_embd) f32, or, for ``in_norm`` (n_embd,) f32 not empty, the FFN's input x RMS-normed
+    with ones (ggml's weightless rms_norm: ``ops.rmsnorm``'s kernel), times ``in_scale``
+    f32, times ``in_norm``: two rounded products, left to right, as numpy's."""
+    if not in_norm.shape[0]:
+        return h
+    r = np.empty_like(x)
+    rmsnorm_rows(x, np.ones(x.shape[1], np.float32), eps, r)
+    for t in range(r.shape[0]):
+        for i in range(r.shape[1]):
+            r[t, i] = (r[t, i] * in_scale) * in_norm[i]
+    return r
+
+
 @njit(cache=True, nogil=True)
 def moe_route(x, norm_w, eps, router, tbl, par, threads):  # noqa: ANN001, ANN201
     """x (T, n_embd) f32 -> (h: x pre-normed as ``fused.pre_norm``, the router's logits
-    (T, n_expert) f32). ``router`` (w32, type ids, weights, bias): an F32 router's (n_expert,
-    n_embd) f32 weight (``floatdot``'s fixed order), or no rows and its compiled product's
-    type ids and weights (``kernels.pad_products``); its bias (n_expert,) f32 or empty."""
+    (T, n_expert) f32). ``router`` (w32, type ids, weights, bias, in_norm, in_scale): an F32
+    router's (n_expert, n_embd) f32 weight (``floatdot``'s fixed order), or no rows and its
+    compiled product's type ids and weights (``kernels.pad_products``); its bias
+    (n_expert,) f32 or empty; what it reads as ``router_input`` takes it."""
     h = np.empty_like(x)
     pre_norm(x, norm_w, eps, h)
-    w32, kinds, ws, b = router
+    w32, kinds, ws, b, in_norm, in_scale = router
+    r = router_input(x, h, in_norm, in_scale, eps)
     if w32.shape[0]:
         logits = np.empty((x.shape[0], w32.shape[0]), np.float32)
         if par:
-            _f32_matmul_par(h, w32, logits)
+            f32_matmul_par(r, w32, logits)
         else:
-            _f32_matmul_serial(h, w32, logits)
+            f32_matmul_serial(r, w32, logits)
     else:
         logits = np.empty((x.shape[0], ws[0].shape[0]), np.float32)
-        products(kinds, ws, h, tbl, (logits, logits, logits), 1, par, threads)
+        products(kinds, ws, r, tbl, (logits, logits, logits), 1, par, threads)
     add_bias(logits, b)
     return h, logits
 
@@ -515,12 +539,13 @@ def expert_args(e: Experts, ffn_norm: np.ndarray | None, post_norm: np.ndarray |
     """The ``ExpertArgs`` of experts ``e`` behind the norm ``ffn_norm`` and before
     ``post_norm``."""
     w = e.router.w
+    reads = (vector(e.router_in_norm), np.float32(e.router_in_scale))
     if w.type == GGMLType.F32:
         router = (kernels.read_only(np.ascontiguousarray(w.raw, np.float32)), _NO_KINDS,
-                  _NO_WS, vector(e.router.b))
+                  _NO_WS, vector(e.router.b), *reads)
     else:
         g = group((e.router,))
-        router = (_empty2(), g.kinds, g.ws, g.biases[0])
+        router = (_empty2(), g.kinds, g.ws, g.biases[0], *reads)
     groups = e.groups if e.groups > 1 else 0
     return ExpertArgs(
         e, (vector(ffn_norm), vector(post_norm)), np.float32(eps), router,
@@ -542,15 +567,11 @@ def run(x: np.ndarray, ea: ExpertArgs) -> np.ndarray:
     shared expert's sigmoid gate and the post norm after them."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     n = len(x)
-    e, lim = ea.e, matrix.PARALLEL_MIN_MACS
+    e = ea.e
     late = e.shared_gate is not None  # the shared expert's gate: numpy's sigmoid, after
-    s_gu, s_d = ea.shared, ea.shared_down
-    shared = (0 if s_gu is None else 2 if late else 1, GLU_ACTS[e.shared.act] if s_gu else 0,
-              (s_gu.kinds, s_gu.ws, *s_gu.biases) if s_gu else (_NO_KINDS, _NO_WS, _NONE, _NONE),
-              (s_d.kinds, s_d.ws, s_d.biases[0]) if s_d else (_NO_KINDS, _NO_WS, _NONE),
-              (bool(s_gu and n * s_gu.macs >= lim), bool(s_d and n * s_d.macs >= lim)))
+    shared = _shared(ea, n)
     post = _NONE if late else ea.norms[1]
-    par = n * ea.router_macs >= lim
+    par = n * ea.router_macs >= matrix.PARALLEL_MIN_MACS
     rest = (ea.choice, ea.select_bias, ea.scale, ea.mats, ea.biases, ea.act, shared, post)
     gelu, tbl, threads = ops.gelu_f16_table(), kernels.F16_TABLE, matrix.threads()
     if e.act == "swiglu_oai":  # (a sigmoid gating beside it: executor._experts_refused)
@@ -568,3 +589,82 @@ def run(x: np.ndarray, ea: ExpertArgs) -> np.ndarray:
         return out
     out = out + reference.gated_shared(y, h, e)
     return ops.rmsnorm(out, ea.norms[1], ea.eps) if ea.norms[1].shape[0] else out
+
+
+def _shared(ea: ExpertArgs, n: int) -> tuple:
+    """The shared expert's arguments for a batch of n rows, as ``moe_experts`` takes them
+    (0: none; 1: added in the call; 2: returned, its sigmoid gate numpy's, after it)."""
+    s_gu, s_d, lim = ea.shared, ea.shared_down, matrix.PARALLEL_MIN_MACS
+    return (0 if s_gu is None else 2 if ea.e.shared_gate is not None else 1,
+            GLU_ACTS[ea.e.shared.act] if s_gu else 0,
+            (s_gu.kinds, s_gu.ws, *s_gu.biases) if s_gu else (_NO_KINDS, _NO_WS, _NONE, _NONE),
+            (s_d.kinds, s_d.ws, s_d.biases[0]) if s_d else (_NO_KINDS, _NO_WS, _NONE),
+            (bool(s_gu and n * s_gu.macs >= lim), bool(s_d and n * s_d.macs >= lim)))
+
+
+# -- a dense FFN beside the experts (``layer.DenseAndExperts``: Gemma 4's MoE layers) ------
+
+
+@njit(cache=True, nogil=True)
+def dense_moe_step(x, dense, moe, post_norm, eps, gelu_tbl, tbl, threads):  # noqa: ANN001, ANN201
+    """x (T, n_embd) f32 -> (T, n_embd) f32 as ``reference.ffn_part`` of a
+    ``DenseAndExperts``: the dense GLU of x pre-normed, its post norm (``fused.ffn_step``'s
+    steps: ``dense`` (norm, gate/up type ids and weights, down's, act, post norm, par
+    gate/up, par down, gate, up and down biases)), plus the experts of x with their own
+    pre-norm and post norm (``moe_step``: ``moe`` (norm, router, par, choice, select bias,
+    scale, mats, biases, act, shared, post norm)), the sum RMS-normed times ``post_norm``
+    (empty: none)."""
+    d_norm, kinds_gu, ws_gu, kinds_d, ws_d, d_act, d_post, par_gu, par_d, bg, bu, bd = dense
+    h = np.empty_like(x)
+    pre_norm(x, d_norm, eps, h)
+    y = glu_ffn(h, kinds_gu, ws_gu, kinds_d, ws_d, tbl, d_act, gelu_tbl, d_post, eps, par_gu,
+                par_d, threads, bg, bu, bd)
+    e_norm, router, par, choice, select_bias, scale, mats, biases, act, shared, e_post = moe
+    out, _, _ = moe_step(x, e_norm, eps, router, par, choice, select_bias, scale, mats,
+                         biases, act, shared, e_post, gelu_tbl, tbl, threads)
+    for t in range(y.shape[0]):  # dense + experts, as numpy adds them
+        for i in range(y.shape[1]):
+            y[t, i] = y[t, i] + out[t, i]
+    if post_norm.shape[0]:
+        rmsnorm_rows(y, post_norm, eps, y)
+    return y
+
+
+@dataclass(frozen=True, eq=False)
+class DenseExpertArgs:
+    """What a layer's fused dense-beside-experts FFN takes from call to call (``executor``
+    checked it can: the experts in one call, ``moe_step``, without a gated shared expert)."""
+
+    experts: ExpertArgs  # behind their own pre-norm, before their own post norm
+    gate_up: Group
+    down: Group
+    act: int
+    norms: tuple[np.ndarray, np.ndarray, np.ndarray]  # the dense's pre, post; the block's post
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        """``run_dense`` of x with these arguments."""
+        return run_dense(x, self)
+
+
+def dense_expert_args(f: DenseAndExperts, ffn_norm: np.ndarray | None,
+                      post_norm: np.ndarray | None, eps: float) -> DenseExpertArgs:
+    """The ``DenseExpertArgs`` of ``f`` behind the block's ``ffn_norm`` (the dense's) and
+    before its ``post_norm`` (the sum's)."""
+    d = f.dense
+    return DenseExpertArgs(expert_args(f.experts, f.experts_norm, f.experts_post_norm, eps),
+                           group((d.gate, d.up)), group((d.down,)), GLU_ACTS[d.act],
+                           (vector(ffn_norm), vector(f.dense_post_norm), vector(post_norm)))
+
+
+def run_dense(x: np.ndarray, da: DenseExpertArgs) -> np.ndarray:
+    """What the dense-beside-experts FFN adds to x (T, n_embd), as ``reference.ffn_part``:
+    one compiled call (``dense_moe_step``)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n, ea, lim = len(x), da.experts, matrix.PARALLEL_MIN_MACS
+    gu, d = da.gate_up, da.down
+    dense = (da.norms[0], gu.kinds, gu.ws, d.kinds, d.ws, da.act, da.norms[1],
+             n * gu.macs >= lim, n * d.macs >= lim, *gu.biases, d.biases[0])
+    moe = (ea.norms[0], ea.router, n * ea.router_macs >= lim, ea.choice, ea.select_bias,
+           ea.scale, ea.mats, ea.biases, ea.act, _shared(ea, n), ea.norms[1])
+    return dense_moe_step(x, dense, moe, da.norms[2], ea.eps, ops.gelu_f16_table(),
+                          kernels.F16_TABLE, matrix.threads())

@@ -33,7 +33,6 @@ at every start. The table's ``Stack`` holds the arrays the addresses point into.
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any
 
@@ -47,91 +46,26 @@ from numba.np.arrayobj import populate_array
 from gguflm.quant import kernels, matrix
 from gguflm.quant.floatbits import to_f16
 from gguflm.quant.grouped import activation_sets, run_item, weight_bytes
+from gguflm.quant.int_tiles import prepare
 from gguflm.quant.kernels import geglu, swiglu
 from gguflm.quant.kernels import work_items as _work_items
 
-from . import fused
+from . import fused, fused_experts, ops
 from .attention import _attend_one, store_rows
 from .forward_pass import LAYER
-from .fused import add_bias, pre_norm, qk_heads
-from .layer import Block, Linear
+from .fused import add_bias, geglu_f16, pre_norm, qk_heads
+from .layer import Block, Experts, Linear
 from .rowkernels import rmsnorm_rows
+from .spin import LINE, fetch_add, load_acquire, wait
+from .team_experts import expert_ffn
 
 MAX_ROWS = 16  # rows up to which the layers run as a team (decoding; a short prompt)
 MAX_BYTES = 32 << 20  # the most activation memory a team call holds
 
-# -- atomics: numba has none; each is the one LLVM instruction ---------------------------
-
-
-@intrinsic
-def _fetch_add(typingctx, arr, i):  # noqa: ANN001, ANN202, ARG001
-    """``arr[i] += 1`` atomically (sequentially consistent); the value before."""
-    sig = types.int64(arr, types.intp)
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        a = context.make_array(signature.args[0])(context, builder, args[0])
-        p = cgutils.get_item_pointer(context, builder, signature.args[0], a, [args[1]])
-        return builder.atomic_rmw("add", p, ir.Constant(ir.IntType(64), 1), "seq_cst")
-
-    return sig, codegen
-
-
-@intrinsic
-def _load_acquire(typingctx, arr, i):  # noqa: ANN001, ANN202, ARG001
-    """``arr[i]`` read atomically: what was written before a ``_fetch_add`` another thread
-    made is visible after reading its result."""
-    sig = types.int64(arr, types.intp)
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        a = context.make_array(signature.args[0])(context, builder, args[0])
-        p = cgutils.get_item_pointer(context, builder, signature.args[0], a, [args[1]])
-        return builder.load_atomic(p, "acquire", 8)
-
-    return sig, codegen
-
-
-_X86 = kernels.SIMD != "generic"
-_YIELD = sys.platform != "win32"
-
-
-@intrinsic
-def _spin_hint(typingctx, rounds):  # noqa: ANN001, ANN202, ARG001
-    """One round of a spin wait: the CPU's pause hint (x86); every 4096th round gives the
-    core away (``sched_yield``), so that a member waiting for one whose thread lost its
-    core to another process lets that thread run."""
-    sig = types.int64(types.int64)
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        if _X86:
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
-            builder.call(fn, [])
-        if _YIELD:
-            every = builder.icmp_signed("==", builder.and_(args[0], ir.Constant(
-                ir.IntType(64), 4095)), ir.Constant(ir.IntType(64), 4095))
-            with builder.if_then(every, likely=False):
-                fn = cgutils.get_or_insert_function(
-                    builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield")
-                builder.call(fn, [])
-        return context.get_constant(types.int64, 0)
-
-    return sig, codegen
-
-
 # counters: each step's next item and its finished items, a cache line apart; _STOP's
 # second word holds the decision whether to stop before the layer (``_member``)
-_LINE = 8
-_QKV, _PREP, _ATTN, _OUT, _GATE_UP, _DOWN, _STOP = range(0, 14 * _LINE, 2 * _LINE)
-_SYNC_WIDTH = 14 * _LINE
-
-
-@njit(cache=True, nogil=True)
-def _wait(sync, k, total):  # noqa: ANN001, ANN202
-    """Until step ``k`` has finished ``total`` items."""
-    r = 0
-    while _load_acquire(sync, k + _LINE) < total:
-        _spin_hint(r)
-        r += 1
+_QKV, _PREP, _ATTN, _OUT, _GATE_UP, _DOWN, _STOP = range(0, 14 * LINE, 2 * LINE)
+_SYNC_WIDTH = 14 * LINE
 
 
 @njit(cache=True, nogil=True)
@@ -184,6 +118,7 @@ def _view(dtype: Any, ndim: int):  # noqa: ANN202 - returns a numba intrinsic
 
 
 _u8_2d = _view(types.uint8, 2)
+_f32_2d = _view(types.float32, 2)
 _f32_1d = _view(types.float32, 1)
 
 # the table's matrices, in order (``Stack``: Q, K, V, output, gate, up, down), and the
@@ -245,89 +180,132 @@ def _products(kinds, ws, acts, tbl, outs, items, total, sync, k):  # noqa: ANN00
     """Step ``k``: take the products' row ranges ``items[:total]`` until none is left, then
     wait for the others' to finish; ``acts`` the input's ``grouped.activation_sets``."""
     a32, ak, xh, xb = acts
-    c = _fetch_add(sync, k)
+    c = fetch_add(sync, k)
     while c < total:
         run_item(kinds, ws, a32, ak, xh, xb, tbl, outs, items, c)
-        _fetch_add(sync, k + _LINE)
-        c = _fetch_add(sync, k)
-    _wait(sync, k, total)
+        fetch_add(sync, k + LINE)
+        c = fetch_add(sync, k)
+    wait(sync, k, total)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _attention(x, h, x1, p, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, rot, neox,  # noqa: ANN001, ANN202, PLR0913
+               window, kt, v, slot, pos, scale, cap, f16, flash, bufs, s, il):
+    """Layer il's attention: x1 = x + attn(x) (``h``, ``p`` this member's scratch): the
+    norm, Q K V, (one member) the per-head norms, RoPE and storing K V, the attention, the
+    output product."""
+    q, k, vv, qr, a, o = bufs
+    n = x.shape[0]
+    n_head, n_kv, d, dv = heads
+    pre_norm(x, _norm(ntab, il, 0), eps, h)
+    kinds = ktab[4 * il]
+    _products(kinds, _weights(wtab, il, 0), activation_sets(kinds, 3, h), tbl, (q, k, vv),
+              itab[4 * il], icount[4 * il], s, _QKV)
+    if fetch_add(s, _PREP) == 0:
+        add_bias(q, _norm(btab, il, 0))
+        add_bias(k, _norm(btab, il, 1))
+        add_bias(vv, _norm(btab, il, 2))
+        _, k3 = qk_heads(q, k, _norm(ntab, il, 1), _norm(ntab, il, 2), eps, rot, neox, heads)
+        store_rows(kt, v, slot, pos, k3, vv.reshape((n, n_kv, dv)))
+        for t in range(n):  # the queries as attention reads them (attention._prepare)
+            for e in range(n_head * d):
+                qr[t, e // d, e % d] = to_f16(q[t, e]) if f16 else q[t, e]
+        fetch_add(s, _PREP + LINE)
+    wait(s, _PREP, 1)
+    total = n * n_kv
+    c = fetch_add(s, _ATTN)
+    while c < total:
+        _attend_one(qr, kt, v, slot, pos, window, scale, cap, f16, flash, a, c,
+                    _norm(ntab, il, 6))
+        fetch_add(s, _ATTN + LINE)
+        c = fetch_add(s, _ATTN)
+    wait(s, _ATTN, total)
+    kinds = ktab[4 * il + 1]
+    _products(kinds, _weights(wtab, il, 1),
+              activation_sets(kinds, 1, a.reshape((n, n_head * dv))), tbl, (o, o, o),
+              itab[4 * il + 1], icount[4 * il + 1], s, _OUT)
+    _residual(x, o, _norm(btab, il, 3), _norm(ntab, il, 3), eps, p, x1)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _dense_ffn(h, wtab, ktab, btab, itab, icount, tbl, act, gelu_tbl, g, u, o2, scratch, s,  # noqa: ANN001, ANN202, PLR0913
+               il):
+    """Layer il's GLU FFN of its normed input h into the shared ``o2``: gate and up, their
+    biases, the gated activation (``act`` as ``fused.glu``), down; ``scratch`` this
+    member's (activation, biased gate, biased up) arrays."""
+    gated, gb, ub = scratch
+    kinds = ktab[4 * il + 2]
+    _products(kinds, _weights(wtab, il, 2), activation_sets(kinds, 2, h), tbl, (g, u, g),
+              itab[4 * il + 2], icount[4 * il + 2], s, _GATE_UP)
+    g1 = _biased(g, _norm(btab, il, 4), gb)
+    u1 = _biased(u, _norm(btab, il, 5), ub)
+    if act == 2:
+        geglu_f16(g1, u1, gelu_tbl, gated)
+    elif act == 1:
+        geglu(g1, u1, gated)
+    else:
+        swiglu(g1, u1, gated)
+    kinds = ktab[4 * il + 3]
+    _products(kinds, _weights(wtab, il, 3), activation_sets(kinds, 1, gated), tbl,
+              (o2, o2, o2), itab[4 * il + 3], icount[4 * il + 3], s, _DOWN)
+    return o2
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _experts(h, wtab, ktab, xtab, btab, ntab, moe, tbl, act, gelu_tbl, gu, d, s, il, members):  # noqa: ANN001, ANN202, PLR0913
+    """Layer il's mixture of experts of its normed input h (``team_experts.expert_ffn``):
+    the router (``wtab``'s eighth entry), the experts' addresses (``xtab``), their shapes
+    (``wtab``'s gate and down entries) and types (``ktab``'s FFN groups)."""
+    choice, escale = moe
+    n_embd = h.shape[1]
+    router = _f32_2d(wtab[il, 7, 0], (wtab[il, 7, 1], n_embd))
+    mats = (ktab[4 * il + 2, :2], xtab[il, :2], wtab[il, 4, 1:], ktab[4 * il + 3, :1],
+            xtab[il, 2:], wtab[il, 6, 1:])
+    return expert_ffn(h, router, _norm(btab, il, 7), _norm(ntab, il, 7), choice, escale, mats,
+                      act, gelu_tbl, tbl, gu.reshape(-1), d.reshape(-1), s, _GATE_UP, _DOWN,
+                      members)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _member(m, x0, out, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, rots, rot_sel,  # noqa: ANN001, ANN202, PLR0913, PLR0915
-            neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs, sync,
-            stop, l0, l1):
+def _member(m, x0, out, wtab, ktab, xtab, ntab, btab, itab, icount, tbl, heads, eps, rots,  # noqa: ANN001, ANN202, PLR0913
+            rot_sel, neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, act,
+            gelu_tbl, choice, escale, bufs, sync, stop, l0, l1, members):
     """Member ``m``'s part of ``stack_team`` (layers l0:l1, or fewer: ``stop``); ``bufs``
     the per-layer arrays every member writes into and reads, ``sync`` each layer's step
     counters."""
     q_all, k_all, v_all, qr_all, a_all, o_all, g_all, u_all, o2_all = bufs
     n = x0.shape[0]
-    n_head, n_kv, d, dv = heads
     x = x0.copy()  # each member's own residual stream: the same numbers in every member
     h = np.empty_like(x)
     x1 = np.empty_like(x)
     p = np.empty_like(x)
-    act = np.empty((n, g_all.shape[2]), np.float32)
-    gb = np.empty((n, g_all.shape[2]) if btab[:, 4, 1].max() else (0, 0), np.float32)
-    ub = np.empty((n, g_all.shape[2]) if btab[:, 5, 1].max() else (0, 0), np.float32)
+    n_ff = wtab[l0, 4, 1]
+    scratch = (np.empty((n, n_ff), np.float32),
+               np.empty((n, n_ff) if btab[:, 4, 1].max() else (0, 0), np.float32),
+               np.empty((n, n_ff) if btab[:, 5, 1].max() else (0, 0), np.float32))
     reached = l1
     for il in range(l0, l1):
-        q, k, vv, qr, a = q_all[il], k_all[il], v_all[il], qr_all[il], a_all[il]
-        o, g, u, o2, s = o_all[il], g_all[il], u_all[il], o2_all[il], sync[il]
+        s = sync[il]
         if stop.shape[0] and il > l0:  # stop here when asked: the first member decides
-            if _fetch_add(s, _STOP) == 0:
-                s[_STOP + 1] = 1 if _load_acquire(stop, 0) else 0
-                _fetch_add(s, _STOP + _LINE)
-            _wait(s, _STOP, 1)
+            if fetch_add(s, _STOP) == 0:
+                s[_STOP + 1] = 1 if load_acquire(stop, 0) else 0
+                fetch_add(s, _STOP + LINE)
+            wait(s, _STOP, 1)
             if s[_STOP + 1]:
                 reached = il
                 break
-        kt, v, rot, window = k_cache[il], v_cache[il], rots[rot_sel[il]], windows[il]
-        # attention: norm, Q K V, (one member) per-head norms, RoPE, storing K V; attention
-        pre_norm(x, _norm(ntab, il, 0), eps, h)
-        kinds = ktab[4 * il]
-        _products(kinds, _weights(wtab, il, 0), activation_sets(kinds, 3, h), tbl, (q, k, vv),
-                  itab[4 * il], icount[4 * il], s, _QKV)
-        if _fetch_add(s, _PREP) == 0:
-            add_bias(q, _norm(btab, il, 0))
-            add_bias(k, _norm(btab, il, 1))
-            add_bias(vv, _norm(btab, il, 2))
-            _, k3 = qk_heads(q, k, _norm(ntab, il, 1), _norm(ntab, il, 2), eps, rot, neox,
-                             heads)
-            store_rows(kt, v, slot, pos, k3, vv.reshape((n, n_kv, dv)))
-            for t in range(n):  # the queries as attention reads them (attention._prepare)
-                for e in range(n_head * d):
-                    qr[t, e // d, e % d] = to_f16(q[t, e]) if f16 else q[t, e]
-            _fetch_add(s, _PREP + _LINE)
-        _wait(s, _PREP, 1)
-        total = n * n_kv
-        c = _fetch_add(s, _ATTN)
-        while c < total:
-            _attend_one(qr, kt, v, slot, pos, window, scale, cap, f16, flash, a, c,
-                        _norm(ntab, il, 6))
-            _fetch_add(s, _ATTN + _LINE)
-            c = _fetch_add(s, _ATTN)
-        _wait(s, _ATTN, total)
-        kinds = ktab[4 * il + 1]
-        _products(kinds, _weights(wtab, il, 1),
-                  activation_sets(kinds, 1, a.reshape((n, n_head * dv))), tbl, (o, o, o),
-                  itab[4 * il + 1], icount[4 * il + 1], s, _OUT)
-        _residual(x, o, _norm(btab, il, 3), _norm(ntab, il, 3), eps, p, x1)
-        # feed-forward: norm, gate and up, the gated activation, down
+        _attention(x, h, x1, p, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps,
+                   rots[rot_sel[il]], neox, windows[il], k_cache[il], v_cache[il], slot, pos,
+                   scale, cap, f16, flash, (q_all[il], k_all[il], v_all[il], qr_all[il],
+                                            a_all[il], o_all[il]), s, il)
         pre_norm(x1, _norm(ntab, il, 4), eps, h)
-        kinds = ktab[4 * il + 2]
-        _products(kinds, _weights(wtab, il, 2), activation_sets(kinds, 2, h), tbl, (g, u, g),
-                  itab[4 * il + 2], icount[4 * il + 2], s, _GATE_UP)
-        g1 = _biased(g, _norm(btab, il, 4), gb)
-        u1 = _biased(u, _norm(btab, il, 5), ub)
-        if gelu:
-            geglu(g1, u1, act)
+        if choice[0]:  # experts: n_used of them
+            y = _experts(h, wtab, ktab, xtab, btab, ntab, (choice, escale), tbl, act,
+                         gelu_tbl, g_all[il], o2_all[il], s, il, members)
         else:
-            swiglu(g1, u1, act)
-        kinds = ktab[4 * il + 3]
-        _products(kinds, _weights(wtab, il, 3), activation_sets(kinds, 1, act), tbl,
-                  (o2, o2, o2), itab[4 * il + 3], icount[4 * il + 3], s, _DOWN)
-        _residual(x1, o2, _norm(btab, il, 6), _norm(ntab, il, 5), eps, p, x)
+            y = _dense_ffn(h, wtab, ktab, btab, itab, icount, tbl, act, gelu_tbl, g_all[il],
+                           u_all[il], o2_all[il], scratch, s, il)
+        _residual(x1, y, _norm(btab, il, 6), _norm(ntab, il, 5), eps, p, x)
     if m == 0:
         out[:] = x
         if stop.shape[0]:
@@ -335,22 +313,27 @@ def _member(m, x0, out, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, r
 
 
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy")
-def stack_team(x, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, rots, rot_sel, neox,  # noqa: ANN001, ANN201, PLR0913
-               windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs,
-               sync, stop, l0, l1, threads):
+def stack_team(x, wtab, ktab, xtab, ntab, btab, itab, icount, tbl, heads, eps, rots, rot_sel,  # noqa: ANN001, ANN201, PLR0913
+               neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, act,
+               gelu_tbl, choice, escale, bufs, sync, stop, l0, l1, threads):
     """x (T, n_embd) f32 -> (T, n_embd) f32 through layers l0:l1, on ``threads`` members,
     or up to the layer ``stop[1]`` where they stopped (``stop``: ``forward_pass.Stops.flag``,
     or empty: no stops):
-    ``x + attn(x)``, then ``+ ffn(.)``, in each. ``wtab`` (L, 7, 3) i64: each layer's
-    matrices (Q, K, V, output, gate, up, down) as (address, rows, row bytes); ``ktab`` (4
-    L, MAX_FUSED) i64 the product groups' type ids; ``ntab`` (L, 7, 2) i64 the attention,
-    Q-head, K-head, post-attention, FFN and post-FFN norm weights and the attention sinks
-    as (address, length; 0: none); ``btab`` (L, 7, 2) i64 the seven products' biases likewise;
-    ``itab``/``icount`` from ``stack_items``; ``heads`` (H, H_kv, d, d_v); ``rots`` (R, T,
-    n_rot/2) c64 RoPE tables, ``rot_sel`` (L,) i64 each layer's; ``neox``: NEOX pairing;
-    ``windows`` (L,) i64; ``k_cache``/``v_cache`` the arena's (L, ...) keys and
-    values; the rest as ``fused.attention_step`` takes them; ``gelu``: GeGLU, else
-    SwiGLU; ``bufs`` each layer's shared arrays (``Stack.buffers``)."""
+    ``x + attn(x)``, then ``+ ffn(.)``, in each. ``wtab`` (L, 8, 3) i64: each layer's
+    matrices (Q, K, V, output, gate, up, down) as (address, rows, row bytes), an expert
+    FFN's gate and down as (0, rows, row bytes) and its F32 router as (address, rows, 0);
+    ``ktab`` (4 L, MAX_FUSED) i64 the product groups' type ids; ``xtab`` (L, 3, n_expert)
+    i64 the experts' gate, up and down addresses; ``ntab`` (L, 8, 2) i64 the attention,
+    Q-head, K-head, post-attention, FFN and post-FFN norm weights, the attention sinks and
+    the experts' selection bias as (address, length; 0: none); ``btab`` (L, 8, 2) i64 the
+    seven products' biases and the router's likewise; ``itab``/``icount`` from
+    ``stack_items``; ``heads`` (H, H_kv, d, d_v); ``rots`` (R, T, n_rot/2) c64 RoPE tables,
+    ``rot_sel`` (L,) i64 each layer's; ``neox``: NEOX pairing; ``windows`` (L,) i64;
+    ``k_cache``/``v_cache`` the arena's (L, ...) keys and values; the rest as
+    ``fused.attention_step`` takes them; ``act`` the gated activation (``fused.glu``'s, its
+    GELU table ``gelu_tbl``); ``choice`` (n_used: 0 for a dense FFN, gating, groups, groups
+    used, renormalise) and ``escale`` as ``team_experts.expert_ffn`` takes them; ``bufs``
+    each layer's shared arrays (``Stack.buffers``)."""
     out = np.empty_like(x)
     # the loop body gets plain arrays and flat tuples: numba's parallel loops take no
     # nested or mixed tuples
@@ -358,22 +341,23 @@ def stack_team(x, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, rots, r
     sync[:, :] = 0
     for m in prange(threads):
         # int64: the parallel body's index is unsigned, and _member would compile twice
-        _member(np.int64(m), x, out, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps,
-                rots, rot_sel, neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16,
-                flash, gelu, (q, k, vv, qr, a, o, g, u, o2), sync, stop, l0, l1)
+        _member(np.int64(m), x, out, wtab, ktab, xtab, ntab, btab, itab, icount, tbl, heads,
+                eps, rots, rot_sel, neox, windows, k_cache, v_cache, slot, pos, scale, cap,
+                f16, flash, act, gelu_tbl, choice, escale, (q, k, vv, qr, a, o, g, u, o2),
+                sync, stop, l0, l1, threads)
     return out
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def stack_alone(x, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, rots, rot_sel, neox,  # noqa: ANN001, ANN201, PLR0913
-                windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs,
-                sync, stop, l0, l1):
+def stack_alone(x, wtab, ktab, xtab, ntab, btab, itab, icount, tbl, heads, eps, rots, rot_sel,  # noqa: ANN001, ANN201, PLR0913
+                neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, act,
+                gelu_tbl, choice, escale, bufs, sync, stop, l0, l1):
     """``stack_team`` on this thread (layers too small to share)."""
     out = np.empty_like(x)
     sync[:, :] = 0
-    _member(0, x, out, wtab, ktab, ntab, btab, itab, icount, tbl, heads, eps, rots, rot_sel,
-            neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, gelu, bufs,
-            sync, stop, l0, l1)
+    _member(0, x, out, wtab, ktab, xtab, ntab, btab, itab, icount, tbl, heads, eps, rots,
+            rot_sel, neox, windows, k_cache, v_cache, slot, pos, scale, cap, f16, flash, act,
+            gelu_tbl, choice, escale, bufs, sync, stop, l0, l1, 1)
     return out
 
 
@@ -384,24 +368,30 @@ def _address(a: np.ndarray) -> int:
     return int(a.__array_interface__["data"][0])
 
 
-def _matrices(b: Block) -> tuple[Linear, ...]:
-    """A layer's products in the order of the table (``_GROUPS`` index into it)."""
+def _matrices(b: Block) -> tuple[Linear | None, ...]:
+    """A layer's products in the order of the table (``_GROUPS`` index into it); an expert
+    FFN's in ``Stack._experts``."""
     a, f = b.attn, b.ffn
-    return (a.q, a.k, a.v, a.o, f.gate, f.up, f.down)
+    ffn = (None, None, None) if isinstance(f, Experts) else (f.gate, f.up, f.down)
+    return (a.q, a.k, a.v, a.o, *ffn)
 
 
 class Stack:
     """A model's layers as ``stack_team`` takes them, worked out once by the planner
     (``executor.plan``, which checked that every layer has integer kernels, one shape, and
-    the same RoPE pairing, scale, soft-cap and activation): the tables, the arrays they
-    point into (held here), and the work items per (rows, threads)."""
+    the same RoPE pairing, scale, soft-cap and activation; experts in every layer or in
+    none, chosen alike): the tables, the arrays they point into (held here), and the work
+    items per (rows, threads)."""
 
     def __init__(self, layers: list[Block]) -> None:
         n_layer = len(layers)
-        self.wtab = np.zeros((n_layer, 7, 3), np.int64)
+        self.wtab = np.zeros((n_layer, 8, 3), np.int64)
         self.ktab = np.zeros((4 * n_layer, kernels.MAX_FUSED), np.int64)
-        self.ntab = np.zeros((n_layer, 7, 2), np.int64)
-        self.btab = np.zeros((n_layer, 7, 2), np.int64)
+        self.ntab = np.zeros((n_layer, 8, 2), np.int64)
+        self.btab = np.zeros((n_layer, 8, 2), np.int64)
+        first = layers[0]
+        e = first.ffn if isinstance(first.ffn, Experts) else None
+        self.xtab = np.zeros((n_layer, 3, len(e.gate) if e else 1), np.int64)
         self.rot_sel = np.array([b.attn.rope for b in layers], np.int64)
         self.windows = np.array([b.attn.window for b in layers], np.int64)
         self.held: list[np.ndarray] = []
@@ -409,32 +399,69 @@ class Stack:
         for il, b in enumerate(layers):
             lins = _matrices(b)
             for i, lin in enumerate(lins):
-                raw = self._hold(np.ascontiguousarray(weight_bytes(lin.w.raw)))
-                self.wtab[il, i] = (_address(raw), raw.shape[0], raw.shape[1])
-                self.btab[il, i] = self._vector(lin.b)
-            for g, idx in enumerate(_GROUPS):
+                if lin is not None:
+                    raw = self._hold(np.ascontiguousarray(weight_bytes(lin.w.raw)))
+                    self.wtab[il, i] = (_address(raw), raw.shape[0], raw.shape[1])
+                    self.btab[il, i] = self._vector(lin.b)
+            for g, idx in enumerate(_GROUPS if e is None else _GROUPS[:2]):
                 self.ktab[4 * il + g] = [int(lins[i].w.type) for i in idx]
+            if e is not None:
+                self._experts(il, b.ffn)
             norms = (b.attn_norm, b.attn.q_norm, b.attn.k_norm, b.attn_post_norm, b.ffn_norm,
-                     b.ffn_post_norm, b.attn.sinks)
+                     b.ffn_post_norm, b.attn.sinks, b.ffn.select_bias if e else None)
             for i, w in enumerate(norms):
                 self.ntab[il, i] = self._vector(w)
-            self.macs += sum(lin.w.shape[0] * lin.w.shape[1] for lin in lins)
-        first = layers[0]
+            self.macs += sum(lin.w.shape[0] * lin.w.shape[1] for lin in lins if lin)
         a = first.attn
         self.heads = (a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v)
         self.eps = np.float32(first.eps)
-        self.neox, self.gelu = a.neox, first.ffn.act == "gelu"
+        self.neox = a.neox
+        self.act = fused.GLU_ACTS[first.ffn.act]
+        # ggml's float16 GELU table where the activation reads it
+        self.gelu_tbl = ops.gelu_f16_table() if self.act == 2 else np.zeros(0, np.float32)
         self.scale, self.cap = np.float32(a.scale), np.float32(a.softcap)
-        # each layer's shared arrays (``buffers``): Q, K, V, the queries as attention reads
-        # them, attention's output, the output product, gate, up, down; floats per row
-        n_ff, n_embd = first.ffn.gate.rows, first.attn.o.rows
-        self.widths = ((a.n_head * a.head_dim,), (a.n_head_kv * a.head_dim,),
-                       (a.n_head_kv * a.head_dim_v,), (a.n_head, a.head_dim),
-                       (a.n_head, a.head_dim_v), (n_embd,), (n_ff,), (n_ff,), (n_embd,))
+        self.choice = (0, 0, 0, 0, 0) if e is None else (
+            e.n_used, fused_experts.GATING[e.gating], e.groups if e.groups > 1 else 0,
+            e.groups_used if e.groups > 1 else 0, int(bool(e.norm_weights)))
+        self.escale = np.float32(e.scale if e is not None and e.scale not in (0.0, 1.0)
+                                 else 1.0)
+        self.widths = self._widths(first, e)
         self.row_bytes = 4 * n_layer * sum(int(np.prod(w)) for w in self.widths)
         self.attn_macs = a.n_head * (a.head_dim + a.head_dim_v)  # per row and position
         self.local = threading.local()
         self.items: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    def _experts(self, il: int, e: Experts) -> None:
+        """Layer il's experts into the tables: their addresses, shapes and types, the
+        F32 router, its bias, and the work of the chosen ones."""
+        gu, dn = e.gate_up_all, e.down_all
+        prepare([*gu.kinds, *dn.kinds])
+        self.xtab[il] = np.concatenate([gu.ptrs, dn.ptrs])
+        self.wtab[il, 4] = (0, *gu.shape)
+        self.wtab[il, 5] = (0, *gu.shape)
+        self.wtab[il, 6] = (0, *dn.shape)
+        self.ktab[4 * il + 2, :2] = gu.kinds
+        self.ktab[4 * il + 3, :1] = dn.kinds
+        router = self._hold(np.ascontiguousarray(e.router.w.raw, np.float32))
+        self.wtab[il, 7] = (_address(router), router.shape[0], 0)
+        self.btab[il, 7] = self._vector(e.router.b)
+        self.macs += e.n_used * (2 * gu.rows * gu.d_in + dn.rows * dn.d_in)
+
+    @staticmethod
+    def _widths(first: Block, e: Experts | None) -> tuple[tuple[int, ...], ...]:
+        """Each layer's shared arrays (``buffers``): Q, K, V, the queries as attention reads
+        them, attention's output, the output product, then gate, up and down (an expert
+        FFN: every chosen expert's gate and up, nothing, their downs); floats per row."""
+        a = first.attn
+        n_embd = a.o.rows
+        if e is None:
+            n_ff = first.ffn.gate.rows
+            ffn = ((n_ff,), (n_ff,), (n_embd,))
+        else:
+            ffn = ((2 * e.n_used * e.gate_up_all.rows,), (1,), (e.n_used * n_embd,))
+        return ((a.n_head * a.head_dim,), (a.n_head_kv * a.head_dim,),
+                (a.n_head_kv * a.head_dim_v,), (a.n_head, a.head_dim),
+                (a.n_head, a.head_dim_v), (n_embd,), *ffn)
 
     def _hold(self, a: np.ndarray) -> np.ndarray:
         a = kernels.read_only(a)
@@ -481,7 +508,7 @@ class Stack:
             at += size
         local.views = (n, tuple(views))
         if getattr(local, "sync", None) is None:
-            raw = np.zeros((n_layer + 2) * _SYNC_WIDTH + _LINE, np.int64)
+            raw = np.zeros((n_layer + 2) * _SYNC_WIDTH + LINE, np.int64)
             lead = (-raw.__array_interface__["data"][0] % 64) // 8 + _SYNC_WIDTH
             local.sync = raw[lead:lead + n_layer * _SYNC_WIDTH].reshape((n_layer,
                                                                         _SYNC_WIDTH))
@@ -515,9 +542,10 @@ def run_stack(st: Stack, x: np.ndarray, batch: Any, ropes: tuple) -> np.ndarray 
     attn_macs = st.attn_macs * batch.span
     team = threads > 1 and n * (st.macs // n_layer + attn_macs) >= matrix.PARALLEL_MIN_MACS
     itab, icount = st.work_items(rows, threads if team else 0)
-    args = (st.wtab, st.ktab, st.ntab, st.btab, itab, icount, kernels.F16_TABLE, st.heads,
-            st.eps, rots, st.rot_sel, st.neox, st.windows, arena.k, arena.v, slot, pos,
-            st.scale, st.cap, arena.f16, flash, st.gelu)
+    args = (st.wtab, st.ktab, st.xtab, st.ntab, st.btab, itab, icount, kernels.F16_TABLE,
+            st.heads, st.eps, rots, st.rot_sel, st.neox, st.windows, arena.k, arena.v, slot,
+            pos, st.scale, st.cap, arena.f16, flash, st.act, st.gelu_tbl, st.choice,
+            st.escale)
     stops = batch.stops
     stop = _NO_STOPS if stops is None else stops.flag
     l0 = 0

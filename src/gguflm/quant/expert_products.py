@@ -48,9 +48,10 @@ def expert_items(count, nrows, starts, threads):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _run_item(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items, c):  # noqa: ANN001, ANN202, PLR0913
-    # the hot loop: item c = rows r0:r1 of matrix m of expert experts[g] (shape[0],
-    # shape[1]) u8 @ the group's activation rows -> out[m, s0:s1, r0:r1]
+def expert_item(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items, c):  # noqa: ANN001, ANN201, PLR0913
+    """Item c of ``expert_items``: rows r0:r1 of matrix m of expert ``experts[g]``
+    (``shape`` (rows, row bytes) u8) times the group's activation rows (``a32``/``ak``:
+    ``activation_sets`` of the slots' rows) -> out[m, s0:s1, r0:r1]."""
     m, g = items[c, 0], items[c, 1]
     kind = kinds[m]
     w = _u8_view(ptrs[m, experts[g]], (shape[0], shape[1]), (shape[1], 1))
@@ -65,7 +66,7 @@ def _run_item(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items, c):
 @njit(cache=True, nogil=True, parallel=True)
 def _run_par(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items):  # noqa: ANN001, ANN202
     for c in prange(items.shape[0]):
-        _run_item(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items, c)
+        expert_item(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items, c)
 
 
 @njit(cache=True, nogil=True)
@@ -77,7 +78,7 @@ def expert_products_kernel(kinds, ptrs, shape, x, experts, starts, tbl, out, thr
         a32, ak = activation_sets(kinds, count, x)
         items = expert_items(count, shape[0], starts, 1)
         for c in range(items.shape[0]):
-            _run_item(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items, c)
+            expert_item(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items, c)
         return
     a32, ak = activation_sets_for_par(kinds, count, x)
     _run_par(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out,

@@ -36,14 +36,14 @@ def _dot(x, w):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _f32_matmul_par(x, w, out):  # noqa: ANN001, ANN202
+def f32_matmul_par(x, w, out):  # noqa: ANN001, ANN202
     for r in prange(w.shape[0]):
         for i in range(x.shape[0]):
             out[i, r] = _dot(x[i], w[r])
 
 
 @njit(cache=True, nogil=True)
-def _f32_matmul_serial(x, w, out):  # noqa: ANN001, ANN202
+def f32_matmul_serial(x, w, out):  # noqa: ANN001, ANN202
     for r in range(w.shape[0]):
         for i in range(x.shape[0]):
             out[i, r] = _dot(x[i], w[r])
@@ -52,7 +52,7 @@ def _f32_matmul_serial(x, w, out):  # noqa: ANN001, ANN202
 def f32_matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray, parallel: bool = True) -> None:
     """x (n, K) f32 @ w (R, K).T f32 -> out (n, R) f32 (C-contiguous rows), each element in
     the same order whatever n, the rows beside it, or the thread count."""
-    (_f32_matmul_par if parallel else _f32_matmul_serial)(x, w, out)
+    (f32_matmul_par if parallel else f32_matmul_serial)(x, w, out)
 
 
 def twin_f32_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:

@@ -1,0 +1,96 @@
+"""The team's mixture-of-experts FFN: in a model whose every layer's FFN is experts
+(qwen3moe, Mixtral, OLMoE...), a decoded token's router, choice and chosen experts run
+inside the one team call (``team._member``) instead of a compiled call and two parallel
+regions a layer (``fused_experts.moe_step``).
+
+Each member computes the router's logits (a few thousand multiply-adds a row: less than
+a barrier costs), the softmax, the choice and the rows' grouping by expert itself, into
+its own arrays, and quantizes the slots' rows; then it takes the chosen experts' gate and
+up row ranges (``expert_products.expert_items``) from the step's shared counter until none
+is left, and waits for the others' (``spin.wait``); the gated activation, then the downs
+likewise; then each sums its rows' experts in selection order. The numbers are
+``moe_step``'s element for element: the same kernels on the same rows, each step computed
+as it computes it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from gguflm.quant.act_quant import activation_sets
+from gguflm.quant.expert_products import expert_item, expert_items
+from gguflm.quant.floatdot import f32_matmul_serial
+
+from .fused import add_bias, glu
+from .fused_experts import by_expert, choose, softmax_rows
+from .spin import LINE, fetch_add, wait
+
+
+@njit(cache=True, nogil=True)
+def _route(h, router, rbias, sbias, choice, scale):  # noqa: ANN001, ANN202
+    """h (T, n_embd) f32 -> (chosen (T, n_used) i64, weights (T, n_used) f32) as
+    ``fused_experts.moe_route`` and ``_choose_up`` choose them (an F32 router)."""
+    logits = np.empty((h.shape[0], router.shape[0]), np.float32)
+    f32_matmul_serial(h, router, logits)
+    add_bias(logits, rbias)
+    n_used, gating, groups, groups_used, norm = choice
+    scores = softmax_rows(logits) if gating == 0 else logits
+    return choose(scores, sbias, gating, n_used, groups, groups_used, norm == 1, scale)
+
+
+@njit(cache=True, nogil=True)
+def _shared_products(kinds, ptrs, shape, x, experts, starts, tbl, out, sync, k, members):  # noqa: ANN001, ANN202, PLR0913
+    """``expert_products`` of the slots' rows x (S, K) f32 into the shared ``out`` (M, S,
+    rows) f32, its row ranges taken from step ``k``'s counter, then waiting for the
+    others' items."""
+    a32, ak = activation_sets(kinds, kinds.shape[0], x)
+    items = expert_items(kinds.shape[0], shape[0], starts, members)
+    total = items.shape[0]
+    c = fetch_add(sync, k)
+    while c < total:
+        expert_item(kinds, ptrs, shape, experts, starts, a32, ak, tbl, out, items, c)
+        fetch_add(sync, k + LINE)
+        c = fetch_add(sync, k)
+    wait(sync, k, total)
+
+
+@njit(cache=True, nogil=True)
+def expert_ffn(h, router, rbias, sbias, choice, scale, mats, act, gelu_tbl, tbl, gu_flat,  # noqa: ANN001, ANN201, PLR0913
+               d_flat, sync, k_up, k_down, members):
+    """Normed input h (T, n_embd) f32 -> (T, n_embd) f32, this member's own: each row's
+    chosen experts weighted and summed in selection order (``fused_experts._finish``).
+    ``router`` (n_expert, n_embd) f32 and its bias (or empty); ``sbias`` the selection
+    bias (or empty); ``choice`` (n_used, gating, groups, groups used, renormalise) and
+    ``scale`` as ``fused_experts.choose`` takes them; ``mats`` the gates' and ups' (type
+    ids (2,), addresses (2, n_expert), shape (2,)) then the downs' likewise; ``act`` as
+    ``fused.glu``; ``gu_flat``/``d_flat`` the layer's shared arrays for the gates and ups
+    (2 S n_ff floats) and the downs (S n_embd), S = T n_used; steps ``k_up``/``k_down``'
+    counters in ``sync``, shared by ``members``."""
+    n, n_embd = h.shape
+    chosen, w = _route(h, router, rbias, sbias, choice, scale)
+    experts, starts, rows, slots = by_expert(chosen, router.shape[0])
+    n_s = rows.shape[0]
+    xs = np.empty((n_s, n_embd), np.float32)
+    at = np.empty((n, w.shape[1]), np.int64)  # each row's slot of its j-th choice
+    for s in range(n_s):
+        xs[s] = h[rows[s]]
+        at[rows[s], slots[s]] = s
+    kinds_gu, ptrs_gu, shape_gu, kinds_d, ptrs_d, shape_d = mats
+    gu = gu_flat.reshape((2, n_s, shape_gu[0]))
+    _shared_products(kinds_gu, ptrs_gu, shape_gu, xs, experts, starts, tbl, gu, sync, k_up,
+                     members)
+    a = glu(gu[0], gu[1], act, gelu_tbl)
+    d = d_flat.reshape((1, n_s, n_embd))
+    _shared_products(kinds_d, ptrs_d, shape_d, a, experts, starts, tbl, d, sync, k_down,
+                     members)
+    out = np.empty((n, n_embd), np.float32)
+    for t in range(n):  # in selection order, each product rounded: ``_finish``'s
+        s0 = at[t, 0]
+        for i in range(n_embd):
+            out[t, i] = d[0, s0, i] * w[t, 0]
+        for j in range(1, w.shape[1]):
+            s = at[t, j]
+            for i in range(n_embd):
+                out[t, i] = out[t, i] + d[0, s, i] * w[t, j]
+    return out
