@@ -181,3 +181,36 @@ def reference_batches(model: Any, monkeypatch: Any) -> np.ndarray:
         m.setattr(model, "plan", executor.Plan(None, "forced by the test"))
         return path_batches(model)
 
+
+
+def counted(monkeypatch: Any, module: Any, name: str) -> list[int]:
+    """How many times ``module.name`` runs from now on (``monkeypatch`` replaces it with
+    a counting wrapper)."""
+    calls = [0]
+    fn = getattr(module, name)
+
+    def counting(*args):  # noqa: ANN002, ANN202
+        calls[0] += 1
+        return fn(*args)
+
+    monkeypatch.setattr(module, name, counting)
+    return calls
+
+
+def quantized_tiny(reference: Path, folder: Path, pairs: tuple[tuple[str, str], ...]
+                   ) -> dict[str, Path]:
+    """The tiny reference models of ``pairs`` (arch, quant type) quantized by ``gguflm
+    quantize`` into ``folder``: {arch: path}; the test is skipped when one is missing."""
+    import pytest
+
+    from gguflm.cli import main
+
+    out = {}
+    for arch, qtype in pairs:
+        src = reference / "arch" / arch / f"tiny-{arch}-f16.gguf"
+        if not src.is_file():
+            pytest.skip(f"{src} not found")
+        path = folder / f"{arch}-{qtype}.gguf"
+        assert main(["quantize", str(src), str(path), qtype]) == 0
+        out[arch] = path
+    return out

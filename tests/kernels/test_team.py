@@ -17,20 +17,9 @@ import pytest
 import gguflm
 from gguflm.model import team
 from gguflm.quant import matrix
+from refcheck import counted
 from test_fused import TINY, _quantized, _run
 from tinymodel import random_tensors, tiny_metadata, write_model
-
-
-def _counted(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
-    calls = [0]
-    fn = getattr(team, name)
-
-    def counting(*args):  # noqa: ANN002, ANN202
-        calls[0] += 1
-        return fn(*args)
-
-    monkeypatch.setattr(team, name, counting)
-    return calls
 
 
 @pytest.mark.parametrize("arch", list(TINY))
@@ -42,8 +31,8 @@ def test_team_matches_the_fused_layers(tmp_path: Path, monkeypatch: pytest.Monke
     with monkeypatch.context() as m:
         m.setattr(team, "MAX_ROWS", 0)  # layer by layer, through the blocks
         blocks = _run(model)
-    alone = _counted(monkeypatch, "stack_alone")
-    together = _counted(monkeypatch, "stack_team")
+    alone = counted(monkeypatch, team, "stack_alone")
+    together = counted(monkeypatch, team, "stack_team")
     got = {"alone": _run(model)}  # the tiny layers are below the parallel threshold
     monkeypatch.setattr(matrix, "PARALLEL_MIN_MACS", 0)
     monkeypatch.setattr(matrix, "threads", lambda: 2)
@@ -61,7 +50,7 @@ def test_team_matches_the_fused_layers_on_real_models(request: pytest.FixtureReq
                                                 monkeypatch: pytest.MonkeyPatch,
                                                 which: str) -> None:
     model = gguflm.load_model(request.getfixturevalue(f"{which}_path"))
-    together = _counted(monkeypatch, "stack_team")
+    together = counted(monkeypatch, team, "stack_team")
     monkeypatch.setattr(matrix, "threads", lambda: 2)
     got = _run(model)
     assert together[0] > 0

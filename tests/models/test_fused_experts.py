@@ -21,7 +21,7 @@ import pytest
 import gguflm
 from gguflm.model import executor, team
 from gguflm.model.layer import Experts
-from refcheck import load_tiny
+from refcheck import load_tiny, quantized_tiny
 from refcheck import path_batches as _run
 from refcheck import reference_batches as _reference
 
@@ -73,17 +73,8 @@ def quantized(reference: Path, tmp_path_factory: pytest.TempPathFactory):  # noq
     """The tiny qwen3moe in Q4_K_M, the tiny GLM-4.5 in Q8_0 (its shared expert too) and
     the tiny gpt-oss in MXFP4_MOE: quantized experts, one integer-kernel call for the
     gates and ups, one for the downs."""
-    from gguflm.cli import main
-
-    out = {}
-    for arch, qtype in (("qwen3moe", "Q4_K_M"), ("glm4moe", "Q8_0"), ("gpt-oss", "MXFP4_MOE")):
-        src = reference / "arch" / arch / f"tiny-{arch}-f16.gguf"
-        if not src.is_file():
-            pytest.skip(f"{src} not found")
-        path = tmp_path_factory.mktemp(arch) / f"{qtype}.gguf"
-        assert main(["quantize", str(src), str(path), qtype]) == 0
-        out[arch] = path
-    return out
+    return quantized_tiny(reference, tmp_path_factory.mktemp("moe"), (
+        ("qwen3moe", "Q4_K_M"), ("glm4moe", "Q8_0"), ("gpt-oss", "MXFP4_MOE")))
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "glm4moe", "gpt-oss"])

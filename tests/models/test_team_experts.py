@@ -19,36 +19,15 @@ import pytest
 import gguflm
 from gguflm.model import team
 from gguflm.quant import matrix
-from refcheck import path_batches, reference_batches
+from refcheck import counted, path_batches, quantized_tiny, reference_batches
 
 TEAM = "compiled (team for decoding and short prompts, fused layers for longer batches)"
 
 
 @pytest.fixture(scope="module")
 def quantized(reference: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from gguflm.cli import main
-
-    out = {}
-    for arch, qtype in (("qwen3moe", "Q4_K_M"), ("mixtral", "Q8_0")):
-        src = reference / "arch" / arch / f"tiny-{arch}-f16.gguf"
-        if not src.is_file():
-            pytest.skip(f"{src} not found")
-        path = tmp_path_factory.mktemp(arch) / f"{qtype}.gguf"
-        assert main(["quantize", str(src), str(path), qtype]) == 0
-        out[arch] = path
-    return out
-
-
-def _counted(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
-    calls = [0]
-    fn = getattr(team, name)
-
-    def counting(*args):  # noqa: ANN002, ANN202
-        calls[0] += 1
-        return fn(*args)
-
-    monkeypatch.setattr(team, name, counting)
-    return calls
+    return quantized_tiny(reference, tmp_path_factory.mktemp("team"),
+                          (("qwen3moe", "Q4_K_M"), ("mixtral", "Q8_0")))
 
 
 def _layer_by_layer(model, monkeypatch: pytest.MonkeyPatch) -> np.ndarray:  # noqa: ANN001
@@ -64,8 +43,8 @@ def test_the_team_runs_the_experts_as_the_fused_layers_do(
     assert model.plan.describe() == TEAM, model.plan.describe()
     fused = _layer_by_layer(model, monkeypatch)
     np.testing.assert_array_equal(fused, reference_batches(model, monkeypatch))
-    alone = _counted(monkeypatch, "stack_alone")
-    together = _counted(monkeypatch, "stack_team")
+    alone = counted(monkeypatch, team, "stack_alone")
+    together = counted(monkeypatch, team, "stack_team")
     got = {"alone": path_batches(model)}  # the tiny layers are below the parallel threshold
     monkeypatch.setattr(matrix, "PARALLEL_MIN_MACS", 0)
     monkeypatch.setattr(matrix, "threads", lambda: 2)

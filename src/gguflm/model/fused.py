@@ -130,17 +130,24 @@ def geglu_f16(gate, up, table, out):  # noqa: ANN001, ANN201
 GLU_ACTS = {"silu": 0, "gelu": 1, "gelu_f16": 2}  # ``ffn_step``'s ``act`` by GLU.act
 
 
-@njit(cache=True, nogil=True)
-def glu(g, u, act, gelu_tbl):  # noqa: ANN001, ANN201
-    """(T, F) f32 x2 -> (T, F) f32: the gated activation ``act`` (``GLU_ACTS``): SwiGLU,
-    GeGLU, or GeGLU through ggml's float16 table ``gelu_tbl`` (``geglu_f16``)."""
-    out = np.empty_like(g)  # not in place: an aliased loop runs unvectorized
+@njit(cache=True, nogil=True, inline="always")
+def glu_into(g, u, act, gelu_tbl, out):  # noqa: ANN001, ANN201
+    """out (T, F) f32 = the gated activation ``act`` (``GLU_ACTS``) of g, u (T, F) f32:
+    SwiGLU, GeGLU, or GeGLU through ggml's float16 table ``gelu_tbl`` (``geglu_f16``);
+    ``out`` another array (an aliased loop runs unvectorized)."""
     if act == 2:
         geglu_f16(g, u, gelu_tbl, out)
     elif act == 1:
         geglu(g, u, out)
     else:
         swiglu(g, u, out)
+
+
+@njit(cache=True, nogil=True)
+def glu(g, u, act, gelu_tbl):  # noqa: ANN001, ANN201
+    """(T, F) f32 x2 -> (T, F) f32: ``glu_into`` a new array."""
+    out = np.empty_like(g)
+    glu_into(g, u, act, gelu_tbl, out)
     return out
 
 

@@ -47,13 +47,12 @@ from gguflm.quant import kernels, matrix
 from gguflm.quant.floatbits import to_f16
 from gguflm.quant.grouped import activation_sets, run_item, weight_bytes
 from gguflm.quant.int_tiles import prepare
-from gguflm.quant.kernels import geglu, swiglu
 from gguflm.quant.kernels import work_items as _work_items
 
 from . import fused, fused_experts, ops
 from .attention import _attend_one, store_rows
 from .forward_pass import LAYER
-from .fused import add_bias, geglu_f16, pre_norm, qk_heads
+from .fused import add_bias, glu_into, pre_norm, qk_heads
 from .layer import Block, Experts, Linear
 from .rowkernels import rmsnorm_rows
 from .spin import LINE, fetch_add, load_acquire, wait
@@ -64,8 +63,8 @@ MAX_BYTES = 32 << 20  # the most activation memory a team call holds
 
 # counters: each step's next item and its finished items, a cache line apart; _STOP's
 # second word holds the decision whether to stop before the layer (``_member``)
-_QKV, _PREP, _ATTN, _OUT, _GATE_UP, _DOWN, _STOP = range(0, 14 * LINE, 2 * LINE)
-_SYNC_WIDTH = 14 * LINE
+_QKV, _PREP, _ATTN, _OUT, _GATE_UP, _DOWN, _STOP, _ROUTE = range(0, 16 * LINE, 2 * LINE)
+_SYNC_WIDTH = 16 * LINE
 
 
 @njit(cache=True, nogil=True)
@@ -239,12 +238,7 @@ def _dense_ffn(h, wtab, ktab, btab, itab, icount, tbl, act, gelu_tbl, g, u, o2, 
               itab[4 * il + 2], icount[4 * il + 2], s, _GATE_UP)
     g1 = _biased(g, _norm(btab, il, 4), gb)
     u1 = _biased(u, _norm(btab, il, 5), ub)
-    if act == 2:
-        geglu_f16(g1, u1, gelu_tbl, gated)
-    elif act == 1:
-        geglu(g1, u1, gated)
-    else:
-        swiglu(g1, u1, gated)
+    glu_into(g1, u1, act, gelu_tbl, gated)
     kinds = ktab[4 * il + 3]
     _products(kinds, _weights(wtab, il, 3), activation_sets(kinds, 1, gated), tbl,
               (o2, o2, o2), itab[4 * il + 3], icount[4 * il + 3], s, _DOWN)
@@ -252,7 +246,8 @@ def _dense_ffn(h, wtab, ktab, btab, itab, icount, tbl, act, gelu_tbl, g, u, o2, 
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _experts(h, wtab, ktab, xtab, btab, ntab, moe, tbl, act, gelu_tbl, gu, d, s, il, members):  # noqa: ANN001, ANN202, PLR0913
+def _experts(h, wtab, ktab, xtab, btab, ntab, moe, tbl, act, gelu_tbl, gu, lg, d, s, il,  # noqa: ANN001, ANN202, PLR0913
+             members):
     """Layer il's mixture of experts of its normed input h (``team_experts.expert_ffn``):
     the router (``wtab``'s eighth entry), the experts' addresses (``xtab``), their shapes
     (``wtab``'s gate and down entries) and types (``ktab``'s FFN groups)."""
@@ -262,8 +257,8 @@ def _experts(h, wtab, ktab, xtab, btab, ntab, moe, tbl, act, gelu_tbl, gu, d, s,
     mats = (ktab[4 * il + 2, :2], xtab[il, :2], wtab[il, 4, 1:], ktab[4 * il + 3, :1],
             xtab[il, 2:], wtab[il, 6, 1:])
     return expert_ffn(h, router, _norm(btab, il, 7), _norm(ntab, il, 7), choice, escale, mats,
-                      act, gelu_tbl, tbl, gu.reshape(-1), d.reshape(-1), s, _GATE_UP, _DOWN,
-                      members)
+                      act, gelu_tbl, tbl, gu.reshape(-1), lg, d.reshape(-1), s,
+                      (_ROUTE, _GATE_UP, _DOWN), members)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -301,7 +296,7 @@ def _member(m, x0, out, wtab, ktab, xtab, ntab, btab, itab, icount, tbl, heads, 
         pre_norm(x1, _norm(ntab, il, 4), eps, h)
         if choice[0]:  # experts: n_used of them
             y = _experts(h, wtab, ktab, xtab, btab, ntab, (choice, escale), tbl, act,
-                         gelu_tbl, g_all[il], o2_all[il], s, il, members)
+                         gelu_tbl, g_all[il], u_all[il], o2_all[il], s, il, members)
         else:
             y = _dense_ffn(h, wtab, ktab, btab, itab, icount, tbl, act, gelu_tbl, g_all[il],
                            u_all[il], o2_all[il], scratch, s, il)
@@ -451,14 +446,16 @@ class Stack:
     def _widths(first: Block, e: Experts | None) -> tuple[tuple[int, ...], ...]:
         """Each layer's shared arrays (``buffers``): Q, K, V, the queries as attention reads
         them, attention's output, the output product, then gate, up and down (an expert
-        FFN: every chosen expert's gate and up, nothing, their downs); floats per row."""
+        FFN: every chosen expert's gate and up, the router's logits, their downs); floats
+        per row."""
         a = first.attn
         n_embd = a.o.rows
         if e is None:
             n_ff = first.ffn.gate.rows
             ffn = ((n_ff,), (n_ff,), (n_embd,))
         else:
-            ffn = ((2 * e.n_used * e.gate_up_all.rows,), (1,), (e.n_used * n_embd,))
+            ffn = ((2 * e.n_used * e.gate_up_all.rows,), (len(e.gate),),
+                   (e.n_used * n_embd,))
         return ((a.n_head * a.head_dim,), (a.n_head_kv * a.head_dim,),
                 (a.n_head_kv * a.head_dim_v,), (a.n_head, a.head_dim),
                 (a.n_head, a.head_dim_v), (n_embd,), *ffn)

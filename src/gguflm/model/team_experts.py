@@ -3,8 +3,8 @@
 inside the one team call (``team._member``) instead of a compiled call and two parallel
 regions a layer (``fused_experts.moe_step``).
 
-Each member computes the router's logits (a few thousand multiply-adds a row: less than
-a barrier costs), the softmax, the choice and the rows' grouping by expert itself, into
+The members share the router's rows (F32, read from memory: ``ROUTER_ROWS`` a work item),
+then each computes the softmax, the choice and the rows' grouping by expert itself, into
 its own arrays, and quantizes the slots' rows; then it takes the chosen experts' gate and
 up row ranges (``expert_products.expert_items``) from the step's shared counter until none
 is left, and waits for the others' (``spin.wait``); the gated activation, then the downs
@@ -26,13 +26,25 @@ from .fused import add_bias, glu
 from .fused_experts import by_expert, choose, softmax_rows
 from .spin import LINE, fetch_add, wait
 
+ROUTER_ROWS = 8  # router rows per work item
+
 
 @njit(cache=True, nogil=True)
-def _route(h, router, rbias, sbias, choice, scale):  # noqa: ANN001, ANN202
+def _route(h, router, rbias, sbias, choice, scale, shared, sync, k):  # noqa: ANN001, ANN202, PLR0913
     """h (T, n_embd) f32 -> (chosen (T, n_used) i64, weights (T, n_used) f32) as
-    ``fused_experts.moe_route`` and ``_choose_up`` choose them (an F32 router)."""
-    logits = np.empty((h.shape[0], router.shape[0]), np.float32)
-    f32_matmul_serial(h, router, logits)
+    ``fused_experts.moe_route`` and ``_choose_up`` choose them (an F32 router): the
+    router's rows taken ROUTER_ROWS at a time from step ``k``'s counter into the shared
+    logits (T, n_expert), then each member's choice from its own copy."""
+    n_expert = router.shape[0]
+    total = (n_expert + ROUTER_ROWS - 1) // ROUTER_ROWS
+    c = fetch_add(sync, k)
+    while c < total:
+        r0, r1 = c * ROUTER_ROWS, min(n_expert, (c + 1) * ROUTER_ROWS)
+        f32_matmul_serial(h, router[r0:r1], shared[:, r0:r1])
+        fetch_add(sync, k + LINE)
+        c = fetch_add(sync, k)
+    wait(sync, k, total)
+    logits = shared.copy()
     add_bias(logits, rbias)
     n_used, gating, groups, groups_used, norm = choice
     scores = softmax_rows(logits) if gating == 0 else logits
@@ -45,7 +57,7 @@ def _shared_products(kinds, ptrs, shape, x, experts, starts, tbl, out, sync, k, 
     rows) f32, its row ranges taken from step ``k``'s counter, then waiting for the
     others' items."""
     a32, ak = activation_sets(kinds, kinds.shape[0], x)
-    items = expert_items(kinds.shape[0], shape[0], starts, members)
+    items = expert_items(kinds.shape[0], shape[0], starts, 4 * members)
     total = items.shape[0]
     c = fetch_add(sync, k)
     while c < total:
@@ -57,18 +69,20 @@ def _shared_products(kinds, ptrs, shape, x, experts, starts, tbl, out, sync, k, 
 
 @njit(cache=True, nogil=True)
 def expert_ffn(h, router, rbias, sbias, choice, scale, mats, act, gelu_tbl, tbl, gu_flat,  # noqa: ANN001, ANN201, PLR0913
-               d_flat, sync, k_up, k_down, members):
+               logits, d_flat, sync, steps, members):
     """Normed input h (T, n_embd) f32 -> (T, n_embd) f32, this member's own: each row's
     chosen experts weighted and summed in selection order (``fused_experts._finish``).
     ``router`` (n_expert, n_embd) f32 and its bias (or empty); ``sbias`` the selection
     bias (or empty); ``choice`` (n_used, gating, groups, groups used, renormalise) and
     ``scale`` as ``fused_experts.choose`` takes them; ``mats`` the gates' and ups' (type
     ids (2,), addresses (2, n_expert), shape (2,)) then the downs' likewise; ``act`` as
-    ``fused.glu``; ``gu_flat``/``d_flat`` the layer's shared arrays for the gates and ups
-    (2 S n_ff floats) and the downs (S n_embd), S = T n_used; steps ``k_up``/``k_down``'
-    counters in ``sync``, shared by ``members``."""
+    ``fused.glu``; ``gu_flat``, ``logits``, ``d_flat`` the layer's shared arrays for the
+    gates and ups (2 S n_ff floats), the router's logits (T, n_expert) and the downs (S
+    n_embd), S = T n_used; ``steps`` the router's, the gates and ups' and the downs' counters
+    in ``sync``, shared by ``members``."""
     n, n_embd = h.shape
-    chosen, w = _route(h, router, rbias, sbias, choice, scale)
+    k_route, k_up, k_down = steps
+    chosen, w = _route(h, router, rbias, sbias, choice, scale, logits, sync, k_route)
     experts, starts, rows, slots = by_expert(chosen, router.shape[0])
     n_s = rows.shape[0]
     xs = np.empty((n_s, n_embd), np.float32)

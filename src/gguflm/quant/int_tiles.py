@@ -40,8 +40,10 @@ from .int_gemm import GEMM_KINDS, GEMM_MIN_ROWS, gemm_rows
 from .int_weights import (
     block_scale,
     min_sums,
+    min_sums_rows,
     quad_words,
     row_bias,
+    scale_words,
     signed,
     unpack,
     vnni_offset,
@@ -127,6 +129,9 @@ def _emit_type_loop(g: VectorIR, k: KernelType, t: Tile, nb, shift: str = "") ->
     if t.lanes is None:
         with cgutils.for_range(bld, nb) as loop:
             _emit_block(g, k, t, loop.index, None, shift)
+        if quad_words(k) and not k.parity_lanes:  # _scaled_dot's lanes, put in order once
+            for p in (p for row_accs in t.acc for p in row_accs):
+                bld.store(g.lanes(bld.load(p), _SCALED_ORDER), p)
         return
     # The scale products d * d_act of a run of blocks, 8 rows a block, are stored first;
     # the block loop then takes each row's with a broadcast load (a load port, no vector
@@ -200,6 +205,9 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
         zero = ir.Constant(vec(I32, 8), [0] * 8)
         cor = [[bld.sub(zero, g.quad_sums(g.splat8(k.bias, 32), a)) for a in spans]
                for spans in a8]
+    msums = None  # Q2_K: each activation row's min sums for all the weight rows at once
+    if t.lanes is None and blocks[0].offset is not None and blocks[0].offset.kind == "dmin16":
+        msums = [min_sums_rows(g, [blk.offset for blk in blocks], a.cor, b) for a in t.acts]
     for j, blk in enumerate(blocks):
         if shift == "a":  # each span's 8 lanes of -128 * (sum of the lane's 4 weights)
             zero = ir.Constant(vec(I32, 8), [0] * 8)
@@ -207,8 +215,10 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
                    for sp in blk.spans]
         for i, act in enumerate(t.acts):
             isum = _integer_dot(g, k, blk, a8[i], cor if shift == "a" else
-                                (cor[i] if cor is not None else None), shift)
-            _accumulate(g, t, j, i, act, b, blk, isum, dabs[i], dd)
+                                (cor[i] if cor is not None else None), shift,
+                                ordered=t.lanes is not None)
+            _accumulate(g, t, j, i, act, b, blk, isum, dabs[i], dd,
+                        None if msums is None else msums[i][j])
     if t.lanes is not None and k.offset:
         _lanes_offset(g, t, blocks[0].offset, b, da8)
 
@@ -311,11 +321,12 @@ def _lanes_offset(g: VectorIR, t: Tile, term, b, da8) -> None:  # noqa: ANN001
 
 
 def _integer_dot(g: VectorIR, k: KernelType, blk, a8: list, cor: list | None,  # noqa: ANN001
-                 shift: str) -> ir.Value:
+                 shift: str, ordered: bool = True) -> ir.Value:
     """<8 x i32>: one weight block's exact integer dot with one activation row's spans
-    ``a8``, started from the lane corrections ``cor`` where ``shift`` asks for them."""
+    ``a8``, started from the lane corrections ``cor`` where ``shift`` asks for them
+    (``ordered``: see ``_scaled_dot``)."""
     if quad_words(k):
-        return _scaled_dot(g, k, blk, a8, cor if shift == "u" else None)
+        return _scaled_dot(g, k, blk, a8, cor if shift == "u" else None, ordered)
     isum = None
     for s, sp in enumerate(blk.spans):
         if shift == "a":
@@ -331,7 +342,7 @@ def _integer_dot(g: VectorIR, k: KernelType, blk, a8: list, cor: list | None,  #
 
 
 def _scaled_dot(g: VectorIR, k: KernelType, blk, a8: list,  # noqa: ANN001
-                starts: list | None = None) -> ir.Value:
+                starts: list | None = None, ordered: bool = True) -> ir.Value:
     """<8 x i32>: ``_integer_dot`` of a type with integer scales. Lane c = 2k + j sums,
     over the block's 64-value pairs p, scale times values 64p + 16k + 8j .. +7: the scale
     is applied once per 8 values instead of ggml's once per 4, which lets the 512-bit tiles
@@ -339,8 +350,10 @@ def _scaled_dot(g: VectorIR, k: KernelType, blk, a8: list,  # noqa: ANN001
     float steps are ggml's; only which products share a lane differs from its vec_dot.
     Here: each span's quad sums (``quad_sums``), spans 2p and 2p + 1 packed to words and
     multiplied by their scales in one ``pack_madd`` (lanes in the order k = 0, 2, 1, 3,
-    put back at the end). With ``starts`` (shift "u") the values are unsigned, the bias
-    left on, and span s's quad sums start from ``starts[s]``: the same integers."""
+    put back at the end; not ``ordered``: left as they are, for a block loop whose
+    accumulators are put in order after it, ``_SCALED_ORDER``: each lane's float steps are
+    its own). With ``starts`` (shift "u") the values are unsigned, the bias left on, and
+    span s's quad sums start from ``starts[s]``: the same integers."""
     sums = []
     for s, sp in enumerate(blk.spans):
         if starts is not None and VNNI:
@@ -356,10 +369,14 @@ def _scaled_dot(g: VectorIR, k: KernelType, blk, a8: list,  # noqa: ANN001
     for x in range(0, len(sums), 2):
         sx, sy = blk.spans[x].scales, blk.spans[x + 1].scales
         idx = [sx.first] * 4 + [sy.first] * 4 + [sx.second] * 4 + [sy.second] * 4
-        isum = g.pack_madd(sums[x], sums[x + 1], g.lanes(sx.scales, idx), isum)
+        isum = g.pack_madd(sums[x], sums[x + 1], scale_words(g, sx, idx), isum)
     if k.parity_lanes:
         return _parity_sums(g, isum)
-    return g.lanes(isum, [0, 1, 4, 5, 2, 3, 6, 7])
+    return g.lanes(isum, _SCALED_ORDER) if ordered else isum
+
+
+# _scaled_dot's lanes from pack_madd's (its own inverse)
+_SCALED_ORDER = [0, 1, 4, 5, 2, 3, 6, 7]
 
 
 def _fold_pairs(g: VectorIR, v) -> ir.Value:  # noqa: ANN001
@@ -384,9 +401,10 @@ def _parity_sums(g: VectorIR, v) -> ir.Value:  # noqa: ANN001
 
 
 def _accumulate(g: VectorIR, t: Tile, j: int, i: int, act: ActRow, b, blk, isum,  # noqa: ANN001, PLR0913
-                dab, dd) -> None:  # noqa: ANN001
+                dab, dd, msum=None) -> None:  # noqa: ANN001
     """Weight row j times activation row i, block ``b``: ``isum`` times the scales into
-    ``t.acc[j][i]``, the block's offset term into ``t.acc_scalar[j][i]``."""
+    ``t.acc[j][i]``, the block's offset term into ``t.acc_scalar[j][i]`` (Q2_K's min sum
+    ``msum`` worked out by the caller, ``min_sums_rows``)."""
     bld = g.b
     acc = bld.load(t.acc[j][i])
     if t.lanes is None:
@@ -404,7 +422,7 @@ def _accumulate(g: VectorIR, t: Tile, j: int, i: int, act: ActRow, b, blk, isum,
         accs = bld.fadd(accs, bld.fmul(term.factor, g.load_f32(act.aux, b)))
     else:
         if term.kind == "dmin16":
-            msum = min_sums(g, term, act.cor, b)
+            msum = min_sums(g, term, act.cor, b) if msum is None else msum
         else:
             p8 = bld.bitcast(g.at(act.aux, bld.mul(b, g.c64(8))), vec(F32, 8).as_pointer())
             # integers below 2**24 in float: the products and sums are exact

@@ -17,11 +17,15 @@ from .vector_ir import E8M0_AT, F32, I8, I16, I32, I64, SIMD, VNNI, WIDE, Vector
 
 class SpanScales(NamedTuple):
     """The integer scales of one span: ``scales`` (<16 x i16>, the block's), lane
-    ``first`` for values 0-15 and ``second`` for 16-31."""
+    ``first`` for values 0-15 and ``second`` for 16-31; ``bytes`` the same scales as
+    bytes where they are unsigned (Q2_K, Q4_K, Q5_K), which ``scale_words`` spreads to
+    words in one byte shuffle, else None."""
 
     scales: ir.Value
     first: int
     second: int
+    # <16 x i8>; on x86 <32 x i8>, the 16 in both 128-bit halves (``vpshufb``'s tables)
+    bytes: ir.Value | None = None
 
 
 class Span(NamedTuple):
@@ -130,9 +134,9 @@ def _emit_plane(g: VectorIR, k: KernelType, p: Plane, row, off, span: int) -> ir
         v = g.nibbles(row, at)
     elif p.group >= 32 and byte0 + 32 <= p.group:
         v = g.vload(row, at, 32)
-        if plane:
-            v = bld.lshr(v, g.splat8(plane * p.width, 32))
-        if (plane + 1) * p.width < 8:
+        if plane or p.shift:  # a shift and a mask, in one step where the CPU has one
+            return g.byte_bits(v, plane * p.width, p.width, p.shift)
+        if p.width < 8:
             v = bld.and_(v, g.splat8((1 << p.width) - 1, 32))
     else:
         raise NotImplementedError(f"{k.type.ggml_name}: no IR for plane {p}")
@@ -313,10 +317,11 @@ def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False,  # noqa:
         return bld.add(off, g.c64(fmt[name].offset))
 
     d = block_scale(g, k, row, off)
-    sc16 = mins = None
+    sc16 = mins = sc8 = None
     if k.scales == "k4":
         sm8 = _k_scales(g, row, field_at("scales"))
         sc16 = bld.zext(sm8, vec(I16, 16))
+        sc8 = g.lanes(sm8, list(range(16)) * 2) if SIMD != "generic" else sm8
         # the 8 integer mins, as <8 x float> (converting only the lanes used)
         mins = bld.uitofp(bld.zext(g.lanes(sm8, list(range(8, 16))), vec(I32, 8)),
                           vec(F32, 8))
@@ -327,6 +332,13 @@ def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False,  # noqa:
     elif k.scales == "q2k":  # a nibble scale (low) and a nibble min (high) per 16 values
         raw = g.vload(row, field_at("scales"), 16)
         sc16 = bld.zext(bld.and_(raw, g.splat8(15, 16)), vec(I16, 16))
+        if SIMD != "generic":  # in both 128-bit halves for ``scale_words``' byte shuffles
+            # (one broadcast load), the mins from its low half
+            raw = g.lanes(raw, list(range(16)) * 2)
+            sc8 = bld.and_(raw, g.splat8(15, 32))
+            raw = g.lanes(raw, list(range(16)))
+        else:
+            sc8 = bld.and_(raw, g.splat8(15, 16))
         mins = bld.zext(bld.lshr(raw, g.splat8(4, 16)), vec(I16, 16))
     elif k.scales == "iq4xs":
         sc16 = _iq4xs_scales(g, k, row, off)
@@ -346,7 +358,7 @@ def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False,  # noqa:
         elif k.bias and not shifted:
             w = bld.sub(w, g.splat8(k.bias, 32))
         sc = None if sc16 is None else SpanScales(sc16, 32 * span // group,
-                                                  (32 * span + 16) // group)
+                                                  (32 * span + 16) // group, sc8)
         spans.append(Span(w, g.magnitude(w) if is_signed and SIMD != "generic" else w, sc))
     term = None
     if k.offset == "m":
@@ -367,6 +379,64 @@ def min_sums(g: VectorIR, term: OffsetTerm, sums, b) -> ir.Value:  # noqa: ANN00
     for width in (8, 4, 2, 1):
         v = bld.add(v, g.lanes(v, [i + width for i in range(width)] + [0] * (16 - width)))
     return bld.sitofp(bld.extract_element(v, ir.Constant(I32, 0)), F32)
+
+
+def scale_words(g: VectorIR, sc: SpanScales, idx: list[int]) -> ir.Value:
+    """<n x i16>: lanes ``idx`` of the block's scales (``sc.scales``); where they are
+    unsigned bytes (``sc.bytes``), each byte paired with a zero byte in one byte shuffle
+    (a ``vpshufb`` with zeroing) rather than a byte shuffle then a widening: the same
+    words."""
+    if sc.bytes is None:
+        return g.lanes(sc.scales, idx)
+    if sc.bytes.type.count == 32 and len(idx) == 16:  # x86: the 16 bytes in both halves
+        ctl = ir.Constant(vec(I8, 32), [x for i in idx for x in (i, -128)])
+        return g.b.bitcast(g.call("llvm.x86.avx2.pshuf.b", vec(I8, 32), [sc.bytes, ctl]),
+                           vec(I16, 16))
+    zero = ir.Constant(vec(I8, 16), [0] * 16)
+    order = [x for i in idx for x in (i, 16)]
+    return g.b.bitcast(g.b.shuffle_vector(sc.bytes, zero, ir.Constant(vec(I32, 2 * len(idx)),
+                                                                      order)),
+                       vec(I16, len(idx)))
+
+
+def min_sums_rows(g: VectorIR, terms: list[OffsetTerm], sums, b) -> list[ir.Value]:  # noqa: ANN001
+    """``min_sums`` of several weight rows' blocks ``b`` (the tiles of one activation
+    row): the row's 16-sums narrowed to words once (|16-sum| <= 2048, exact), each weight
+    row's mins times them in adjacent pairs (``pmaddwd``: 8 lanes), and four rows' lanes
+    added in one transposing tree rather than a 16-lane tree each. Exact integers: the
+    same floats."""
+    bld = g.b
+    p = bld.bitcast(g.at(sums, bld.mul(b, g.c64(16))), vec(I32, 16).as_pointer())
+    s16 = bld.trunc(bld.load(p, align=4), vec(I16, 16))
+    prods = [_madd_words(g, t.mins, s16) for t in terms]
+    if len(prods) == 4:  # rows 0, 1 (and 2, 3) in halves, then rows 0, 2 in each half's
+        # lanes 0, 1 and rows 1, 3 in lanes 4, 5
+
+        def cat(x: ir.Value, y: ir.Value, idx: list[int]) -> ir.Value:
+            return bld.shuffle_vector(x, y, ir.Constant(vec(I32, 8), idx))
+
+        v01, v23 = (bld.add(cat(x, y, [0, 1, 2, 3, 8, 9, 10, 11]),
+                            cat(x, y, [4, 5, 6, 7, 12, 13, 14, 15]))
+                    for x, y in (prods[:2], prods[2:]))
+        v = bld.add(cat(v01, v23, [0, 8, 1, 9, 4, 12, 5, 13]),
+                    cat(v01, v23, [2, 10, 3, 11, 6, 14, 7, 15]))
+        v = bld.sitofp(bld.add(v, g.lanes(v, [2, 3, 0, 1, 6, 7, 4, 5])), vec(F32, 8))
+        return [bld.extract_element(v, ir.Constant(I32, lane)) for lane in (0, 4, 1, 5)]
+    out = []
+    for v in prods:
+        for width in (4, 2, 1):
+            v = bld.add(v, g.lanes(v, [i + width for i in range(width)] + [0] * (8 - width)))
+        out.append(bld.sitofp(bld.extract_element(v, ir.Constant(I32, 0)), F32))
+    return out
+
+
+def _madd_words(g: VectorIR, a: ir.Value, b: ir.Value) -> ir.Value:
+    """<16 x i16> ``a``, ``b`` -> <8 x i32>: adjacent products summed (``pmaddwd``;
+    portable IR where there is no x86)."""
+    if SIMD != "generic":
+        return g.call("llvm.x86.avx2.pmadd.wd", vec(I32, 8), [a, b])
+    w = vec(I32, 16)
+    return g.pair_sums(g.b.mul(g.b.sext(a, w), g.b.sext(b, w)))
 
 
 def _pairs(g: VectorIR, k: KernelType, row, off, sc16, group: int) -> list[SpanPair]:  # noqa: ANN001

@@ -65,6 +65,11 @@ VNNI = (SIMD != "generic" and os.environ.get("GGUFLM_SIMD", "") not in ("avx2", 
 # with ``GGUFLM_SIMD=avx2`` or ``generic``
 WIDE = SIMD == "avx512"
 VNNI512 = WIDE and bool(_FEATURES.get("avx512vnni"))
+# ``vgf2p8affineqb``: any fixed move of the bits within each byte (a shift and a mask, as
+# the weights' bit planes need) in one instruction (``VectorIR.byte_bits``), where LLVM
+# emits a shift then a mask: the same bytes; off with ``GGUFLM_SIMD=avx2`` or ``generic``
+GFNI = (SIMD != "generic" and os.environ.get("GGUFLM_SIMD", "") not in ("avx2", "generic")
+        and bool(_FEATURES.get("gfni")))
 if VNNI512:  # ``VectorIR.dpwssd512``'s inline asm needs the parser numba leaves out
     import llvmlite.binding as _llvm
 
@@ -199,6 +204,27 @@ class VectorIR:
         lo = self.b.and_(v, self.splat8(15, 16))
         hi = self.b.lshr(v, self.splat8(4, 16))
         return self.b.shuffle_vector(lo, hi, _CAT)
+
+    def byte_bits(self, v: ir.Value, right: int, width: int, left: int = 0) -> ir.Value:
+        """<32 x i8> ``v`` -> each byte's bits ``right`` .. ``right + width - 1`` moved to
+        bit ``left`` on, the rest 0: ``((v >> right) & (2**width - 1)) << left``. With GFNI
+        one ``vgf2p8affineqb``, whose matrix has row ``7 - i`` (the byte that makes bit i)
+        select source bit ``i - left + right``."""
+        b = self.b
+        if GFNI:
+            rows = [1 << (i - left + right) if left <= i < left + width else 0
+                    for i in range(8)]
+            matrix = sum(r << (8 * (7 - i)) for i, r in enumerate(rows))
+            mat = b.bitcast(ir.Constant(vec(I64, 4), [matrix] * 4), vec(I8, 32))
+            return self.call("llvm.x86.vgf2p8affineqb.256", vec(I8, 32),
+                             [v, mat, ir.Constant(I8, 0)])
+        if right:
+            v = b.lshr(v, self.splat8(right, 32))
+        if right + width < 8:
+            v = b.and_(v, self.splat8((1 << width) - 1, 32))
+        if left:
+            v = b.shl(v, self.splat8(left, 32))
+        return v
 
     def bits32(self, qh: ir.Value, shift_to: int) -> ir.Value:
         """i32 ``qh`` -> <32 x i8>: bit e of qh moved to bit ``shift_to`` of element e.
