@@ -5,7 +5,9 @@ Decoding runs each layer over one row (a few with several sequences). Layer by l
 (``fused.py``), each layer costs two Python-level calls, their dispatch and boxing, two
 numpy adds, and a parallel region for each of its four product steps and for attention:
 on a small model a fifth of a token's time (docs/performance.md). Here one call runs
-every layer and opens one parallel region.
+every layer and opens one parallel region. A layer's FFN is a dense GLU or, in a model
+whose every layer has one, a mixture of experts (``team_experts``: the router's rows, then
+the chosen experts' gate/up and down row ranges as the steps' work items).
 Each of its ``threads`` members takes work items (row ranges of the products, (row, KV
 head) pairs of attention) from shared counters, one at a time, and waits at a spin
 barrier (the count of finished items) before the step that reads their results. The small
