@@ -305,32 +305,31 @@ def experts_up(h, chosen, n_expert, mats, biases, tbl, threads):  # noqa: ANN001
     """The first half of ``reference._experts_at_once``: h (T, n_embd) f32's rows grouped
     by their chosen experts (T, n_used) i64 (``by_expert``) through those experts' gates
     and ups, plus their biases -> ((2, S, n_ff) f32 a row per slot, the grouping
-    (experts, starts, rows, slots, each slot's expert)). ``mats`` (f16, type ids,
+    (experts, starts, each row's slot of its j-th choice (``slot_rows``), each slot's
+    expert)). ``mats`` (f16, type ids,
     addresses, shape) of the gates and ups, then of the downs (``expert_products``);
     ``biases`` the gate's, up's, down's (n_expert, rows) f32 and the down scale
     (n_expert,) f32, each empty for none."""
     experts, starts, rows, slots = by_expert(chosen, n_expert)
+    xs, at = slot_rows(h, rows, slots, chosen.shape[1])
     n_s = rows.shape[0]
-    xs = np.empty((n_s, h.shape[1]), np.float32)
     of_slot = np.empty(n_s, np.int64)  # each slot's expert
     for g in range(experts.shape[0]):
         of_slot[starts[g]:starts[g + 1]] = experts[g]
-    for s in range(n_s):
-        xs[s] = h[rows[s]]
     f16, kinds, ptrs, shape = mats[0], mats[1], mats[2], mats[3]
     gu = np.empty((2, n_s, shape[0]), np.float32)
     expert_products(f16, kinds, ptrs, shape, xs, experts, starts, tbl, gu, threads)
     _add_rows(gu[0], biases[0], of_slot)
     _add_rows(gu[1], biases[1], of_slot)
-    return gu, (experts, starts, rows, slots, of_slot)
+    return gu, (experts, starts, at, of_slot)
 
 
 @njit(cache=True, nogil=True)
-def experts_down(a, n, n_used, grouping, mats, biases, tbl, threads):  # noqa: ANN001, ANN201, PLR0913
+def experts_down(a, grouping, mats, biases, tbl, threads):  # noqa: ANN001, ANN201, PLR0913
     """The second half: the gated activations a (S, n_ff) f32 through the downs, times
-    the down scale, plus the bias -> (n, n_used, n_embd) f32 each row's outputs in its
-    selection order (``experts_up``'s ``grouping``, ``mats``, ``biases``)."""
-    experts, starts, rows, slots, of_slot = grouping
+    the down scale, plus the bias -> (S, n_embd) f32 a row per slot (``experts_up``'s
+    ``grouping``, ``mats``, ``biases``)."""
+    experts, starts, _, of_slot = grouping
     f16, kinds, ptrs, shape = mats[4], mats[5], mats[6], mats[7]
     d = np.empty((1, a.shape[0], shape[0]), np.float32)
     expert_products(f16, kinds, ptrs, shape, a, experts, starts, tbl, d, threads)
@@ -341,24 +340,45 @@ def experts_down(a, n, n_used, grouping, mats, biases, tbl, threads):  # noqa: A
             for i in range(y.shape[1]):
                 y[s, i] = y[s, i] * scale[of_slot[s]]
     _add_rows(y, biases[2], of_slot)
-    ys = np.empty((n, n_used, y.shape[1]), np.float32)
-    for s in range(y.shape[0]):
-        ys[rows[s], slots[s]] = y[s]
-    return ys
+    return y
+
+
+@njit(cache=True, nogil=True, inline="always")
+def slot_rows(h, rows, slots, n_used):  # noqa: ANN001, ANN201
+    """(h's row of each slot (S, n_embd) f32, each row's slot of its j-th choice (T,
+    n_used) i64) from ``by_expert``'s rows and slots."""
+    xs = np.empty((rows.shape[0], h.shape[1]), np.float32)
+    at = np.empty((h.shape[0], n_used), np.int64)
+    for s in range(rows.shape[0]):
+        xs[s] = h[rows[s]]
+        at[rows[s], slots[s]] = s
+    return xs, at
+
+
+@njit(cache=True, nogil=True, inline="always")
+def weighted_sum(y, at, w):  # noqa: ANN001, ANN201
+    """(T, n_embd) f32: each row's experts' outputs y[at[t, j]] (y (S, n_embd) f32) times
+    their weights w (T, n_used) f32, added in selection order, each product rounded (numpy's
+    order)."""
+    n, n_used = w.shape
+    out = np.empty((n, y.shape[1]), np.float32)
+    for t in range(n):
+        s0 = at[t, 0]
+        for i in range(y.shape[1]):
+            out[t, i] = y[s0, i] * w[t, 0]
+        for j in range(1, n_used):
+            s = at[t, j]
+            for i in range(y.shape[1]):
+                out[t, i] = out[t, i] + y[s, i] * w[t, j]
+    return out
 
 
 @njit(cache=True, nogil=True)
-def _finish(h, ys, w, shared, post_norm, eps, gelu_tbl, tbl, threads):  # noqa: ANN001, ANN202, PLR0913
-    """The weighted sum of ys (T, n_used, n_embd) by w (T, n_used), the shared expert and
-    the post norm, as ``moe_experts`` says."""
-    n, n_used, n_embd = ys.shape
-    out = np.empty((n, n_embd), np.float32)
-    for t in range(n):  # in selection order, each product rounded: numpy's
-        for i in range(n_embd):
-            out[t, i] = ys[t, 0, i] * w[t, 0]
-        for j in range(1, n_used):
-            for i in range(n_embd):
-                out[t, i] = out[t, i] + ys[t, j, i] * w[t, j]
+def _finish(h, y, at, w, shared, post_norm, eps, gelu_tbl, tbl, threads):  # noqa: ANN001, ANN202, PLR0913
+    """The weighted sum of the slots' outputs y (S, n_embd) by w (T, n_used)
+    (``weighted_sum``), the shared expert and the post norm, as ``moe_experts`` says."""
+    out = weighted_sum(y, at, w)
+    n, n_embd = out.shape
     kind, sh_act, sh_gu, sh_d, sh_par = shared
     y = h[:0]
     if kind:
@@ -434,9 +454,8 @@ def moe_experts(h, scores, choice, select_bias, scale, mats, biases, act, shared
     the output RMS-normed times it."""
     w, gu, grouping = _choose_up(h, scores, choice, select_bias, scale, mats, biases, tbl,
                                  threads)
-    ys = experts_down(glu(gu[0], gu[1], act, gelu_tbl), h.shape[0], w.shape[1], grouping, mats,
-                      biases, tbl, threads)
-    return _finish(h, ys, w, shared, post_norm, eps, gelu_tbl, tbl, threads)
+    y = experts_down(glu(gu[0], gu[1], act, gelu_tbl), grouping, mats, biases, tbl, threads)
+    return _finish(h, y, grouping[2], w, shared, post_norm, eps, gelu_tbl, tbl, threads)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -469,8 +488,8 @@ def moe_back(h, w, a, grouping, mats, biases, shared, post_norm, eps, gelu_tbl, 
              threads):
     """The rest of ``moe_step`` from the gated activations a (S, n_ff) f32: the downs,
     the weighted sum, the shared expert, the post norm -> as ``moe_experts``."""
-    ys = experts_down(a, h.shape[0], w.shape[1], grouping, mats, biases, tbl, threads)
-    return _finish(h, ys, w, shared, post_norm, eps, gelu_tbl, tbl, threads)
+    y = experts_down(a, grouping, mats, biases, tbl, threads)
+    return _finish(h, y, grouping[2], w, shared, post_norm, eps, gelu_tbl, tbl, threads)
 
 
 @njit(cache=True, nogil=True)
@@ -534,6 +553,19 @@ class ExpertArgs:
         return run(x, self)
 
 
+def choice_of(e: Experts) -> tuple[int, int, int, int, bool]:
+    """``choose``'s choice of ``e``: (gating (``GATING``), n_used, groups, groups used (0:
+    no grouping), renormalise)."""
+    groups = e.groups if e.groups > 1 else 0
+    return (GATING[e.gating], e.n_used, groups, e.groups_used if groups else 0,
+            bool(e.norm_weights))
+
+
+def weights_scale(e: Experts) -> np.float32:
+    """What ``choose`` multiplies the weights of ``e`` by (1: none)."""
+    return np.float32(e.scale if e.scale not in (0.0, 1.0) else 1.0)
+
+
 def expert_args(e: Experts, ffn_norm: np.ndarray | None, post_norm: np.ndarray | None,
                 eps: float) -> ExpertArgs:
     """The ``ExpertArgs`` of experts ``e`` behind the norm ``ffn_norm`` and before
@@ -546,13 +578,9 @@ def expert_args(e: Experts, ffn_norm: np.ndarray | None, post_norm: np.ndarray |
     else:
         g = group((e.router,))
         router = (_empty2(), g.kinds, g.ws, g.biases[0], *reads)
-    groups = e.groups if e.groups > 1 else 0
     return ExpertArgs(
         e, (vector(ffn_norm), vector(post_norm)), np.float32(eps), router,
-        w.shape[0] * w.shape[1],
-        (GATING[e.gating], e.n_used, groups, e.groups_used if groups else 0,
-         bool(e.norm_weights)),
-        vector(e.select_bias), np.float32(e.scale if e.scale not in (0.0, 1.0) else 1.0),
+        w.shape[0] * w.shape[1], choice_of(e), vector(e.select_bias), weights_scale(e),
         _matrices(e.gate_up_all, (e.gate, e.up)) + _matrices(e.down_all, (e.down,)),
         (_rows(e.gate_b), _rows(e.up_b), _rows(e.down_b), vector(e.down_scale)),
         ACTS[e.act],

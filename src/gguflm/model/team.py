@@ -296,7 +296,7 @@ def _member(m, x0, out, wtab, ktab, xtab, ntab, btab, itab, icount, tbl, heads, 
                    scale, cap, f16, flash, (q_all[il], k_all[il], v_all[il], qr_all[il],
                                             a_all[il], o_all[il]), s, il)
         pre_norm(x1, _norm(ntab, il, 4), eps, h)
-        if choice[0]:  # experts: n_used of them
+        if choice[1]:  # experts: n_used of them
             y = _experts(h, wtab, ktab, xtab, btab, ntab, (choice, escale), tbl, act,
                          gelu_tbl, g_all[il], u_all[il], o2_all[il], s, il, members)
         else:
@@ -328,7 +328,7 @@ def stack_team(x, wtab, ktab, xtab, ntab, btab, itab, icount, tbl, heads, eps, r
     ``rot_sel`` (L,) i64 each layer's; ``neox``: NEOX pairing; ``windows`` (L,) i64;
     ``k_cache``/``v_cache`` the arena's (L, ...) keys and values; the rest as
     ``fused.attention_step`` takes them; ``act`` the gated activation (``fused.glu``'s, its
-    GELU table ``gelu_tbl``); ``choice`` (n_used: 0 for a dense FFN, gating, groups, groups
+    GELU table ``gelu_tbl``); ``choice`` (gating, n_used: 0 for a dense FFN, groups, groups
     used, renormalise) and ``escale`` as ``team_experts.expert_ffn`` takes them; ``bufs``
     each layer's shared arrays (``Stack.buffers``)."""
     out = np.empty_like(x)
@@ -417,11 +417,10 @@ class Stack:
         # ggml's float16 GELU table where the activation reads it
         self.gelu_tbl = ops.gelu_f16_table() if self.act == 2 else np.zeros(0, np.float32)
         self.scale, self.cap = np.float32(a.scale), np.float32(a.softcap)
-        self.choice = (0, 0, 0, 0, 0) if e is None else (
-            e.n_used, fused_experts.GATING[e.gating], e.groups if e.groups > 1 else 0,
-            e.groups_used if e.groups > 1 else 0, int(bool(e.norm_weights)))
-        self.escale = np.float32(e.scale if e is not None and e.scale not in (0.0, 1.0)
-                                 else 1.0)
+        # ints alike (numba's parallel loop takes no mixed tuple); n_used 0: a dense FFN
+        self.choice = ((0, 0, 0, 0, 0) if e is None else
+                       tuple(int(v) for v in fused_experts.choice_of(e)))
+        self.escale = np.float32(1.0) if e is None else fused_experts.weights_scale(e)
         self.widths = self._widths(first, e)
         self.row_bytes = 4 * n_layer * sum(int(np.prod(w)) for w in self.widths)
         self.attn_macs = a.n_head * (a.head_dim + a.head_dim_v)  # per row and position

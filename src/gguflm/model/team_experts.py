@@ -15,7 +15,6 @@ as it computes it.
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
 
 from gguflm.quant.act_quant import activation_sets
@@ -23,7 +22,7 @@ from gguflm.quant.expert_products import expert_item, expert_items
 from gguflm.quant.floatdot import f32_matmul_serial
 
 from .fused import add_bias, glu
-from .fused_experts import by_expert, choose, softmax_rows
+from .fused_experts import by_expert, choose, slot_rows, softmax_rows, weighted_sum
 from .spin import LINE, fetch_add, wait
 
 ROUTER_ROWS = 8  # router rows per work item
@@ -46,7 +45,7 @@ def _route(h, router, rbias, sbias, choice, scale, shared, sync, k):  # noqa: AN
     wait(sync, k, total)
     logits = shared.copy()
     add_bias(logits, rbias)
-    n_used, gating, groups, groups_used, norm = choice
+    gating, n_used, groups, groups_used, norm = choice
     scores = softmax_rows(logits) if gating == 0 else logits
     return choose(scores, sbias, gating, n_used, groups, groups_used, norm == 1, scale)
 
@@ -71,25 +70,21 @@ def _shared_products(kinds, ptrs, shape, x, experts, starts, tbl, out, sync, k, 
 def expert_ffn(h, router, rbias, sbias, choice, scale, mats, act, gelu_tbl, tbl, gu_flat,  # noqa: ANN001, ANN201, PLR0913
                logits, d_flat, sync, steps, members):
     """Normed input h (T, n_embd) f32 -> (T, n_embd) f32, this member's own: each row's
-    chosen experts weighted and summed in selection order (``fused_experts._finish``).
+    chosen experts weighted and summed in selection order (``fused_experts.weighted_sum``).
     ``router`` (n_expert, n_embd) f32 and its bias (or empty); ``sbias`` the selection
-    bias (or empty); ``choice`` (n_used, gating, groups, groups used, renormalise) and
-    ``scale`` as ``fused_experts.choose`` takes them; ``mats`` the gates' and ups' (type
+    bias (or empty); ``choice`` (``fused_experts.choice_of``, as ints) and ``scale`` as
+    ``fused_experts.choose`` takes them; ``mats`` the gates' and ups' (type
     ids (2,), addresses (2, n_expert), shape (2,)) then the downs' likewise; ``act`` as
     ``fused.glu``; ``gu_flat``, ``logits``, ``d_flat`` the layer's shared arrays for the
     gates and ups (2 S n_ff floats), the router's logits (T, n_expert) and the downs (S
     n_embd), S = T n_used; ``steps`` the router's, the gates and ups' and the downs' counters
     in ``sync``, shared by ``members``."""
-    n, n_embd = h.shape
+    n_embd = h.shape[1]
     k_route, k_up, k_down = steps
     chosen, w = _route(h, router, rbias, sbias, choice, scale, logits, sync, k_route)
     experts, starts, rows, slots = by_expert(chosen, router.shape[0])
     n_s = rows.shape[0]
-    xs = np.empty((n_s, n_embd), np.float32)
-    at = np.empty((n, w.shape[1]), np.int64)  # each row's slot of its j-th choice
-    for s in range(n_s):
-        xs[s] = h[rows[s]]
-        at[rows[s], slots[s]] = s
+    xs, at = slot_rows(h, rows, slots, w.shape[1])
     kinds_gu, ptrs_gu, shape_gu, kinds_d, ptrs_d, shape_d = mats
     gu = gu_flat.reshape((2, n_s, shape_gu[0]))
     _shared_products(kinds_gu, ptrs_gu, shape_gu, xs, experts, starts, tbl, gu, sync, k_up,
@@ -98,13 +93,4 @@ def expert_ffn(h, router, rbias, sbias, choice, scale, mats, act, gelu_tbl, tbl,
     d = d_flat.reshape((1, n_s, n_embd))
     _shared_products(kinds_d, ptrs_d, shape_d, a, experts, starts, tbl, d, sync, k_down,
                      members)
-    out = np.empty((n, n_embd), np.float32)
-    for t in range(n):  # in selection order, each product rounded: ``_finish``'s
-        s0 = at[t, 0]
-        for i in range(n_embd):
-            out[t, i] = d[0, s0, i] * w[t, 0]
-        for j in range(1, w.shape[1]):
-            s = at[t, j]
-            for i in range(n_embd):
-                out[t, i] = out[t, i] + d[0, s, i] * w[t, j]
-    return out
+    return weighted_sum(d[0], at, w)
