@@ -113,6 +113,11 @@ class Tile(NamedTuple):
     # the wide block loop's <16 x float> accumulators, one per two activation rows
     # (``_emit_wide_block``), moved to ``acc`` after the loop
     pair_acc: list | None = None
+    # the decoding tile's (4 weight rows, 1 activation row) accumulators for the types
+    # with parity lanes (``_emit_quad_block``): <8 x float> of the rows' even and odd
+    # lanes side by side and <4 x float> of their offset terms, moved to ``acc`` and
+    # ``acc_scalar`` after the loop
+    quad: tuple | None = None
 
 
 def _emit_type_loop(g: VectorIR, k: KernelType, t: Tile, nb, shift: str = "") -> None:  # noqa: ANN001
@@ -126,6 +131,9 @@ def _emit_type_loop(g: VectorIR, k: KernelType, t: Tile, nb, shift: str = "") ->
     order: the same numbers, with 2 vector operations in place of 24 scalar ones per
     block."""
     bld = g.b
+    if t.lanes is None and k.parity_lanes and len(t.rows) == 4 and len(t.acts) == 1:
+        _emit_quad_loop(g, k, t, nb, shift)
+        return
     if t.lanes is None:
         with cgutils.for_range(bld, nb) as loop:
             _emit_block(g, k, t, loop.index, None, shift)
@@ -205,6 +213,12 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
         zero = ir.Constant(vec(I32, 8), [0] * 8)
         cor = [[bld.sub(zero, g.quad_sums(g.splat8(k.bias, 32), a)) for a in spans]
                for spans in a8]
+    if t.quad is not None:  # the decoding tile of a type with parity lanes
+        assert shift in ("", "u"), shift
+        isums = [_scaled_dot(g, k, blk, a8[0], cor[0] if shift == "u" else None, raw=True)
+                 for blk in blocks]
+        _emit_quad_block(g, k, t, b, blocks, isums, dabs[0])
+        return
     msums = None  # Q2_K: each activation row's min sums for all the weight rows at once
     if t.lanes is None and blocks[0].offset is not None and blocks[0].offset.kind == "dmin16":
         msums = [min_sums_rows(g, [blk.offset for blk in blocks], a.cor, b) for a in t.acts]
@@ -221,6 +235,70 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
                         None if msums is None else msums[i][j])
     if t.lanes is not None and k.offset:
         _lanes_offset(g, t, blocks[0].offset, b, da8)
+
+
+def _emit_quad_loop(g: VectorIR, k: KernelType, t: Tile, nb, shift: str) -> None:  # noqa: ANN001
+    """``_emit_type_loop`` of the decoding tile (4 weight rows, 1 activation row) for a type
+    with parity lanes: each row's two float lanes (even and odd spans) and offset term are
+    one lane of two shared vectors (``_emit_quad_block``), so a block's conversion, scale
+    product, fused multiply-add and offset steps are one vector operation each for the four
+    rows instead of one per row, each lane doing the row's steps of ``_accumulate``: the
+    same numbers. After the loop each row's lanes go back to its accumulators."""
+    bld = g.b
+    acc8 = cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 8), [0.0] * 8))
+    accs4 = cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 4), [0.0] * 4))
+    t = t._replace(quad=(acc8, accs4))
+    with cgutils.for_range(bld, nb) as loop:
+        _emit_block(g, k, t, loop.index, None, shift)
+    zero = ir.Constant(vec(F32, 8), [0.0] * 8)
+    accv, offs = bld.load(acc8), bld.load(accs4)
+    for j in range(4):  # [even, odd, 0, ...]: what _accumulate leaves, so the same sums
+        order = ir.Constant(vec(I32, 8), [2 * j, 2 * j + 1] + [8] * 6)
+        bld.store(bld.shuffle_vector(accv, zero, order), t.acc[j][0])
+        bld.store(bld.extract_element(offs, ir.Constant(I32, j)), t.acc_scalar[j][0])
+
+
+def _quad_pairs(g: VectorIR, vs: list, add) -> ir.Value:  # noqa: ANN001
+    """Four rows' <8 x i32 or float> ``_scaled_dot`` lanes -> <8 x .>: row j's even spans'
+    sum (its lanes 0, 1, 4, 5) in lane 2 j, its odd spans' (2, 3, 6, 7) in lane 2 j + 1
+    (exact integers, or floats holding integers below 2**24: any order)."""
+    bld = g.b
+
+    def pick(a, b, idx: list[int]):  # noqa: ANN001, ANN202
+        return bld.shuffle_vector(a, b, ir.Constant(vec(I32, 8), idx))
+
+    lo, hi = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
+    halves = [add(pick(vs[r], vs[r + 1], lo), pick(vs[r], vs[r + 1], hi)) for r in (0, 2)]
+    return add(pick(*halves, list(range(0, 16, 2))), pick(*halves, list(range(1, 16, 2))))
+
+
+def _emit_quad_block(g: VectorIR, k: KernelType, t: Tile, b, blocks: list, isums: list,  # noqa: ANN001, PLR0913
+                     dab) -> None:
+    """Block ``b`` of ``_emit_quad_loop``: ``isums`` the four rows' ``_scaled_dot`` lanes
+    before their parity sums, ``dab`` the activation's block scale."""
+    bld = g.b
+    acc8, accs4 = t.quad
+    four = ir.Constant(vec(F32, 4), [0.0] * 4)
+    ds = four
+    for j, blk in enumerate(blocks):
+        ds = bld.insert_element(ds, blk.d, ir.Constant(I32, j))
+    # lane 2 j + p: fmul(d_j, d_act), the product _accumulate takes
+    dd = bld.fmul(g.lanes(ds, [j // 2 for j in range(8)]), g.splatf8(dab))
+    f = bld.sitofp(_quad_pairs(g, isums, bld.add), vec(F32, 8))
+    bld.store(g.call("llvm.fma.v8f32", vec(F32, 8), [f, dd, bld.load(acc8)]), acc8)
+    if blocks[0].offset is None:
+        return
+    # the "dmin" term: - (d_act * dmin) * sum(mins * 32-sums), the sums exact integers
+    p8 = bld.bitcast(g.at(t.acts[0].aux, bld.mul(b, g.c64(8))), vec(F32, 8).as_pointer())
+    a8 = bld.load(p8, align=4)
+    pairs = _quad_pairs(g, [bld.fmul(blk.offset.mins, a8) for blk in blocks], bld.fadd)
+    msum = bld.fadd(g.lanes(pairs, [0, 2, 4, 6]), g.lanes(pairs, [1, 3, 5, 7]))
+    dmin = four
+    for j, blk in enumerate(blocks):
+        dmin = bld.insert_element(dmin, blk.offset.factor, ir.Constant(I32, j))
+    dab4 = bld.insert_element(four, dab, ir.Constant(I32, 0))
+    dab4 = g.lanes(dab4, [0, 0, 0, 0])
+    bld.store(bld.fsub(bld.load(accs4), bld.fmul(bld.fmul(dab4, dmin), msum)), accs4)
 
 
 def _prefetch(g: VectorIR, k: KernelType, t: Tile, b) -> None:  # noqa: ANN001
@@ -342,7 +420,8 @@ def _integer_dot(g: VectorIR, k: KernelType, blk, a8: list, cor: list | None,  #
 
 
 def _scaled_dot(g: VectorIR, k: KernelType, blk, a8: list,  # noqa: ANN001
-                starts: list | None = None, ordered: bool = True) -> ir.Value:
+                starts: list | None = None, ordered: bool = True,
+                raw: bool = False) -> ir.Value:
     """<8 x i32>: ``_integer_dot`` of a type with integer scales. Lane c = 2k + j sums,
     over the block's 64-value pairs p, scale times values 64p + 16k + 8j .. +7: the scale
     is applied once per 8 values instead of ggml's once per 4, which lets the 512-bit tiles
@@ -353,7 +432,8 @@ def _scaled_dot(g: VectorIR, k: KernelType, blk, a8: list,  # noqa: ANN001
     put back at the end; not ``ordered``: left as they are, for a block loop whose
     accumulators are put in order after it, ``_SCALED_ORDER``: each lane's float steps are
     its own). With ``starts`` (shift "u") the values are unsigned, the bias left on, and
-    span s's quad sums start from ``starts[s]``: the same integers."""
+    span s's quad sums start from ``starts[s]``: the same integers. ``raw``: pack_madd's
+    lanes as they are, before a parity type's sums (``_quad_pairs`` takes them)."""
     sums = []
     for s, sp in enumerate(blk.spans):
         if starts is not None and VNNI:
@@ -370,6 +450,8 @@ def _scaled_dot(g: VectorIR, k: KernelType, blk, a8: list,  # noqa: ANN001
         sx, sy = blk.spans[x].scales, blk.spans[x + 1].scales
         idx = [sx.first] * 4 + [sy.first] * 4 + [sx.second] * 4 + [sy.second] * 4
         isum = g.pack_madd(sums[x], sums[x + 1], scale_words(g, sx, idx), isum)
+    if raw:
+        return isum
     if k.parity_lanes:
         return _parity_sums(g, isum)
     return g.lanes(isum, _SCALED_ORDER) if ordered else isum

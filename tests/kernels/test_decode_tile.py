@@ -1,0 +1,70 @@
+"""Decoding's tile (``int_tiles``: four weight rows, taken from the four quarters of a
+row range, times one activation row; the types with parity lanes, Q4_K and Q6_K, keep
+the four rows' lanes side by side in shared vectors) on random weight bytes and at the
+integer extremes: every row's number is bit for bit the one the same row gets alone
+(one-row tile), for every integer-kernel type, and the declaration's (the numpy twin)
+to float rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gguflm.gguf.types import GGMLType
+from gguflm.quant import kernels, kerneltypes
+from gguflm.quant.formats import FORMATS
+from gguflm.quant.kerneltypes import KERNEL_TYPES
+
+NAMES = [t.name for t in KERNEL_TYPES]
+ROWS = 4 * 5 + 3  # five four-row passes, then three rows one at a time
+K = 512
+
+
+def _weights(name: str, seed: int, fill: int | None = None) -> np.ndarray:
+    """``ROWS`` rows of type ``name``: random bytes (or every byte ``fill``), with finite
+    float scales (random fp16 of about 0.01; MXFP4's E8M0 exponents about 2**-4) where the
+    format has them."""
+    fmt = FORMATS[GGMLType[name]]
+    rng = np.random.default_rng(seed)
+    nb = ROWS * K // fmt.block_size
+    if fill is None:
+        blk = rng.integers(0, 256, (nb, fmt.type_size), dtype=np.uint8)
+    else:
+        blk = np.full((nb, fmt.type_size), fill, np.uint8)
+    for f in fmt.fields:
+        if f.name in ("d", "dmin", "m") and f.kind == "f16":
+            v = (rng.standard_normal(nb) * 0.01).astype("<f2")
+            blk[:, f.offset:f.offset + 2] = v.view(np.uint8).reshape(nb, 2)
+        elif f.name == "e":
+            blk[:, f.offset] = rng.integers(118, 127, nb)
+    return blk.reshape(ROWS, -1)
+
+
+def _check(name: str, w: np.ndarray, x: np.ndarray) -> None:
+    kind = int(GGMLType[name])
+    whole = np.empty((1, ROWS), np.float32)
+    kernels.qmatmul(kind, w, x, whole, parallel=False)
+    alone = np.empty_like(whole)
+    for r in range(ROWS):
+        kernels.qmatmul(kind, w[r:r + 1], x, alone[:, r:r + 1], parallel=False)
+    np.testing.assert_array_equal(whole, alone)
+    twin = kerneltypes.twin_qmatmul(kind, w, x)
+    assert np.abs(whole - twin).max() <= 2e-6 * np.abs(twin).max()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_decoding_tile_on_random_bytes_equals_rows_alone(name: str) -> None:
+    x = np.random.default_rng(3).standard_normal((1, K)).astype(np.float32)
+    x[:, :7] *= 20  # outliers, as real hidden states have
+    _check(name, _weights(name, seed=1), x)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("fill", [0x00, 0xFF])
+def test_decoding_tile_at_the_integer_extremes_equals_rows_alone(name: str, fill: int) -> None:
+    """Every value and scale byte 0 or 255 times activations of all +127 or alternating
+    signs: the sums that must fit the kernels' 16-bit and 32-bit steps, at their largest."""
+    w = _weights(name, seed=2, fill=fill)
+    for x in (np.ones((1, K), np.float32),
+              np.where(np.arange(K) % 2, 1.0, -1.0).astype(np.float32)[None]):
+        _check(name, w, x)
