@@ -1,9 +1,9 @@
 """Decoding's tile (``int_tiles``: four weight rows, taken from the four quarters of a
-row range, times one activation row; the types with parity lanes, Q4_K and Q6_K, keep
-the four rows' lanes side by side in shared vectors) on random weight bytes and at the
-integer extremes: every row's number is bit for bit the one the same row gets alone
-(one-row tile), for every integer-kernel type, and the declaration's (the numpy twin)
-to float rounding."""
+row range or in another walk of ``int_tiles.WALKS``, times one activation row; the types
+with parity lanes, Q4_K and Q6_K, keep the four rows' lanes side by side in shared
+vectors) on random weight bytes and at the integer extremes: every row's number is bit for
+bit the one the same row gets alone (one-row tile), for every integer-kernel type, and the
+declaration's (the numpy twin) to float rounding."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gguflm.gguf.types import GGMLType
-from gguflm.quant import kernels, kerneltypes
+from gguflm.quant import int_tiles, kernels, kerneltypes
 from gguflm.quant.formats import FORMATS
 from gguflm.quant.kerneltypes import KERNEL_TYPES
 
@@ -40,10 +40,16 @@ def _weights(name: str, seed: int, fill: int | None = None) -> np.ndarray:
     return blk.reshape(ROWS, -1)
 
 
-def _check(name: str, w: np.ndarray, x: np.ndarray) -> None:
+def _check(name: str, w: np.ndarray, x: np.ndarray, walk: int = 0) -> None:
     kind = int(GGMLType[name])
     whole = np.empty((1, ROWS), np.float32)
-    kernels.qmatmul(kind, w, x, whole, parallel=False)
+    settings = int_tiles.kernel_settings()
+    before = settings[int_tiles.WALK_SETTING]
+    settings[int_tiles.WALK_SETTING] = walk
+    try:
+        kernels.qmatmul(kind, w, x, whole, parallel=False)
+    finally:
+        settings[int_tiles.WALK_SETTING] = before
     alone = np.empty_like(whole)
     for r in range(ROWS):
         kernels.qmatmul(kind, w[r:r + 1], x, alone[:, r:r + 1], parallel=False)
@@ -53,10 +59,13 @@ def _check(name: str, w: np.ndarray, x: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_decoding_tile_on_random_bytes_equals_rows_alone(name: str) -> None:
+@pytest.mark.parametrize("walk", range(len(int_tiles.WALKS)))
+def test_decoding_tile_on_random_bytes_equals_rows_alone(name: str, walk: int) -> None:
+    """Whichever walk over the rows decoding takes (``int_tiles.WALKS``, chosen by
+    measuring the machine), every row's number is the one it gets alone."""
     x = np.random.default_rng(3).standard_normal((1, K)).astype(np.float32)
     x[:, :7] *= 20  # outliers, as real hidden states have
-    _check(name, _weights(name, seed=1), x)
+    _check(name, _weights(name, seed=1), x, walk)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -83,6 +83,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--llama-python", default=None, metavar="PY",
                    help="a Python interpreter with llama-cpp-python, for --vs-llama-cpp when "
                         "it is not importable here")
+    p.add_argument("--kernels", action="store_true",
+                   help="print which kernel variants run on this CPU and why (the SIMD "
+                        "flavour, the interleaved GEMM's types, decoding's row walk as "
+                        "measured on the most common integer type of MODEL, now if this "
+                        "CPU has no measurement yet) and exit")
     p.set_defaults(func=run, owns_cores=True)  # one user's command: spinning workers
 
 
@@ -309,7 +314,24 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join([line(head), sep, *(line(r) for r in rows)])
 
 
+def _kernels(args: argparse.Namespace) -> int:
+    """``--kernels``: the variants and the measured choice, as lines (or one JSON object)."""
+    from .. import load_model
+    from ..quant import calibrate
+    from .pull import resolve
+
+    entry = calibrate.ensure(load_model(resolve(args.model)).kernel_types_by_size())
+    if args.json:
+        print(json.dumps({"cpu_key": calibrate.cpu_key(), "choice": entry,
+                          "lines": calibrate.describe(entry)}))
+    else:
+        print("\n".join(calibrate.describe(entry)))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.kernels:
+        return _kernels(args)
     if args.output == "json":
         args.json = True
     elif args.output != "md":

@@ -265,7 +265,7 @@ class Model:
         ``background``): a background compilation found in progress is waited for on the
         reference path in the same way, rather than compiled beside (False: compile here,
         as the background process itself and the measuring commands do)."""
-        from ..quant import kernels
+        from ..quant import calibrate, kernels
 
         if self.is_encoder:  # an embedding model: its one path
             self.embed_batch([[0, min(1, self.config.n_vocab - 1)]])
@@ -289,6 +289,8 @@ class Model:
             say(next(step), len(steps), *steps["types"])
             kernels.prepare(kinds)
             kernels.warm_up(sorted(kinds))
+        if kinds:  # decoding's kernel variant for this CPU: read back, or measured once
+            calibrate.ensure(self.kernel_types_by_size())
         pending = joined or (self._compiling(kinds) if defer else None)
         if pending is not None:
             self.plan.defer(pending)
@@ -340,6 +342,14 @@ class Model:
         whole in one pass, with bidirectional attention where the file says so
         (``bidirectional.embed_sequences``)."""
         return bidirectional.embed_sequences(self, seqs)
+
+    def kernel_types_by_size(self) -> list[int]:
+        """``kernel_types()``, the type holding most of the model's bytes first."""
+        size = dict.fromkeys(self.kernel_types(), 0)
+        for t in self.gguf.tensors.values():
+            if int(t.type) in size:
+                size[int(t.type)] += t.data.nbytes
+        return sorted(size, key=lambda k: (-size[k], k))
 
     def kernel_types(self) -> set[int]:
         """The ggml type ids of this model's tensors that have integer kernels."""

@@ -703,17 +703,87 @@ def _rows_of_type(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1):  # noqa: ANN
                     _rd_1x1(kind, w, r, 1, qa, da, aux, cor, qu, da, aux, tbl, i, out)
                 i += 1
         return
-    # token by token: the weights stream from memory once. Four rows per pass, taken from
-    # four quarters of the range, so that each quarter is one long sequential stream for
-    # the prefetcher (adjacent rows would make short broken streams); the activation rows
-    # take turns on those four rows while they are in L1.
-    quarter = (r1 - r0) // 4
-    for k in range(quarter):
+    _stream_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1, _setting(WALK_SETTING))
+
+
+# How decoding walks a range of weight rows (``kernel_settings()[WALK_SETTING]``, chosen by
+# measuring the machine: ``calibrate``). Each pass takes four rows at a stride, each row
+# one sequential stream for the hardware prefetchers (adjacent rows make short broken
+# streams: a third of the speed on an AMD Zen 4); which pattern of streams a core's
+# prefetchers keep up with differs by CPU. Every row's number is its own (the four-row
+# tile equals each row alone), so the walk never changes a result.
+WALKS = ("four streams (the quarters of the rows)",
+         "eight streams (two passes over the eighths)",
+         "four streams a row out of step (the quarters, each one row later)")
+WALK_SETTING = 0  # kernel_settings() slot
+
+
+@njit(nogil=True, inline="always")
+def _stream_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1, walk):  # noqa: ANN001, ANN202, PLR0913
+    """``_rows_of_type``'s token-by-token loop: rows r0:r1 in passes of four rows (walk
+    ``walk`` of WALKS), the activation rows taking turns on those four while they are in
+    L1; the rows left over one at a time, in order."""
+    n = qa.shape[0]
+    done = r0  # rows below this are taken by the passes, and those in ``skip``
+    skip = -1
+    if walk == 1 and r1 - r0 >= 8:  # passes alternating over eighths 0, 2, 4, 6 and 1, 3, 5, 7
+        part = (r1 - r0) // 8
+        for k in range(part):
+            for i in range(n):
+                _rd_4x1(kind, w, r0 + k, 2 * part, qa, da, aux, cor, qu, da, aux, tbl, i, out)
+                _rd_4x1(kind, w, r0 + part + k, 2 * part, qa, da, aux, cor, qu, da, aux, tbl,
+                        i, out)
+        done = r0 + 8 * part
+    elif walk == 2 and r1 - r0 >= 8:  # stride q + 1: rows q, 2q + 1, 3q + 2 left over
+        q = (r1 - r0 - 3) // 4
+        for k in range(q):
+            for i in range(n):
+                _rd_4x1(kind, w, r0 + k, q + 1, qa, da, aux, cor, qu, da, aux, tbl, i, out)
+        done, skip = r0 + 4 * q + 3, q
+    else:
+        quarter = (r1 - r0) // 4
+        for k in range(quarter):
+            for i in range(n):
+                _rd_4x1(kind, w, r0 + k, quarter, qa, da, aux, cor, qu, da, aux, tbl, i, out)
+        done = r0 + 4 * quarter
+    for j in range(3 if skip >= 0 else 0):
         for i in range(n):
-            _rd_4x1(kind, w, r0 + k, quarter, qa, da, aux, cor, qu, da, aux, tbl, i, out)
-    for r in range(r0 + 4 * quarter, r1):
+            _rd_1x1(kind, w, r0 + j * (skip + 1) + skip, 1, qa, da, aux, cor, qu, da, aux,
+                    tbl, i, out)
+    for r in range(done, r1):
         for i in range(n):
             _rd_1x1(kind, w, r, 1, qa, da, aux, cor, qu, da, aux, tbl, i, out)
+
+
+# Settings the row kernels read at run time (an array at a symbol their machine code links
+# against, as the callers' table of kernels): variants that give the same numbers, chosen
+# after the kernels are compiled, so a choice costs no compilation
+_SETTINGS_SIZE = 8
+_SETTINGS_SYMBOL = "gguflm_kernel_settings"
+_SETTINGS = (ctypes.c_int64 * _SETTINGS_SIZE)()
+llvm.add_symbol(_SETTINGS_SYMBOL, ctypes.addressof(_SETTINGS))
+
+
+def kernel_settings() -> ctypes.Array:
+    """The row kernels' run-time settings (``WALK_SETTING``: an index into WALKS)."""
+    return _SETTINGS
+
+
+@intrinsic
+def _setting(typingctx, i):  # noqa: ANN001, ANN202, ARG001
+    """``kernel_settings()[i]`` as the machine code reads it now (a constant ``i``)."""
+    sig = types.int64(i)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        mod = builder.module
+        table = mod.globals.get(_SETTINGS_SYMBOL)
+        if table is None:
+            table = ir.GlobalVariable(mod, ir.ArrayType(I64, _SETTINGS_SIZE), _SETTINGS_SYMBOL)
+            table.linkage = "external"
+        idx = builder.sext(args[0], I64) if args[0].type != I64 else args[0]
+        return builder.load(builder.gep(table, [ir.Constant(I32, 0), idx]))
+
+    return sig, codegen
 
 
 # -- one compiled row kernel per weight type, reached through a table of addresses ----------
