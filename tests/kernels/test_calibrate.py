@@ -22,17 +22,20 @@ def fresh(monkeypatch, tmp_path):  # noqa: ANN001, ANN201
     monkeypatch.setattr(calibrate, "_chosen", None)
     monkeypatch.setattr(calibrate, "MATRIX_BYTES", 8 << 20)  # a quick measurement
     settings = int_tiles.kernel_settings()
-    before = settings[int_tiles.WALK_SETTING]
+    before = [settings[slot] for slot in int_tiles.WALK_SETTINGS]
     yield tmp_path
-    settings[int_tiles.WALK_SETTING] = before
+    for slot, walk in zip(int_tiles.WALK_SETTINGS, before, strict=True):
+        settings[slot] = walk
 
 
 def test_measured_once_then_read_back(fresh, monkeypatch) -> None:  # noqa: ANN001
     entry = calibrate.ensure([int(GGMLType.F16), Q8_0])  # F16: no integer kernel
-    assert entry["type"] == "Q8_0" and 0 <= entry["walk"] < len(int_tiles.WALKS)
-    assert len(entry["gb_per_s"]) == len(int_tiles.WALKS)
-    assert all(r > 0 for r in entry["gb_per_s"])
-    assert int_tiles.kernel_settings()[int_tiles.WALK_SETTING] == entry["walk"]
+    assert entry["type"] == "Q8_0" and len(entry["walks"]) == len(calibrate.CLASSES)
+    assert all(0 <= w < len(int_tiles.WALKS) for w in entry["walks"])
+    assert [len(r) for r in entry["gb_per_s"]] == [len(int_tiles.WALKS)] * 2
+    assert all(r > 0 for rates in entry["gb_per_s"] for r in rates)
+    settings = int_tiles.kernel_settings()
+    assert [settings[slot] for slot in int_tiles.WALK_SETTINGS] == entry["walks"]
     kept = json.loads((fresh / "calibration.json").read_text())
     assert kept[calibrate.cpu_key()] == entry
     # a later run reads it: nothing measured again
@@ -43,12 +46,18 @@ def test_measured_once_then_read_back(fresh, monkeypatch) -> None:  # noqa: ANN0
 
 def test_a_kept_choice_is_applied_and_a_broken_file_measured_again(fresh, monkeypatch) -> None:  # noqa: ANN001
     path = fresh / "calibration.json"
-    entry = {"walk": 2, "type": "Q8_0", "matrix_mb": 8, "rounds": 5,
-             "gb_per_s": [1.0, 1.0, 2.0]}
-    path.write_text(json.dumps({calibrate.cpu_key(): entry, "another CPU": {"walk": 1}}))
-    assert calibrate.ensure([Q8_0])["walk"] == 2
-    assert int_tiles.kernel_settings()[int_tiles.WALK_SETTING] == 2
-    assert any("a row out of step" in line for line in calibrate.describe())
+    entry = {"walks": [2, 3], "type": "Q8_0", "matrix_mb": 8, "rounds": 5,
+             "gb_per_s": [[1.0, 1.0, 2.0, 1.0], [1.0, 1.0, 1.0, 2.0]]}
+    path.write_text(json.dumps({calibrate.cpu_key(): entry, "another CPU": {"walks": [1]}}))
+    assert calibrate.ensure([Q8_0])["walks"] == [2, 3]
+    settings = int_tiles.kernel_settings()
+    assert [settings[slot] for slot in int_tiles.WALK_SETTINGS] == [2, 3]
+    lines = calibrate.describe()
+    assert any("short rows" in line and "a row out of step" in line for line in lines)
+    assert any("long rows" in line and "one stream" in line for line in lines)
+    monkeypatch.setattr(calibrate, "_chosen", None)  # walks out of range: the default
+    path.write_text(json.dumps({calibrate.cpu_key(): dict(entry, walks=[9, -1])}))
+    assert calibrate.ensure([Q8_0])["walks"] == [calibrate.DEFAULT_WALK] * 2
     path.write_text("{not json")
     monkeypatch.setattr(calibrate, "_chosen", None)
     assert calibrate.ensure([Q8_0])["type"] == "Q8_0"  # measured, and the file rewritten
@@ -72,16 +81,15 @@ def test_the_default_stays_unless_beaten_in_every_round() -> None:
 
 
 def test_bench_kernels_command(reference, fresh, capsys) -> None:  # noqa: ANN001
-    from gguflm.cli import main
-
     from gguflm import load_model
+    from gguflm.cli import main
 
     model = reference / "tiny-llama-q4_0" / "tiny-llama-q4_0.gguf"
     most = GGMLType(load_model(model).kernel_types_by_size()[0]).ggml_name
     assert main(["bench", str(model), "--kernels"]) == 0
     out = capsys.readouterr().out
-    assert "SIMD: " in out and "decoding's row walk: " in out
-    assert f"measured {calibrate._chosen['when']}: {most}, " in out
+    assert "SIMD: " in out and "  short rows (2048 values): " in out
+    assert f"decoding's row walk, measured {calibrate._chosen['when']} ({most}, " in out
     assert main(["bench", str(model), "--kernels", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["cpu_key"] == calibrate.cpu_key() and res["choice"]["type"] == most
@@ -95,15 +103,16 @@ def test_every_walk_gives_the_same_products() -> None:
     w = blk.reshape(37, 8 * 34)
     x = rng.standard_normal((1, 256)).astype(np.float32)
     settings = int_tiles.kernel_settings()
-    before = settings[int_tiles.WALK_SETTING]
+    slot = int_tiles.WALK_SETTINGS[0]  # rows of 272 bytes: short
+    before = settings[slot]
     outs = []
     try:
         for walk in range(len(int_tiles.WALKS)):
-            settings[int_tiles.WALK_SETTING] = walk
+            settings[slot] = walk
             out = np.empty((1, 37), np.float32)
             kernels.qmatmul(Q8_0, w, x, out, parallel=False)
             outs.append(out)
     finally:
-        settings[int_tiles.WALK_SETTING] = before
+        settings[slot] = before
     for out in outs[1:]:
         np.testing.assert_array_equal(out, outs[0])

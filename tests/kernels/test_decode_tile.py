@@ -44,12 +44,15 @@ def _check(name: str, w: np.ndarray, x: np.ndarray, walk: int = 0) -> None:
     kind = int(GGMLType[name])
     whole = np.empty((1, ROWS), np.float32)
     settings = int_tiles.kernel_settings()
-    before = settings[int_tiles.WALK_SETTING]
-    settings[int_tiles.WALK_SETTING] = walk
+    slots = int_tiles.WALK_SETTINGS  # both classes: some types' rows here are long
+    before = [settings[s] for s in slots]
+    for s in slots:
+        settings[s] = walk
     try:
         kernels.qmatmul(kind, w, x, whole, parallel=False)
     finally:
-        settings[int_tiles.WALK_SETTING] = before
+        for s, b in zip(slots, before, strict=True):
+            settings[s] = b
     alone = np.empty_like(whole)
     for r in range(ROWS):
         kernels.qmatmul(kind, w[r:r + 1], x, alone[:, r:r + 1], parallel=False)

@@ -1,18 +1,20 @@
 """Kernel variants chosen by measuring the machine: which of the row kernels' run-time
 variants (``int_tiles.WALKS``: how decoding walks a matrix's rows as streams for the
-hardware prefetchers) is fastest on this CPU, measured once and remembered beside the
-compiled kernels, keyed by the CPU.
+hardware prefetchers, for short rows and for long ones, ``int_tiles.LONG_ROW_BYTES``) is
+fastest on this CPU, measured once and remembered beside the compiled kernels, keyed by the
+CPU.
 
 Every variant gives the same numbers (each row's dot is its own), so the choice changes
 only speed. The measurement: one activation row times a matrix of random weights of the
 model's most common integer type, large enough to stream from memory (``MATRIX_BYTES``,
-beyond the largest caches), one thread, the variants alternating for ``ROUNDS`` rounds
-(a busy machine slows them alike), each variant's median. The default, four streams, is
-kept unless another is faster by ``MARGIN`` in the medians and in every round, so a noisy
-measurement does not move it. It takes under a second; the result is written to
-``calibration.json`` in the kernels' cache folder (numba's ``NUMBA_CACHE_DIR``, else the
-package's ``__pycache__``, else the user's cache), one entry per CPU key, and read back by
-later runs. ``gguflm bench --kernels`` prints it (``describe``).
+beyond the largest caches), with rows of ``ROW_VALUES[c]`` values for each class c, one
+thread, the variants alternating for ``ROUNDS`` rounds (a busy machine slows them alike),
+each variant's median. The default, four streams, is kept unless another is faster by
+``MARGIN`` in every round, so a noisy measurement does not move it. It takes about a
+second; the result is written to ``calibration.json`` in the kernels' cache folder
+(numba's ``NUMBA_CACHE_DIR``, else the package's ``__pycache__``, else the user's cache),
+one entry per CPU key, and read back by later runs. ``gguflm bench --kernels`` prints it
+(``describe``).
 """
 
 from __future__ import annotations
@@ -26,17 +28,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from ..gguf.types import GGMLType
-from . import int_tiles, vector_ir
+from . import int_tiles, jitcache, vector_ir  # noqa: F401 - jitcache: stamps _run_items
 from .formats import FORMATS
 
 MATRIX_BYTES = 96 << 20  # past a CPU's last-level cache (32-96 MB on today's desktops)
 ROUNDS = 5
 MARGIN = 0.10  # how much faster a variant must be, in every round, to replace the default
 DEFAULT_WALK = 0
+ROW_VALUES = (2048, 8192)  # a short row (attention, an FFN's gate and up), a long one (down)
+CLASSES = ("short rows", "long rows")
 _FILE = "calibration.json"
-_VERSION = 1
+_VERSION = 2
 
 _chosen: dict[str, Any] | None = None  # this process's choice, once made or read
 
@@ -98,11 +103,13 @@ def _write(path: Path, key: str, entry: dict[str, Any]) -> None:
 
 def _apply(entry: dict[str, Any]) -> dict[str, Any]:
     global _chosen
-    walk = entry.get("walk")
-    if not isinstance(walk, int) or not 0 <= walk < len(int_tiles.WALKS):
-        walk = DEFAULT_WALK
-    int_tiles.kernel_settings()[int_tiles.WALK_SETTING] = walk
-    _chosen = dict(entry, walk=walk)
+    walks = entry.get("walks")
+    if not (isinstance(walks, list) and len(walks) == len(CLASSES)
+            and all(isinstance(w, int) and 0 <= w < len(int_tiles.WALKS) for w in walks)):
+        walks = [DEFAULT_WALK] * len(CLASSES)
+    for slot, walk in zip(int_tiles.WALK_SETTINGS, walks, strict=True):
+        int_tiles.kernel_settings()[slot] = walk
+    _chosen = dict(entry, walks=walks)
     return _chosen
 
 
@@ -116,7 +123,7 @@ def ensure(kinds: list[int] | set[int]) -> dict[str, Any] | None:
     path = cache_file()
     entry = _read_all(path).get(cpu_key())
     if isinstance(entry, dict) and isinstance(entry.get("gb_per_s"), list):
-        return _apply(entry)
+        return _apply(entry)  # (one with walks out of range gets the default)
     kind = _measure_type(kinds)
     if kind is None:
         return None
@@ -133,54 +140,92 @@ def _measure_type(kinds: list[int] | set[int]) -> int | None:
     return ids[0] if ids else None
 
 
-def _random_weights(kind: int, nbytes: int) -> np.ndarray:
-    """A matrix of about ``nbytes`` of type ``kind``, rows of 4096 values: random bytes
-    with normal float scales (no subnormals, whose arithmetic is slow on some CPUs)."""
+def _random_blocks(kind: int, nbytes: int) -> np.ndarray:
+    """About ``nbytes`` of blocks of type ``kind`` (a whole number of the longest rows):
+    random bytes with normal float scales (no subnormals, whose arithmetic is slow on some
+    CPUs)."""
     fmt = FORMATS[GGMLType(kind)]
-    per_row = 4096 // fmt.block_size
-    rows = max(64, nbytes // (per_row * fmt.type_size))
-    blk = np.random.default_rng(0).integers(0, 256, (rows * per_row, fmt.type_size),
-                                            dtype=np.uint8)
+    per_row = max(ROW_VALUES) // fmt.block_size
+    n = max(64, nbytes // (per_row * fmt.type_size)) * per_row
+    blk = np.random.default_rng(0).integers(0, 256, (n, fmt.type_size), dtype=np.uint8)
     for f in fmt.fields:
         if f.kind == "f16":
             blk[:, f.offset:f.offset + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
         elif f.name == "e":  # MXFP4's E8M0 exponent
             blk[:, f.offset] = 120
-    return blk.reshape(rows, per_row * fmt.type_size)
+    return blk
 
 
 def measure(kind: int) -> dict[str, Any]:
-    """Each walk's streaming rate (GB/s, the median of ``ROUNDS`` alternating rounds) on a
-    ``MATRIX_BYTES`` matrix of type ``kind`` times one row, one thread, and the walk
-    chosen: the default unless another is faster by ``MARGIN`` in every round."""
-    from .products import qmatmul
-
+    """Each walk's streaming rate (GB/s, the median of ``ROUNDS`` alternating rounds) for
+    each class of rows, on ``MATRIX_BYTES`` of matrices of type ``kind`` shaped as a 2-3B
+    model's (``_SHAPES``) times one row, cut into work items as decoding on two threads
+    cuts them, one thread; and the walks chosen (``choose``)."""
     int_tiles.prepare([kind])
-    w = _random_weights(kind, MATRIX_BYTES)
     fmt = FORMATS[GGMLType(kind)]
-    x = np.random.default_rng(1).standard_normal(
-        (1, w.shape[1] // fmt.type_size * fmt.block_size)).astype(np.float32)
-    out = np.empty((1, w.shape[0]), np.float32)
-    settings, slot = int_tiles.kernel_settings(), int_tiles.WALK_SETTING
+    blk = _random_blocks(kind, MATRIX_BYTES)
+    t0 = time.perf_counter()
+    walks, rates = [], []
+    for slot, values in zip(int_tiles.WALK_SETTINGS, ROW_VALUES, strict=True):
+        w = blk.reshape(-1, values // fmt.block_size * fmt.type_size)
+        rows = min(_SHAPES[values], w.shape[0])
+        mats = [w[r:r + rows] for r in range(0, w.shape[0] - rows + 1, rows)]
+        times = _timed_walks(kind, mats, slot)
+        walks.append(choose(times))
+        nbytes = sum(m.nbytes for m in mats)
+        rates.append([round(nbytes / statistics.median(times[v]) / 1e9, 2)
+                      for v in sorted(times)])
+    return {"walks": walks, "gb_per_s": rates, "type": GGMLType(kind).ggml_name,
+            "matrix_mb": blk.nbytes >> 20, "rounds": ROUNDS,
+            "seconds": round(time.perf_counter() - t0, 2),
+            "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+# rows of a matrix whose rows have this many values: an FFN's gate (8192 x 2048) and down
+# (2048 x 8192) of a Llama-3.2-1B
+_SHAPES = {2048: 8192, 8192: 2048}
+
+
+def _timed_walks(kind: int, mats: list[np.ndarray], slot: int) -> dict[int, list[float]]:
+    """Each walk's times, round by round, for one row times each of ``mats``."""
+    from .act_quant import Q8_K_KINDS, activation_sets
+    from .products import STREAM_CHUNK
+    from .vector_ir import F16_TABLE
+
+    x = np.random.default_rng(1).standard_normal((1, mats[0].shape[1] // FORMATS[
+        GGMLType(kind)].type_size * GGMLType(kind).block_size)).astype(np.float32)
+    a32, ak = activation_sets(np.array([kind]), 1, x)
+    a = ak if kind in Q8_K_KINDS else a32
+    out = np.empty((1, mats[0].shape[0]), np.float32)
+    step = min(STREAM_CHUNK, max(64, mats[0].shape[0] // 8))  # 2 threads' decoding items
+    settings = int_tiles.kernel_settings()
     before = settings[slot]
     times: dict[int, list[float]] = {v: [] for v in range(len(int_tiles.WALKS))}
-    t0 = time.perf_counter()
+
+    def run() -> None:
+        for m in mats:
+            _run_items(kind, m, a.qa, a.da, a.aux, a.cor, a.qu, F16_TABLE, out, step)
+
     try:
-        qmatmul(kind, w, x, out, parallel=False)  # the pages mapped, the kernel loaded
+        run()  # the pages mapped, the kernel loaded
         for _ in range(ROUNDS):
             for v, ts in times.items():
                 settings[slot] = v
                 t = time.perf_counter()
-                qmatmul(kind, w, x, out, parallel=False)
+                run()
                 ts.append(time.perf_counter() - t)
     finally:
         settings[slot] = before
-    rate = {v: w.nbytes / statistics.median(ts) / 1e9 for v, ts in times.items()}
-    return {"walk": choose(times), "type": GGMLType(kind).ggml_name,
-            "matrix_mb": w.nbytes >> 20,
-            "rounds": ROUNDS, "gb_per_s": [round(rate[v], 2) for v in sorted(rate)],
-            "seconds": round(time.perf_counter() - t0, 2),
-            "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return times
+
+
+@njit(cache=True, nogil=True)
+def _run_items(kind, w, qa, da, aux, cor, qu, tbl, out, step):  # noqa: ANN001, ANN202, PLR0913
+    """W (R, row_bytes) u8 @ one activation row -> out (1, R), in work items of ``step``
+    rows one after another (one thread)."""
+    for r0 in range(0, w.shape[0], step):
+        int_tiles.qmatmul_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0,
+                               min(w.shape[0], r0 + step))
 
 
 def choose(times: dict[int, list[float]]) -> int:
@@ -211,14 +256,16 @@ def describe(entry: dict[str, Any] | None = None) -> list[str]:
     entry = entry or _chosen
     if entry is None:
         return [*lines, "decoding's row walk: not measured yet"]
-    rates = "; ".join(f"{name} {r} GB/s" for name, r in zip(int_tiles.WALKS,
-                                                             entry["gb_per_s"], strict=False))
-    walk = int_tiles.WALKS[entry["walk"]]
-    reason = (f"the default: no other faster by {MARGIN:.0%} in every round"
-              if entry["walk"] == DEFAULT_WALK else
-              f"faster than the default by {MARGIN:.0%} or more in every round")
-    return [*lines,
-            f"decoding's row walk: {walk}, {reason}",
-            f"  measured {entry.get('when', '?')}: {entry['type']}, {entry['matrix_mb']} MB, "
-            f"one thread, median of {entry['rounds']} rounds: {rates}",
-            f"  kept in {cache_file()} (key: {cpu_key()})"]
+    lines.append(f"decoding's row walk, measured {entry.get('when', '?')} ({entry['type']}, "
+                 f"{entry['matrix_mb']} MB, one thread, median of {entry['rounds']} rounds; "
+                 f"kept in {cache_file()}, key {cpu_key()}):")
+    for c, (name, values) in enumerate(zip(CLASSES, ROW_VALUES, strict=True)):
+        walk = entry["walks"][c]
+        reason = (f"the default: no other faster by {MARGIN:.0%} in every round"
+                  if walk == DEFAULT_WALK else
+                  f"faster than the default by {MARGIN:.0%} or more in every round")
+        rates = "; ".join(f"{w} {r} GB/s" for w, r in zip(int_tiles.WALKS,
+                                                           entry["gb_per_s"][c], strict=False))
+        lines += [f"  {name} ({values} values): {int_tiles.WALKS[walk]}, {reason}",
+                  f"    {rates}"]
+    return lines

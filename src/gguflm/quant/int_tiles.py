@@ -703,19 +703,23 @@ def _rows_of_type(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1):  # noqa: ANN
                     _rd_1x1(kind, w, r, 1, qa, da, aux, cor, qu, da, aux, tbl, i, out)
                 i += 1
         return
-    _stream_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1, _setting(WALK_SETTING))
+    slot = WALK_SETTINGS[1] if w.shape[1] >= LONG_ROW_BYTES else WALK_SETTINGS[0]
+    _stream_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1, _setting(slot))
 
 
-# How decoding walks a range of weight rows (``kernel_settings()[WALK_SETTING]``, chosen by
-# measuring the machine: ``calibrate``). Each pass takes four rows at a stride, each row
-# one sequential stream for the hardware prefetchers (adjacent rows make short broken
-# streams: a third of the speed on an AMD Zen 4); which pattern of streams a core's
-# prefetchers keep up with differs by CPU. Every row's number is its own (the four-row
-# tile equals each row alone), so the walk never changes a result.
+# How decoding walks a range of weight rows (``kernel_settings()[WALK_SETTINGS[c]]``, c = 1
+# for rows of LONG_ROW_BYTES or more, chosen by measuring the machine: ``calibrate``).
+# Passes of four rows at a stride make each row one sequential stream for the hardware
+# prefetchers (adjacent rows make short broken streams: a third of the speed on an AMD Zen
+# 4), or the rows run one at a time in order, one stream; which pattern a core's
+# prefetchers keep up with differs by CPU and by row length. Every row's number is its own
+# (the four-row tile equals each row alone), so the walk never changes a result.
 WALKS = ("four streams (the quarters of the rows)",
          "eight streams (two passes over the eighths)",
-         "four streams a row out of step (the quarters, each one row later)")
-WALK_SETTING = 0  # kernel_settings() slot
+         "four streams a row out of step (the quarters, each one row later)",
+         "one stream (the rows in order, one at a time)")
+WALK_SETTINGS = (0, 1)  # kernel_settings() slots: the walk for short rows, for long rows
+LONG_ROW_BYTES = 4096  # an FFN's down matrix (n_ff values a row) from about 7000 values
 
 
 @njit(nogil=True, inline="always")
@@ -740,6 +744,8 @@ def _stream_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1, walk):  # noqa
             for i in range(n):
                 _rd_4x1(kind, w, r0 + k, q + 1, qa, da, aux, cor, qu, da, aux, tbl, i, out)
         done, skip = r0 + 4 * q + 3, q
+    elif walk == 3:  # the one-row tile over the rows in order: nothing in passes
+        done = r0
     else:
         quarter = (r1 - r0) // 4
         for k in range(quarter):
@@ -765,7 +771,7 @@ llvm.add_symbol(_SETTINGS_SYMBOL, ctypes.addressof(_SETTINGS))
 
 
 def kernel_settings() -> ctypes.Array:
-    """The row kernels' run-time settings (``WALK_SETTING``: an index into WALKS)."""
+    """The row kernels' run-time settings (``WALK_SETTINGS``: indexes into WALKS)."""
     return _SETTINGS
 
 
