@@ -88,18 +88,18 @@ def row_values(g: VectorIR, rows: list, at, t: ir.IntType) -> ir.Value:  # noqa:
     return v
 
 
-def bcast8(g: VectorIR, p, off) -> ir.Value:  # noqa: ANN001
-    """<64 x i8>: the 8 bytes at ``p + off``, 8 times."""
+def bcast8(g: VectorIR, p, off, n: int = 64) -> ir.Value:  # noqa: ANN001
+    """<n x i8>: the 8 bytes at ``p + off``, n / 8 times."""
     bld = g.b
     x = bld.load(ptr(g, p, off, I64), align=1)
-    v = bld.insert_element(ir.Constant(vec(I64, 8), ir.Undefined), x, ir.Constant(I32, 0))
-    v = bld.shuffle_vector(v, v, ir.Constant(vec(I32, 8), [0] * 8))
-    return bld.bitcast(v, vec(I8, 64))
+    v = bld.insert_element(ir.Constant(vec(I64, n // 8), ir.Undefined), x, ir.Constant(I32, 0))
+    v = bld.shuffle_vector(v, v, ir.Constant(vec(I32, n // 8), [0] * (n // 8)))
+    return bld.bitcast(v, vec(I8, n))
 
 
-def bcast_at(g: VectorIR, p, base, v: int) -> ir.Value:  # noqa: ANN001
+def bcast_at(g: VectorIR, p, base, v: int, n: int = 64) -> ir.Value:  # noqa: ANN001
     """``bcast8`` at byte ``base + v``: an activation row's 8 values from value v of a block."""
-    return bcast8(g, p, g.b.add(base, g.c64(v)))
+    return bcast8(g, p, g.b.add(base, g.c64(v)), n)
 
 
 def dpbusd(g: VectorIR, acc, u8, s8) -> ir.Value:  # noqa: ANN001

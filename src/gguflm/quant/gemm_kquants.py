@@ -114,10 +114,11 @@ def offset_q4k(g: VectorIR, blk, act, b, dab, term) -> ir.Value:  # noqa: ANN001
 
 # -- Q6_K ----------------------------------------------------------------------------------
 
-def pack_q6k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
+def pack_q6k(g: VectorIR, rows: list, off, out, starts: bool = True) -> None:  # noqa: ANN001
     """Q6_K block at ``off`` of the 8 rows into the buffer block ``out``, the values with
     their 32 taken off (signed). Per 128 values h: value 128h + 32c + l is nibble c // 2 of
-    ``ql[64h + 32 (c % 2) + l]`` with bits 2c, 2c + 1 of ``qh[32h + l]`` above it."""
+    ``ql[64h + 32 (c % 2) + l]`` with bits 2c, 2c + 1 of ``qh[32h + l]`` above it. The
+    lane starts too, unless not ``starts`` (the 256-bit variant's, ``gemm_ymm``)."""
     bld = g.b
     ql, qh = _F6["ql"].offset, _F6["qh"].offset
     for h in range(2):
@@ -135,7 +136,8 @@ def pack_q6k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
         store(g, g.vload(r, bld.add(off, g.c64(_F6["scales"].offset)), 16), out,
               L6.scales + 16 * n)
     pack_d(g, rows, off, _F6["d"].offset, out, L6.d)
-    pack_starts(g, out, isums_q6k, 1, L6.extra)
+    if starts:
+        pack_starts(g, out, isums_q6k, 1, L6.extra)
 
 
 def _scales16(g: VectorIR, blk, at: int) -> ir.Value:  # noqa: ANN001

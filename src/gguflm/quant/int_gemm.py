@@ -26,8 +26,17 @@ the end ``(even + odd) + offset term``. For Q3_K and Q2_K the tiles' 8 lanes
 (``int_tiles._scaled_dot``: lane c the scaled dot of values 8c..8c+7 of each 64), Q2_K's
 mins' term over 16-value sums; for the 32-value types and IQ4_XS ggml's 8 lanes (values
 4j..4j+3 of each 32); then ggml's horizontal sum. So a row's product does not depend on
-which path ran it (batch invariance). AVX512-VNNI only (``USABLE``); elsewhere the per-row
-tiles run.
+which path ran it (batch invariance).
+
+Three builds. With AVX512-VNNI (``WIDE_GEMM``): all of these types, as above. Without it,
+on any x86 with AVX2 (``USABLE``): Q4_K and Q6_K in 256-bit steps (``gemm_ymm``: each
+64-byte vector as two halves of 4 rows). AVX2: ``pmaddubsw`` (its pair sums saturate at
+int16; Q4_K's unsigned nibbles times the activations, and Q6_K's signed values times the
+activations plus 128, stay within it), a scale group's words added, then ``pmaddwd`` by
+the scales and one ``phaddd`` a block. AVX-VNNI: Q4_K the 512-bit steps on halves
+(256-bit ``vpdpbusd``), Q6_K as on AVX2 (fewer scale steps). The same integers per lane,
+so the same bits. The other types, and CPUs without AVX2, keep the per-row tiles
+(``GEMM_KINDS``).
 """
 
 from __future__ import annotations
@@ -44,12 +53,25 @@ from numba.extending import intrinsic
 from ..gguf.types import GGMLType
 from . import gemm_kquants as kq
 from . import gemm_spans as sp
+from . import gemm_ymm as ym
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from .gemm_ir import GROUP, PAIRED, PLAIN, ActRow, Layout, bcast_at, load, splat
 from .kerneltypes import KERNEL_TYPES
-from .vector_ir import F32, I8, I32, I64, VNNI512, VectorIR, array_args, row_pointer, vec
+from .vector_ir import (
+    F32,
+    I8,
+    I32,
+    I64,
+    SIMD,
+    VNNI512,
+    VectorIR,
+    array_args,
+    row_pointer,
+    vec,
+)
 
-USABLE = VNNI512
+USABLE = SIMD != "generic"  # x86 with AVX2 at least
+WIDE_GEMM = VNNI512  # the 512-bit GEMM; else the 256-bit one (``gemm_ymm``'s types)
 T = GGMLType
 Q4_K, Q6_K, Q3_K, Q2_K = int(T.Q4_K), int(T.Q6_K), int(T.Q3_K), int(T.Q2_K)
 Q8_0, Q5_0, IQ4_NL, IQ4_XS = int(T.Q8_0), int(T.Q5_0), int(T.IQ4_NL), int(T.IQ4_XS)
@@ -58,7 +80,7 @@ Q8_0, Q5_0, IQ4_NL, IQ4_XS = int(T.Q8_0), int(T.Q5_0), int(T.IQ4_NL), int(T.IQ4_
 GEMM_KINDS = tuple(t for t, parity in ((Q4_K, True), (Q6_K, True), (Q3_K, False),
                                        (Q2_K, False), (Q8_0, False), (Q5_0, False),
                                        (IQ4_NL, False), (IQ4_XS, False))
-                   if USABLE and GGMLType(t) in KERNEL_TYPES
+                   if USABLE and (WIDE_GEMM or t in ym.TYPES) and GGMLType(t) in KERNEL_TYPES
                    and KERNEL_TYPES[GGMLType(t)].parity_lanes == parity) or (-1,)
 # the unsigned types multiply the activations themselves, the others the activations plus
 # 128 (``ActivationSet.qu``, which ``act_quant`` makes for these types' batches)
@@ -95,6 +117,10 @@ _TYPES = {Q4_K: _Spec(kq.L4, kq.pack_q4k, kq.isums_q4k, 256, 1, 0, *PAIRED, kq.o
           Q5_0: _Spec(sp.L5, sp.pack_q50, sp.isums_q80, 32, 4, 4, *PLAIN),
           IQ4_NL: _Spec(sp.LN, sp.pack_iq4nl, sp.isums_q80, 32, 4, 4, *PLAIN),
           IQ4_XS: _Spec(sp.LX, sp.pack_iq4xs, sp.isums_iq4xs, 256, 4, 4, *PLAIN)}
+if not WIDE_GEMM:  # the same lanes (so offsets and sums), 256-bit steps and buffer
+    for _t, (_layout, _pack_y, _isums_y) in ym.TYPES.items():
+        _TYPES[_t] = _TYPES[_t]._replace(layout=_layout, pack=_pack_y, isums=_isums_y)
+_ACT_BYTES = 64 if WIDE_GEMM else 32  # an activation row's 8 bytes, broadcast to this
 
 
 def _switch(g: VectorIR, kind, emit) -> None:  # noqa: ANN001
@@ -104,7 +130,7 @@ def _switch(g: VectorIR, kind, emit) -> None:  # noqa: ANN001
     done = bld.append_basic_block("gemm.done")
     sw = bld.switch(kind, done)
     for t, spec in _TYPES.items():
-        if t not in GEMM_KINDS:  # not on this CPU (no AVX512-VNNI: no inline asm parser)
+        if t not in GEMM_KINDS:  # not on this CPU (its 512-bit steps need AVX512-VNNI)
             continue
         case = bld.append_basic_block(f"gemm.{t}")
         sw.add_case(ir.Constant(I64, t), case)
@@ -174,14 +200,19 @@ def _emit_gemm(g: VectorIR, spec: _Spec, bufs, qas, das, auxs, sums, i0, outs, c
         b = loop.index
         blk = row_pointer(bld, bufs, b, I8)
         base = bld.mul(b, g.c64(spec.values))
-        acts = [partial(bcast_at, g, q, base) for q in qp]
+        acts = [partial(bcast_at, g, q, base, n=_ACT_BYTES) for q in qp]
         starts = _block_starts(g, spec, blk)
-        dw8 = load(g, blk, spec.layout.d, vec(F32, 8))
-        dw16 = bld.shuffle_vector(dw8, dw8, ir.Constant(vec(I32, 16), spec.d16))
-        dd = [bld.fmul(dw16, splat(g, g.load_f32(dp[a], b), 16))  # d * d_act, as every path
-              for a in range(na)]
+
+        def scales() -> list:  # d * d_act, as every path
+            dw8 = load(g, blk, spec.layout.d, vec(F32, 8))
+            dw16 = bld.shuffle_vector(dw8, dw8, ir.Constant(vec(I32, 16), spec.d16))
+            return [bld.fmul(dw16, splat(g, g.load_f32(dp[a], b), 16)) for a in range(na)]
+
+        # (the 256-bit variant's after the integer steps: not held in registers over them)
+        dd = scales() if WIDE_GEMM else None
         for j in range(spec.lanes):  # one lane vector at a time: few registers live
             for a, v in enumerate(spec.isums(g, blk, acts, starts, j)):
+                dd = dd or scales()
                 f = bld.sitofp(v, vec(F32, 16))
                 bld.store(g.call("llvm.fma.v16f32", vec(F32, 16), [f, dd[a],
                                                                    bld.load(facc[a][j])]),

@@ -39,10 +39,17 @@ def _host_features() -> dict:
         return {}
 
 
+# a forced flavour (tests, measurements): "avx512", "avx2", "generic", or "avxvnni" (the
+# AVX2 IR with 256-bit ``vpdpbusd``, as on Intel's client CPUs with AVX-VNNI; on a CPU
+# without VNNI the same as "avx2")
+_FORCED = os.environ.get("GGUFLM_SIMD", "")
+
+
 def _simd_kind(feats: dict) -> str:
-    forced = os.environ.get("GGUFLM_SIMD", "")
-    if forced in ("avx512", "avx2", "generic"):
-        return forced
+    if _FORCED in ("avx512", "avx2", "generic"):
+        return _FORCED
+    if _FORCED == "avxvnni":
+        return "avx2"
     if feats.get("avx512bw"):
         return "avx512"
     if feats.get("avx2"):
@@ -54,10 +61,11 @@ _FEATURES = _host_features()
 SIMD = _simd_kind(_FEATURES)
 # ``vpdpbusd`` on 256-bit vectors (AVX512-VNNI with AVX512-VL, or AVX-VNNI): one
 # instruction for ``pmaddubsw`` then ``pmaddwd`` by 1, the same integers
-# (``VectorIR.span_dot``); off with ``GGUFLM_SIMD=avx2`` or ``generic``
-VNNI = (SIMD != "generic" and os.environ.get("GGUFLM_SIMD", "") not in ("avx2", "generic")
-        and bool((_FEATURES.get("avx512vnni") and _FEATURES.get("avx512vl"))
-                 or _FEATURES.get("avxvnni")))
+# (``VectorIR.span_dot``); off with ``GGUFLM_SIMD=avx2`` or ``generic``, on with
+# ``avxvnni``
+_HAS_VNNI = bool((_FEATURES.get("avx512vnni") and _FEATURES.get("avx512vl"))
+                 or _FEATURES.get("avxvnni"))
+VNNI = SIMD != "generic" and _FORCED not in ("avx2", "generic") and _HAS_VNNI
 
 # 512-bit tiles (``int_tiles``' wide block loop): two 32-value spans per instruction. The
 # integer multiplies issue two a cycle at either width, so a 512-bit one does twice the
@@ -67,10 +75,12 @@ WIDE = SIMD == "avx512"
 VNNI512 = WIDE and bool(_FEATURES.get("avx512vnni"))
 # ``vgf2p8affineqb``: any fixed move of the bits within each byte (a shift and a mask, as
 # the weights' bit planes need) in one instruction (``VectorIR.byte_bits``), where LLVM
-# emits a shift then a mask: the same bytes; off with ``GGUFLM_SIMD=avx2`` or ``generic``
-GFNI = (SIMD != "generic" and os.environ.get("GGUFLM_SIMD", "") not in ("avx2", "generic")
+# emits a shift then a mask: the same bytes; off with ``GGUFLM_SIMD=avx2``, ``avxvnni`` or
+# ``generic``
+GFNI = (SIMD != "generic" and _FORCED not in ("avx2", "avxvnni", "generic")
         and bool(_FEATURES.get("gfni")))
-if VNNI512:  # ``VectorIR.dpwssd512``'s inline asm needs the parser numba leaves out
+if SIMD != "generic":  # the x86 inline asm (``VectorIR.dpwssd512``, the GEMM's) needs the
+    # parser numba leaves out
     import llvmlite.binding as _llvm
 
     _llvm.initialize_native_asmparser()
