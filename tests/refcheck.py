@@ -214,3 +214,27 @@ def quantized_tiny(reference: Path, folder: Path, pairs: tuple[tuple[str, str], 
         assert main(["quantize", str(src), str(path), qtype]) == 0
         out[arch] = path
     return out
+
+
+def random_weights(name: str, rows: int, k: int, seed: int,
+                   fill: int | None = None) -> np.ndarray:
+    """``rows`` rows of ``k`` values of ggml type ``name``: random bytes (or every byte
+    ``fill``), with finite float scales (random fp16 of about 0.01; MXFP4's E8M0 exponents
+    about 2**-4) where the format has them: the kernels' tests on any bytes."""
+    from gguflm.gguf.types import GGMLType
+    from gguflm.quant.formats import FORMATS
+
+    fmt = FORMATS[GGMLType[name]]
+    rng = np.random.default_rng(seed)
+    nb = rows * k // fmt.block_size
+    if fill is None:
+        blk = rng.integers(0, 256, (nb, fmt.type_size), dtype=np.uint8)
+    else:
+        blk = np.full((nb, fmt.type_size), fill, np.uint8)
+    for f in fmt.fields:
+        if f.name in ("d", "dmin", "m") and f.kind == "f16":
+            v = (rng.standard_normal(nb) * 0.01).astype("<f2")
+            blk[:, f.offset:f.offset + 2] = v.view(np.uint8).reshape(nb, 2)
+        elif f.name == "e":
+            blk[:, f.offset] = rng.integers(118, 127, nb)
+    return blk.reshape(rows, -1)

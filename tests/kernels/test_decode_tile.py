@@ -12,8 +12,8 @@ import pytest
 
 from gguflm.gguf.types import GGMLType
 from gguflm.quant import int_tiles, kernels, kerneltypes
-from gguflm.quant.formats import FORMATS
 from gguflm.quant.kerneltypes import KERNEL_TYPES
+from refcheck import random_weights
 
 NAMES = [t.name for t in KERNEL_TYPES]
 ROWS = 4 * 5 + 3  # five four-row passes, then three rows one at a time
@@ -21,23 +21,7 @@ K = 512
 
 
 def _weights(name: str, seed: int, fill: int | None = None) -> np.ndarray:
-    """``ROWS`` rows of type ``name``: random bytes (or every byte ``fill``), with finite
-    float scales (random fp16 of about 0.01; MXFP4's E8M0 exponents about 2**-4) where the
-    format has them."""
-    fmt = FORMATS[GGMLType[name]]
-    rng = np.random.default_rng(seed)
-    nb = ROWS * K // fmt.block_size
-    if fill is None:
-        blk = rng.integers(0, 256, (nb, fmt.type_size), dtype=np.uint8)
-    else:
-        blk = np.full((nb, fmt.type_size), fill, np.uint8)
-    for f in fmt.fields:
-        if f.name in ("d", "dmin", "m") and f.kind == "f16":
-            v = (rng.standard_normal(nb) * 0.01).astype("<f2")
-            blk[:, f.offset:f.offset + 2] = v.view(np.uint8).reshape(nb, 2)
-        elif f.name == "e":
-            blk[:, f.offset] = rng.integers(118, 127, nb)
-    return blk.reshape(ROWS, -1)
+    return random_weights(name, ROWS, K, seed, fill)
 
 
 def _check(name: str, w: np.ndarray, x: np.ndarray, walk: int = 0) -> None:

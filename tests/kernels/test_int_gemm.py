@@ -19,8 +19,8 @@ import pytest
 
 from gguflm.gguf.types import GGMLType
 from gguflm.quant import act_quant, gemm_ymm, int_gemm, kernels, kerneltypes
-from gguflm.quant.formats import FORMATS
 from gguflm.quant.vector_ir import F16_TABLE, VNNI
+from refcheck import random_weights
 
 GEMM_TYPES = ["Q4_K", "Q6_K", "Q3_K", "Q2_K", "Q8_0", "Q5_0", "IQ4_NL", "IQ4_XS"]
 ROWS = 27  # three groups of 8 weight rows and 3 rows left over
@@ -31,20 +31,7 @@ needs_512 = pytest.mark.skipif(not int_gemm.WIDE_GEMM,
 
 
 def _weights(name: str, seed: int, fill: int | None = None) -> np.ndarray:
-    """``ROWS`` rows of type ``name``: random bytes (or every byte ``fill``), with finite
-    float scales (random fp16 of about 0.01) where the format has them."""
-    fmt = FORMATS[GGMLType[name]]
-    rng = np.random.default_rng(seed)
-    nb = ROWS * K // fmt.block_size
-    if fill is None:
-        blk = rng.integers(0, 256, (nb, fmt.type_size), dtype=np.uint8)
-    else:
-        blk = np.full((nb, fmt.type_size), fill, np.uint8)
-    for f in fmt.fields:
-        if f.name in ("d", "dmin") and f.kind == "f16":
-            v = (rng.standard_normal(nb) * 0.01).astype("<f2")
-            blk[:, f.offset:f.offset + 2] = v.view(np.uint8).reshape(nb, 2)
-    return blk.reshape(ROWS, -1)
+    return random_weights(name, ROWS, K, seed, fill)
 
 
 def _x(n: int, seed: int) -> np.ndarray:
@@ -158,7 +145,7 @@ def test_256_bit_gemm_same_numbers(simd: str, tmp_path: Path) -> None:
     assert Y_TYPES == ["Q4_K", "Q6_K"]
     code = (
         "import sys, numpy as np\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        f"sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]\n"
         "import test_int_gemm as T\n"
         "from gguflm.quant import int_gemm, vector_ir as V\n"
         f"assert V.SIMD == 'avx2' and V.VNNI == {simd == 'avxvnni'} and not V.WIDE\n"

@@ -33,6 +33,7 @@ from numba import njit
 from ..gguf.types import GGMLType
 from . import int_tiles, jitcache, vector_ir  # noqa: F401 - jitcache: stamps _run_items
 from .formats import FORMATS
+from .products import run_item
 
 MATRIX_BYTES = 96 << 20  # past a CPU's last-level cache (32-96 MB on today's desktops)
 ROUNDS = 5
@@ -187,24 +188,26 @@ _SHAPES = {2048: 8192, 8192: 2048}
 
 
 def _timed_walks(kind: int, mats: list[np.ndarray], slot: int) -> dict[int, list[float]]:
-    """Each walk's times, round by round, for one row times each of ``mats``."""
-    from .act_quant import Q8_K_KINDS, activation_sets
-    from .products import STREAM_CHUNK
+    """Each walk's times, round by round, for one row times each of ``mats``, cut into
+    the work items two threads' decoding takes (``products.work_items``)."""
+    from .act_quant import activation_sets
+    from .products import work_items
     from .vector_ir import F16_TABLE
 
-    x = np.random.default_rng(1).standard_normal((1, mats[0].shape[1] // FORMATS[
-        GGMLType(kind)].type_size * GGMLType(kind).block_size)).astype(np.float32)
-    a32, ak = activation_sets(np.array([kind]), 1, x)
-    a = ak if kind in Q8_K_KINDS else a32
-    out = np.empty((1, mats[0].shape[0]), np.float32)
-    step = min(STREAM_CHUNK, max(64, mats[0].shape[0] // 8))  # 2 threads' decoding items
+    fmt = FORMATS[GGMLType(kind)]
+    x = np.random.default_rng(1).standard_normal(
+        (1, mats[0].shape[1] // fmt.type_size * fmt.block_size)).astype(np.float32)
+    kinds = np.array([kind])
+    a32, ak = activation_sets(kinds, 1, x)
+    outs = (np.empty((1, mats[0].shape[0]), np.float32),)
+    items = work_items((mats[0],), 1, 1, 2)  # every matrix has the same shape
     settings = int_tiles.kernel_settings()
     before = settings[slot]
     times: dict[int, list[float]] = {v: [] for v in range(len(int_tiles.WALKS))}
 
     def run() -> None:
         for m in mats:
-            _run_items(kind, m, a.qa, a.da, a.aux, a.cor, a.qu, F16_TABLE, out, step)
+            _run_items(kinds, (m,), a32, ak, F16_TABLE, outs, items)
 
     try:
         run()  # the pages mapped, the kernel loaded
@@ -220,12 +223,10 @@ def _timed_walks(kind: int, mats: list[np.ndarray], slot: int) -> dict[int, list
 
 
 @njit(cache=True, nogil=True)
-def _run_items(kind, w, qa, da, aux, cor, qu, tbl, out, step):  # noqa: ANN001, ANN202, PLR0913
-    """W (R, row_bytes) u8 @ one activation row -> out (1, R), in work items of ``step``
-    rows one after another (one thread)."""
-    for r0 in range(0, w.shape[0], step):
-        int_tiles.qmatmul_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0,
-                               min(w.shape[0], r0 + step))
+def _run_items(kinds, ws, a32, ak, tbl, outs, items):  # noqa: ANN001, ANN202
+    """``products.run_item`` for each of ``items``, one after another (one thread)."""
+    for c in range(items.shape[0]):
+        run_item(kinds, ws, a32, ak, tbl, outs, items, c)
 
 
 def choose(times: dict[int, list[float]]) -> int:
