@@ -38,9 +38,12 @@ from ..gguf.types import GGMLType
 from . import jitcache  # noqa: F401 - stamps the cached kernels below (before any njit)
 from .int_gemm import GEMM_KINDS, GEMM_MIN_ROWS, gemm_rows
 from .int_weights import (
+    QuadScales,
     block_scale,
     min_sums,
     min_sums_rows,
+    quad_k_scales,
+    quad_min_sums,
     quad_words,
     row_bias,
     scale_words,
@@ -53,6 +56,7 @@ from .kerneltypes import KERNEL_TYPES, KernelType
 from .vector_ir import (
     F32,
     I8,
+    I16,
     I32,
     I64,
     SIMD,
@@ -193,7 +197,15 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
     qk, ts = k.block_size, k.type_size
     bld = g.b
     _prefetch(g, k, t, b)
-    blocks = [unpack(g, k, row, bld.mul(b, g.c64(ts)), shift in ("w", "u")) for row in t.rows]
+    quad = None  # the decoding tile's four rows' scales, unpacked together
+    if t.quad is not None and k.scales == "k4":
+        quad = _next_quad_scales(g, k, t, b)
+        if _wide_quad(k):
+            _emit_quad_wide(g, k, t, b, quad, g.load_f32(t.acts[0].da, b))
+            return
+    blocks = [unpack(g, k, row, bld.mul(b, g.c64(ts)), shift in ("w", "u"),
+                     scales=None if quad is None else quad.row(g, j))
+              for j, row in enumerate(t.rows)]
     if t.lanes is None:
         dabs = [g.load_f32(a.da, b) for a in t.acts]
         da8 = None
@@ -217,7 +229,7 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
         assert shift in ("", "u"), shift
         isums = [_scaled_dot(g, k, blk, a8[0], cor[0] if shift == "u" else None, raw=True)
                  for blk in blocks]
-        _emit_quad_block(g, k, t, b, blocks, isums, dabs[0])
+        _emit_quad_block(g, k, t, b, blocks, isums, dabs[0], quad)
         return
     msums = None  # Q2_K: each activation row's min sums for all the weight rows at once
     if t.lanes is None and blocks[0].offset is not None and blocks[0].offset.kind == "dmin16":
@@ -247,7 +259,12 @@ def _emit_quad_loop(g: VectorIR, k: KernelType, t: Tile, nb, shift: str) -> None
     bld = g.b
     acc8 = cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 8), [0.0] * 8))
     accs4 = cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 4), [0.0] * 4))
-    t = t._replace(quad=(acc8, accs4))
+    ahead = None
+    if k.scales == "k4":  # block 0's scales, then each block unpacks the next one's
+        first = quad_k_scales(g, k, t.rows, g.c64(0))
+        ahead = (cgutils.alloca_once_value(bld, first.bytes),
+                 cgutils.alloca_once_value(bld, first.dd), nb)
+    t = t._replace(quad=(acc8, accs4, ahead))
     with cgutils.for_range(bld, nb) as loop:
         _emit_block(g, k, t, loop.index, None, shift)
     zero = ir.Constant(vec(F32, 8), [0.0] * 8)
@@ -256,6 +273,80 @@ def _emit_quad_loop(g: VectorIR, k: KernelType, t: Tile, nb, shift: str) -> None
         order = ir.Constant(vec(I32, 8), [2 * j, 2 * j + 1] + [8] * 6)
         bld.store(bld.shuffle_vector(accv, zero, order), t.acc[j][0])
         bld.store(bld.extract_element(offs, ir.Constant(I32, j)), t.acc_scalar[j][0])
+
+
+def _next_quad_scales(g: VectorIR, k: KernelType, t: Tile, b) -> QuadScales:  # noqa: ANN001
+    """Block ``b``'s four rows' scales (unpacked during block ``b - 1``), and block ``b +
+    1``'s unpacked for the next step (the last block's again at the end: no read past the
+    rows). Unpacked a block ahead, the scales' chain of loads and shifts runs beside the
+    previous block's products instead of holding up this block's (the loop's body is too
+    long for the core to reach the next one on its own)."""
+    bld = g.b
+    qb, qd, nb = t.quad[2]
+    now = QuadScales(bld.load(qb), bld.load(qd))
+    nxt = bld.add(b, g.c64(1))
+    nxt = bld.select(bld.icmp_signed("<", nxt, nb), nxt, bld.sub(nb, g.c64(1)))
+    ahead = quad_k_scales(g, k, t.rows, bld.mul(nxt, g.c64(k.type_size)))
+    bld.store(ahead.bytes, qb)
+    bld.store(ahead.dd, qd)
+    return now
+
+
+def _wide_quad(k: KernelType) -> bool:
+    """Whether the decoding tile takes ``k`` 512 bits at a time (``_emit_quad_wide``):
+    one 4-bit plane in runs of 32 bytes with 32-value scale groups and parity lanes
+    (Q4_K), on AVX-512."""
+    return (WIDE and k.parity_lanes and k.scales == "k4" and len(k.planes) == 1
+            and k.planes[0].width == 4 and k.planes[0].group == 32 and not k.bias
+            and k.block_size // k.groups == 32)
+
+
+def _emit_quad_wide(g: VectorIR, k: KernelType, t: Tile, b, quad: QuadScales, dab) -> None:  # noqa: ANN001
+    """Block ``b`` of the decoding tile for ``_wide_quad`` types: per row, each 64 bytes of
+    nibbles in one load, their low nibbles spans 4h and 4h + 2, the high ones 4h + 1 and
+    4h + 3 (the activations arranged to match, once for the four rows); the two vectors'
+    quad sums packed to words and multiplied by the scales in one ``pack_madd`` (in 128-bit
+    lane L, words of the spans 4h + 2 (L // 2) and + 1). Lanes 0, 1 of each 128 bits hold
+    even spans' products and 2, 3 odd ones', as ``_scaled_dot``'s raw 8 lanes do once the
+    halves are added: exact integers, the same sums; then ``_emit_quad_block``. Half the
+    instructions of the 256-bit steps."""
+    bld = g.b
+    qk, off = k.block_size, bld.mul(b, g.c64(k.type_size))
+    qs_at = bld.add(off, g.c64(k.format[k.planes[0].field].offset))
+    abase = bld.mul(b, g.c64(qk))
+
+    def act(h: int, odd: int) -> ir.Value:  # spans 4h + odd and 4h + 2 + odd, joined
+        parts = [g.vload(t.acts[0].qa, bld.add(abase, g.c64(32 * (4 * h + odd + 2 * x))), 32)
+                 for x in (0, 1)]
+        return bld.shuffle_vector(*parts, ir.Constant(vec(I32, 64), list(range(64))))
+
+    acts = [[act(h, odd) for odd in (0, 1)] for h in range(qk // 128)]
+    isums = []
+    for j, row in enumerate(t.rows):
+        isum = None
+        # the row's scale bytes in every 128-bit lane, then one byte shuffle per 64 bytes
+        # (a two-source byte permute from the four rows' vector was slower on Zen 4)
+        mine = g.lanes(quad.bytes, [16 * j + i for i in range(16)] * 4)
+        for h, (a_lo, a_hi) in enumerate(acts):
+            q = g.vload(row, bld.add(qs_at, g.c64(64 * h)), 64)
+            lo = bld.and_(q, g.splat8(15, 64))
+            hi = g.byte_bits(q, 4, 4)
+            # lane L's words: the scales of spans 4h + 2 (L // 2) and + 1, four each
+            ctl = [x for lane in range(4) for s in (0, 1) for _ in range(4)
+                   for x in (4 * h + 2 * (lane // 2) + s, -128)]
+            words = bld.bitcast(_pshufb512(g, mine, ir.Constant(vec(I8, 64), ctl)),
+                                vec(I16, 32))
+            isum = g.pack_madd(g.quad_sums(lo, a_lo), g.quad_sums(hi, a_hi), words, isum)
+        isums.append(bld.add(g.lanes(isum, list(range(8))), g.lanes(isum, list(range(8, 16)))))
+    _emit_quad_block(g, k, t, b, None, isums, dab, quad)
+
+
+def _pshufb512(g: VectorIR, v: ir.Value, ctl: ir.Value) -> ir.Value:
+    """``vpshufb`` on <64 x i8> as inline asm: LLVM otherwise merges it with the lane
+    broadcast before it into a ``vpermt2b`` (slower on Zen 4, and a constant a row)."""
+    v64 = vec(I8, 64)
+    return g.b.asm(ir.FunctionType(v64, [v64, v64]), "vpshufb $2, $1, $0", "=v,v,v",
+                   [v, ctl], False, "pshufb")
 
 
 def _quad_pairs(g: VectorIR, vs: list, add) -> ir.Value:  # noqa: ANN001
@@ -273,29 +364,37 @@ def _quad_pairs(g: VectorIR, vs: list, add) -> ir.Value:  # noqa: ANN001
 
 
 def _emit_quad_block(g: VectorIR, k: KernelType, t: Tile, b, blocks: list, isums: list,  # noqa: ANN001, PLR0913
-                     dab) -> None:
+                     dab, quad: QuadScales | None) -> None:
     """Block ``b`` of ``_emit_quad_loop``: ``isums`` the four rows' ``_scaled_dot`` lanes
-    before their parity sums, ``dab`` the activation's block scale."""
+    before their parity sums, ``dab`` the activation's block scale, ``quad`` the rows'
+    scales where they were unpacked together (Q4_K)."""
     bld = g.b
-    acc8, accs4 = t.quad
+    acc8, accs4 = t.quad[:2]
     four = ir.Constant(vec(F32, 4), [0.0] * 4)
-    ds = four
-    for j, blk in enumerate(blocks):
-        ds = bld.insert_element(ds, blk.d, ir.Constant(I32, j))
+    if quad is not None:
+        ds = g.lanes(quad.dd, [0, 2, 4, 6])
+    else:
+        ds = four
+        for j, blk in enumerate(blocks):
+            ds = bld.insert_element(ds, blk.d, ir.Constant(I32, j))
     # lane 2 j + p: fmul(d_j, d_act), the product _accumulate takes
     dd = bld.fmul(g.lanes(ds, [j // 2 for j in range(8)]), g.splatf8(dab))
     f = bld.sitofp(_quad_pairs(g, isums, bld.add), vec(F32, 8))
     bld.store(g.call("llvm.fma.v8f32", vec(F32, 8), [f, dd, bld.load(acc8)]), acc8)
-    if blocks[0].offset is None:
+    if not k.offset:
         return
     # the "dmin" term: - (d_act * dmin) * sum(mins * 32-sums), the sums exact integers
-    p8 = bld.bitcast(g.at(t.acts[0].aux, bld.mul(b, g.c64(8))), vec(F32, 8).as_pointer())
-    a8 = bld.load(p8, align=4)
-    pairs = _quad_pairs(g, [bld.fmul(blk.offset.mins, a8) for blk in blocks], bld.fadd)
-    msum = bld.fadd(g.lanes(pairs, [0, 2, 4, 6]), g.lanes(pairs, [1, 3, 5, 7]))
-    dmin = four
-    for j, blk in enumerate(blocks):
-        dmin = bld.insert_element(dmin, blk.offset.factor, ir.Constant(I32, j))
+    if quad is not None:
+        msum = quad_min_sums(g, quad, t.acts[0].aux, b)
+        dmin = g.lanes(quad.dd, [1, 3, 5, 7])
+    else:
+        p8 = bld.bitcast(g.at(t.acts[0].aux, bld.mul(b, g.c64(8))), vec(F32, 8).as_pointer())
+        a8 = bld.load(p8, align=4)
+        pairs = _quad_pairs(g, [bld.fmul(blk.offset.mins, a8) for blk in blocks], bld.fadd)
+        msum = bld.fadd(g.lanes(pairs, [0, 2, 4, 6]), g.lanes(pairs, [1, 3, 5, 7]))
+        dmin = four
+        for j, blk in enumerate(blocks):
+            dmin = bld.insert_element(dmin, blk.offset.factor, ir.Constant(I32, j))
     dab4 = bld.insert_element(four, dab, ir.Constant(I32, 0))
     dab4 = g.lanes(dab4, [0, 0, 0, 0])
     bld.store(bld.fsub(bld.load(accs4), bld.fmul(bld.fmul(dab4, dmin), msum)), accs4)

@@ -185,20 +185,91 @@ def _k_scales(g: VectorIR, row, at):  # noqa: ANN001, ANN202
     masks as ggml's x86 code does, the four words at once in one vector (one load; scalar
     steps and inserts took a fifth of a Q4_K decoding block's instructions). The load
     starts 4 bytes before the scales (the block's ``d`` and ``dmin``: inside the block)."""
+    u = g.b.bitcast(g.vload(row, g.b.sub(at, g.c64(4)), 16), vec(I32, 4))
+    return _k_scales_words(g, u)
+
+
+def _k_scales_words(g: VectorIR, u: ir.Value) -> ir.Value:
+    """``_k_scales`` of n blocks at once: ``u`` <4n x i32>, each block's 16 bytes from 4
+    before its scales (``[d|dmin, u0, u1, u2]``) -> <16n x i8>, block j's scales and mins
+    in bytes 16 j .. 16 j + 15."""
     bld = g.b
-    v4 = vec(I32, 4)
-    u = bld.bitcast(g.vload(row, bld.sub(at, g.c64(4)), 16), v4)  # [d|dmin, u0, u1, u2]
+    n = u.type.count // 4
 
     def c(*xs: int) -> ir.Constant:
-        return ir.Constant(v4, list(xs))
+        return ir.Constant(vec(I32, 4 * n), list(xs) * n)
+
+    def per_block(idx: list[int]) -> ir.Value:
+        return g.lanes(u, [4 * j + i for j in range(n) for i in idx])
 
     # lanes [s_lo, s_hi, m_lo, m_hi]: u0 & 3F, (u2 & 0F) | (u0 >> 6 & 03) << 4,
     # u1 & 3F, (u2 >> 4 & 0F) | (u1 >> 6 & 03) << 4 (each byte its own scale or min)
-    low = bld.and_(bld.lshr(g.lanes(u, [1, 3, 2, 3]), c(0, 0, 0, 4)),
+    low = bld.and_(bld.lshr(per_block([1, 3, 2, 3]), c(0, 0, 0, 4)),
                    c(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F))
-    top = bld.and_(bld.lshr(g.lanes(u, [1, 1, 2, 2]), c(6, 6, 6, 6)),
+    top = bld.and_(bld.lshr(per_block([1, 1, 2, 2]), c(6, 6, 6, 6)),
                    c(0, 0x03030303, 0, 0x03030303))
-    return bld.bitcast(bld.or_(low, bld.shl(top, c(4, 4, 4, 4))), vec(I8, 16))
+    return bld.bitcast(bld.or_(low, bld.shl(top, c(4, 4, 4, 4))), vec(I8, 16 * n))
+
+
+class QuadScales(NamedTuple):
+    """Four Q4_K/Q5_K blocks' scales, unpacked together (``quad_k_scales``)."""
+
+    bytes: ir.Value  # <64 x i8>: block j's scales and mins in bytes 16 j .. 16 j + 15
+    dd: ir.Value  # <8 x float>: d_0, dmin_0, d_1, dmin_1, ...
+
+    def row(self, g: VectorIR, j: int) -> tuple:
+        """Block j's (<16 x i8> scales and mins, d, dmin)."""
+        b = g.b
+        return (g.lanes(self.bytes, [16 * j + i for i in range(16)]),
+                b.extract_element(self.dd, ir.Constant(I32, 2 * j)),
+                b.extract_element(self.dd, ir.Constant(I32, 2 * j + 1)))
+
+
+def quad_k_scales(g: VectorIR, k: KernelType, rows: list, off) -> QuadScales:  # noqa: ANN001
+    """The scales, mins, ``d`` and ``dmin`` of the blocks at byte ``off`` of four rows of a
+    Q4_K/Q5_K matrix in one set of vector steps (the decoding tile's rows): one 16-byte
+    load a row, the unpacking of ``_k_scales`` once for the four, and the four ``d|dmin``
+    fp16 pairs converted by one ``vcvtph2ps`` (x86: exact, as the table; the table where
+    there is no x86)."""
+    bld = g.b
+    at = bld.add(off, g.c64(k.format["scales"].offset - 4))
+    parts = [bld.bitcast(g.vload(r, at, 16), vec(I32, 4)) for r in rows]
+    u8 = bld.shuffle_vector(parts[0], parts[1], ir.Constant(vec(I32, 8), list(range(8))))
+    u8b = bld.shuffle_vector(parts[2], parts[3], ir.Constant(vec(I32, 8), list(range(8))))
+    u = bld.shuffle_vector(u8, u8b, ir.Constant(vec(I32, 16), list(range(16))))
+    assert k.format["dmin"].offset == k.format["d"].offset + 2 == k.format["scales"].offset - 2
+    if SIMD != "generic":
+        halves = bld.bitcast(g.lanes(u, [0, 4, 8, 12]), vec(ir.HalfType(), 8))
+        dd = bld.fpext(halves, vec(F32, 8))
+    else:
+        dd = ir.Constant(vec(F32, 8), [0.0] * 8)
+        for j, r in enumerate(rows):
+            for h, field in enumerate(("d", "dmin")):
+                x = g.f16(r, bld.add(off, g.c64(k.format[field].offset)))
+                dd = bld.insert_element(dd, x, ir.Constant(I32, 2 * j + h))
+    return QuadScales(_k_scales_words(g, u), dd)
+
+
+def quad_min_sums(g: VectorIR, qs: QuadScales, aux, b) -> ir.Value:  # noqa: ANN001
+    """<4 x float>: the four blocks' ``sum(mins * 32-sums)`` with the activation row's
+    32-sums of block ``b`` (``aux``: floats holding integers, |s| <= 4096): in integers,
+    the mins and the sums as words multiplied in adjacent pairs. Each product is below
+    2**18 and the sum below 2**24, so the float sums of other paths are these integers
+    exactly: the same numbers."""
+    bld = g.b
+    p8 = bld.bitcast(g.at(aux, bld.mul(b, g.c64(8))), vec(F32, 8).as_pointer())
+    s8 = bld.trunc(bld.fptosi(bld.load(p8, align=4), vec(I32, 8)), vec(I16, 8))
+    sums = g.lanes(s8, list(range(8)) * 4)
+    zero = ir.Constant(vec(I8, 64), [0] * 64)
+    order = [x for j in range(4) for i in range(8) for x in (16 * j + 8 + i, 64)]
+    mins = bld.bitcast(bld.shuffle_vector(qs.bytes, zero, ir.Constant(vec(I32, 64), order)),
+                       vec(I16, 32))
+    halves = [_madd_words(g, g.lanes(mins, list(range(16 * h, 16 * h + 16))),
+                          g.lanes(sums, list(range(16 * h, 16 * h + 16)))) for h in (0, 1)]
+    v = bld.shuffle_vector(*halves, ir.Constant(vec(I32, 16), list(range(16))))
+    for x in (1, 2):  # block j's four pair sums added into lane 4 j
+        v = bld.add(v, g.lanes(v, [i ^ x for i in range(16)]))
+    return bld.sitofp(g.lanes(v, [0, 4, 8, 12]), vec(F32, 4))
 
 
 def _q3_scales(g: VectorIR, row, at) -> ir.Value:  # noqa: ANN001
@@ -301,11 +372,13 @@ def _plane_pair(g: VectorIR, k: KernelType, p: Plane, row, off, pair: int) -> ir
 
 
 def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False,  # noqa: ANN001
-           pairs: bool = False) -> Block:
+           pairs: bool = False, scales: tuple | None = None) -> Block:
     """The weight block at byte ``off`` of ``row``. ``shifted``: the values plus
     ``vnni_offset(k)`` instead, all unsigned (``values`` = ``magnitudes``: the bias not
     taken off, or whole signed bytes plus 128). ``pairs`` (types with integer scales, for
-    the 512-bit tiles): ``spans`` holds ``SpanPair``s, the values with the bias taken off."""
+    the 512-bit tiles): ``spans`` holds ``SpanPair``s, the values with the bias taken off.
+    ``scales``: Q4_K/Q5_K's unpacked scales, ``d`` and ``dmin`` already at hand
+    (``QuadScales.row``)."""
     bld = g.b
     fmt = k.format
     is_signed = signed(k) and not shifted
@@ -313,10 +386,10 @@ def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False,  # noqa:
     def field_at(name: str) -> ir.Value:
         return bld.add(off, g.c64(fmt[name].offset))
 
-    d = block_scale(g, k, row, off)
+    d = block_scale(g, k, row, off) if scales is None else scales[1]
     sc16 = mins = sc8 = None
     if k.scales == "k4":
-        sm8 = _k_scales(g, row, field_at("scales"))
+        sm8 = _k_scales(g, row, field_at("scales")) if scales is None else scales[0]
         sc16 = bld.zext(sm8, vec(I16, 16))
         sc8 = g.lanes(sm8, list(range(16)) * 2) if SIMD != "generic" else sm8
         # the 8 integer mins, as <8 x float> (converting only the lanes used)
@@ -361,8 +434,8 @@ def unpack(g: VectorIR, k: KernelType, row, off, shifted: bool = False,  # noqa:
     if k.offset == "m":
         term = OffsetTerm("m", g.f16(row, field_at("m")))
     elif k.offset == "dmin":
-        term = OffsetTerm("dmin16" if k.groups == 16 else "dmin", g.f16(row, field_at("dmin")),
-                          mins)
+        dmin = g.f16(row, field_at("dmin")) if scales is None else scales[2]
+        term = OffsetTerm("dmin16" if k.groups == 16 else "dmin", dmin, mins)
     return Block(spans, d, term)
 
 

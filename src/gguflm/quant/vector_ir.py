@@ -216,24 +216,24 @@ class VectorIR:
         return self.b.shuffle_vector(lo, hi, _CAT)
 
     def byte_bits(self, v: ir.Value, right: int, width: int, left: int = 0) -> ir.Value:
-        """<32 x i8> ``v`` -> each byte's bits ``right`` .. ``right + width - 1`` moved to
-        bit ``left`` on, the rest 0: ``((v >> right) & (2**width - 1)) << left``. With GFNI
-        one ``vgf2p8affineqb``, whose matrix has row ``7 - i`` (the byte that makes bit i)
-        select source bit ``i - left + right``."""
-        b = self.b
+        """<n x i8> ``v`` (n = 32 or 64) -> each byte's bits ``right`` .. ``right + width -
+        1`` moved to bit ``left`` on, the rest 0: ``((v >> right) & (2**width - 1)) <<
+        left``. With GFNI one ``vgf2p8affineqb``, whose matrix has row ``7 - i`` (the byte
+        that makes bit i) select source bit ``i - left + right``."""
+        b, n = self.b, v.type.count
         if GFNI:
             rows = [1 << (i - left + right) if left <= i < left + width else 0
                     for i in range(8)]
             matrix = sum(r << (8 * (7 - i)) for i, r in enumerate(rows))
-            mat = b.bitcast(ir.Constant(vec(I64, 4), [matrix] * 4), vec(I8, 32))
-            return self.call("llvm.x86.vgf2p8affineqb.256", vec(I8, 32),
+            mat = b.bitcast(ir.Constant(vec(I64, n // 8), [matrix] * (n // 8)), vec(I8, n))
+            return self.call(f"llvm.x86.vgf2p8affineqb.{8 * n}", vec(I8, n),
                              [v, mat, ir.Constant(I8, 0)])
         if right:
-            v = b.lshr(v, self.splat8(right, 32))
+            v = b.lshr(v, self.splat8(right, n))
         if right + width < 8:
-            v = b.and_(v, self.splat8((1 << width) - 1, 32))
+            v = b.and_(v, self.splat8((1 << width) - 1, n))
         if left:
-            v = b.shl(v, self.splat8(left, 32))
+            v = b.shl(v, self.splat8(left, n))
         return v
 
     def bits32(self, qh: ir.Value, shift_to: int) -> ir.Value:
