@@ -7,6 +7,11 @@ declaration's (the numpy twin) to float rounding."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -64,3 +69,44 @@ def test_decoding_tile_at_the_integer_extremes_equals_rows_alone(name: str, fill
     for x in (np.ones((1, K), np.float32),
               np.where(np.arange(K) % 2, 1.0, -1.0).astype(np.float32)[None]):
         _check(name, w, x)
+
+
+@pytest.mark.parametrize("simd", ["avx2", "generic"])
+def test_decoding_tile_same_bits_on_every_build(simd: str, tmp_path) -> None:  # noqa: ANN001
+    """The four-row tile of the types with parity lanes (on AVX-512 Q4_K's 512-bit steps,
+    elsewhere 256-bit or portable IR, the four rows' scales unpacked together everywhere)
+    gives the native build's bits under the AVX2 and the portable builds, on random bytes
+    and at the integer extremes."""
+    if simd == "avx2" and kernels.SIMD == "generic":
+        pytest.skip("not an x86 CPU with AVX2")
+    names = [t.name for t, k in KERNEL_TYPES.items() if k.parity_lanes]
+    cases = [(name, seed, fill) for name in names
+             for seed, fill in ((1, None), (2, 0x00), (2, 0xFF))]
+    x = np.random.default_rng(4).standard_normal((1, K)).astype(np.float32)
+    x[:, :5] *= 30
+    np.save(tmp_path / "x.npy", x)
+    code = (
+        "import sys, numpy as np\n"
+        f"sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
+        "from refcheck import random_weights\n"
+        "from gguflm.gguf.types import GGMLType\n"
+        "from gguflm.quant import kernels as K\n"
+        f"assert K.SIMD == {simd!r}\n"
+        f"x = np.load({str(tmp_path / 'x.npy')!r})\n"
+        "res = {}\n"
+        f"for name, seed, fill in {cases!r}:\n"
+        f"    w = random_weights(name, {ROWS}, {K}, seed, fill)\n"
+        f"    out = np.empty((1, {ROWS}), np.float32)\n"
+        "    K.qmatmul(int(GGMLType[name]), w, x, out, parallel=False)\n"
+        "    res[f'{name}_{seed}_{fill}'] = out\n"
+        f"np.savez({str(tmp_path / 'out.npz')!r}, **res)\n"
+    )
+    env = dict(os.environ, GGUFLM_SIMD=simd, NUMBA_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    theirs = np.load(tmp_path / "out.npz")
+    for name, seed, fill in cases:
+        mine = np.empty((1, ROWS), np.float32)
+        kernels.qmatmul(int(GGMLType[name]), _weights(name, seed, fill), x, mine, parallel=False)
+        np.testing.assert_array_equal(mine, theirs[f"{name}_{seed}_{fill}"], err_msg=name)
