@@ -46,7 +46,7 @@ def test_measured_once_then_read_back(fresh, monkeypatch) -> None:  # noqa: ANN0
 
 def test_a_kept_choice_is_applied_and_a_broken_file_measured_again(fresh, monkeypatch) -> None:  # noqa: ANN001
     path = fresh / "calibration.json"
-    entry = {"walks": [2, 3], "type": "Q8_0", "matrix_mb": 8, "rounds": 5,
+    entry = {"walks": [2, 3], "type": "Q8_0", "matrix_mb": 8, "rounds": 5, "when": "then",
              "gb_per_s": [[1.0, 1.0, 2.0, 1.0], [1.0, 1.0, 1.0, 2.0]]}
     path.write_text(json.dumps({calibrate.cpu_key(): entry, "another CPU": {"walks": [1]}}))
     assert calibrate.ensure([Q8_0])["walks"] == [2, 3]
@@ -55,13 +55,42 @@ def test_a_kept_choice_is_applied_and_a_broken_file_measured_again(fresh, monkey
     lines = calibrate.describe()
     assert any("short rows" in line and "a row out of step" in line for line in lines)
     assert any("long rows" in line and "one stream" in line for line in lines)
-    monkeypatch.setattr(calibrate, "_chosen", None)  # walks out of range: the default
-    path.write_text(json.dumps({calibrate.cpu_key(): dict(entry, walks=[9, -1])}))
-    assert calibrate.ensure([Q8_0])["walks"] == [calibrate.DEFAULT_WALK] * 2
     path.write_text("{not json")
     monkeypatch.setattr(calibrate, "_chosen", None)
     assert calibrate.ensure([Q8_0])["type"] == "Q8_0"  # measured, and the file rewritten
     assert calibrate.cpu_key() in json.loads(path.read_text())
+
+
+BROKEN = [{"walks": [9, -1]}, {"walks": [True, 0]}, {"type": None}, {"type": 7},
+          {"matrix_mb": "8"}, {"rounds": None}, {"when": 3}, {"gb_per_s": [[1.0] * 4]},
+          {"gb_per_s": [[1.0, "x", 1.0, 1.0], [1.0] * 4]}, {"gb_per_s": [None, [1.0] * 4]}]
+
+
+@pytest.mark.parametrize("change", BROKEN)
+def test_an_edited_entry_is_measured_again(fresh, monkeypatch, change) -> None:  # noqa: ANN001
+    """A kept entry that is not what the measurement writes (edited by hand, or by another
+    version): measured again, never applied or described as it is."""
+    entry = {"walks": [2, 3], "type": "Q8_0", "matrix_mb": 8, "rounds": 5, "when": "then",
+             "gb_per_s": [[1.0, 1.0, 2.0, 1.0], [1.0, 1.0, 1.0, 2.0]]}
+    path = fresh / "calibration.json"
+    path.write_text(json.dumps({calibrate.cpu_key(): dict(entry, **change)}))
+    measured = dict(entry, walks=[0, 0], when="now")
+    monkeypatch.setattr(calibrate, "measure", lambda kind: measured)
+    assert calibrate.ensure([Q8_0]) == measured
+    assert json.loads(path.read_text())[calibrate.cpu_key()] == measured
+    assert any("long rows" in line for line in calibrate.describe())
+
+
+def test_an_entry_for_other_kernels_is_replaced(fresh, monkeypatch) -> None:  # noqa: ANN001
+    """The key holds the kernels' sources' stamp: a changed kernel is measured again, and
+    the same CPU's entry for the old kernels dropped; other CPUs' entries stay."""
+    key = calibrate.cpu_key()
+    stale = key.rsplit(" | kernels ", 1)[0] + " | kernels 0"
+    path = fresh / "calibration.json"
+    path.write_text(json.dumps({stale: {"walks": [1, 1]}, "another CPU": {"walks": [1]}}))
+    monkeypatch.setattr(calibrate, "measure", lambda kind: {"walks": [0, 0]})
+    calibrate.ensure([Q8_0])
+    assert set(json.loads(path.read_text())) == {key, "another CPU"}
 
 
 def test_no_integer_types_nothing_measured(fresh) -> None:  # noqa: ANN001

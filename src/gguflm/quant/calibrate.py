@@ -49,10 +49,12 @@ _chosen: dict[str, Any] | None = None  # this process's choice, once made or rea
 
 def cpu_key() -> str:
     """What the choice depends on: the CPU model, the SIMD flavour the kernels are built
-    for and the CPU features they use."""
+    for, the CPU features they use, and the kernels' code (its sources' stamp: a changed
+    kernel is measured again)."""
     feats = ",".join(f for f, on in (("vnni", vector_ir.VNNI), ("wide", vector_ir.WIDE),
                                      ("gfni", vector_ir.GFNI)) if on)
-    return f"{_cpu_model()} | {vector_ir.SIMD} {feats} | v{_VERSION}"
+    stamp = jitcache.sources_key(int_tiles.__file__)
+    return f"{_cpu_model()} | {vector_ir.SIMD} {feats} | v{_VERSION} | kernels {stamp:x}"
 
 
 def _cpu_model() -> str:
@@ -92,7 +94,9 @@ def _read_all(path: Path) -> dict[str, Any]:
 
 
 def _write(path: Path, key: str, entry: dict[str, Any]) -> None:
-    data = _read_all(path)
+    """Keep ``entry`` under ``key``, dropping the same CPU's entries for other kernels."""
+    cpu = key.rsplit(" | kernels ", 1)[0] + " | kernels "
+    data = {k: v for k, v in _read_all(path).items() if not k.startswith(cpu)}
     data[key] = entry
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:
@@ -102,15 +106,32 @@ def _write(path: Path, key: str, entry: dict[str, Any]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _valid(entry: object) -> bool:
+    """Whether a kept entry is one ``measure`` wrote (the file is only a cache, and may have
+    been edited or written by another version): else it is measured again."""
+    if not isinstance(entry, dict):
+        return False
+
+    def ints(xs: object, n: int, top: int | None = None) -> bool:
+        return (isinstance(xs, list) and len(xs) == n and all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < (top or 2**31)
+            for x in xs))
+
+    rates = entry.get("gb_per_s")
+    return (ints(entry.get("walks"), len(CLASSES), len(int_tiles.WALKS))
+            and isinstance(rates, list) and len(rates) == len(CLASSES)
+            and all(isinstance(r, list) and len(r) == len(int_tiles.WALKS)
+                    and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                            for x in r) for r in rates)
+            and isinstance(entry.get("type"), str) and isinstance(entry.get("when"), str)
+            and ints([entry.get("matrix_mb"), entry.get("rounds")], 2))
+
+
 def _apply(entry: dict[str, Any]) -> dict[str, Any]:
     global _chosen
-    walks = entry.get("walks")
-    if not (isinstance(walks, list) and len(walks) == len(CLASSES)
-            and all(isinstance(w, int) and 0 <= w < len(int_tiles.WALKS) for w in walks)):
-        walks = [DEFAULT_WALK] * len(CLASSES)
-    for slot, walk in zip(int_tiles.WALK_SETTINGS, walks, strict=True):
+    for slot, walk in zip(int_tiles.WALK_SETTINGS, entry["walks"], strict=True):
         int_tiles.kernel_settings()[slot] = walk
-    _chosen = dict(entry, walks=walks)
+    _chosen = dict(entry)
     return _chosen
 
 
@@ -123,8 +144,8 @@ def ensure(kinds: list[int] | set[int]) -> dict[str, Any] | None:
         return _chosen
     path = cache_file()
     entry = _read_all(path).get(cpu_key())
-    if isinstance(entry, dict) and isinstance(entry.get("gb_per_s"), list):
-        return _apply(entry)  # (one with walks out of range gets the default)
+    if _valid(entry):
+        return _apply(entry)
     kind = _measure_type(kinds)
     if kind is None:
         return None

@@ -200,9 +200,11 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
     quad = None  # the decoding tile's four rows' scales, unpacked together
     if t.quad is not None and k.scales == "k4":
         quad = _next_quad_scales(g, k, t, b)
-        if _wide_quad(k):
-            _emit_quad_wide(g, k, t, b, quad, g.load_f32(t.acts[0].da, b))
-            return
+    if t.quad is not None and _wide_quad(k):
+        isums = (_wide_isums_k4(g, k, t, b, quad) if quad is not None
+                 else _wide_isums_i8(g, k, t, b))
+        _emit_quad_block(g, k, t, b, isums, g.load_f32(t.acts[0].da, b), quad)
+        return
     blocks = [unpack(g, k, row, bld.mul(b, g.c64(ts)), shift in ("w", "u"),
                      scales=None if quad is None else quad.row(g, j))
               for j, row in enumerate(t.rows)]
@@ -229,7 +231,7 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
         assert shift in ("", "u"), shift
         isums = [_scaled_dot(g, k, blk, a8[0], cor[0] if shift == "u" else None, raw=True)
                  for blk in blocks]
-        _emit_quad_block(g, k, t, b, blocks, isums, dabs[0], quad)
+        _emit_quad_block(g, k, t, b, isums, dabs[0], quad)
         return
     msums = None  # Q2_K: each activation row's min sums for all the weight rows at once
     if t.lanes is None and blocks[0].offset is not None and blocks[0].offset.kind == "dmin16":
@@ -293,22 +295,27 @@ def _next_quad_scales(g: VectorIR, k: KernelType, t: Tile, b) -> QuadScales:  # 
 
 
 def _wide_quad(k: KernelType) -> bool:
-    """Whether the decoding tile takes ``k`` 512 bits at a time (``_emit_quad_wide``):
-    one 4-bit plane in runs of 32 bytes with 32-value scale groups and parity lanes
-    (Q4_K), on AVX-512."""
-    return (WIDE and k.parity_lanes and k.scales == "k4" and len(k.planes) == 1
-            and k.planes[0].width == 4 and k.planes[0].group == 32 and not k.bias
-            and k.block_size // k.groups == 32)
+    """Whether the decoding tile takes ``k`` 512 bits at a time, on AVX-512: Q4_K (one
+    4-bit plane in runs of 32 bytes, 32-value scale groups and a mins' term:
+    ``_wide_isums_k4``) and Q6_K (4 low bits in runs of 64 bytes and 2 high bits in runs of
+    32, bias 32, signed 16-value scales: ``_wide_isums_i8``)."""
+    if not (WIDE and k.parity_lanes):
+        return False
+    shapes = tuple((p.group, p.width, p.shift) for p in k.planes)
+    if k.scales == "k4":
+        return shapes == ((32, 4, 0),) and not k.bias and k.block_size // k.groups == 32
+    return (k.scales == "i8" and shapes == ((64, 4, 0), (32, 2, 4)) and k.bias == 32
+            and k.block_size // k.groups == 16 and bool(row_bias(k)))
 
 
-def _emit_quad_wide(g: VectorIR, k: KernelType, t: Tile, b, quad: QuadScales, dab) -> None:  # noqa: ANN001
-    """Block ``b`` of the decoding tile for ``_wide_quad`` types: per row, each 64 bytes of
-    nibbles in one load, their low nibbles spans 4h and 4h + 2, the high ones 4h + 1 and
-    4h + 3 (the activations arranged to match, once for the four rows); the two vectors'
-    quad sums packed to words and multiplied by the scales in one ``pack_madd`` (in 128-bit
-    lane L, words of the spans 4h + 2 (L // 2) and + 1). Lanes 0, 1 of each 128 bits hold
-    even spans' products and 2, 3 odd ones', as ``_scaled_dot``'s raw 8 lanes do once the
-    halves are added: exact integers, the same sums; then ``_emit_quad_block``. Half the
+def _wide_isums_k4(g: VectorIR, k: KernelType, t: Tile, b, quad: QuadScales) -> list:  # noqa: ANN001
+    """The four rows' raw ``_scaled_dot`` lanes of block ``b`` of Q4_K in 512-bit steps:
+    per row, each 64 bytes of nibbles in one load, their low nibbles spans 4h and 4h + 2,
+    the high ones 4h + 1 and 4h + 3 (the activations arranged to match, once for the four
+    rows); the two vectors' quad sums packed to words and multiplied by the scales in one
+    ``pack_madd`` (in 128-bit lane L, words of the spans 4h + 2 (L // 2) and + 1). Lanes 0,
+    1 of each 128 bits hold even spans' products and 2, 3 odd ones', as ``_scaled_dot``'s
+    raw 8 lanes do once the halves are added: exact integers, the same sums. Half the
     instructions of the 256-bit steps."""
     bld = g.b
     qk, off = k.block_size, bld.mul(b, g.c64(k.type_size))
@@ -338,7 +345,49 @@ def _emit_quad_wide(g: VectorIR, k: KernelType, t: Tile, b, quad: QuadScales, da
                                 vec(I16, 32))
             isum = g.pack_madd(g.quad_sums(lo, a_lo), g.quad_sums(hi, a_hi), words, isum)
         isums.append(bld.add(g.lanes(isum, list(range(8))), g.lanes(isum, list(range(8, 16)))))
-    _emit_quad_block(g, k, t, b, None, isums, dab, quad)
+    return isums
+
+
+def _wide_isums_i8(g: VectorIR, k: KernelType, t: Tile, b) -> list:  # noqa: ANN001
+    """``_wide_isums_k4`` for Q6_K: per row and 128 values, the 64 bytes of low bits in
+    one load (low nibbles spans 4n, 4n + 1; high nibbles 4n + 2, 4n + 3), each half's two
+    high bits from the 32 bytes of ``qh`` in both halves, moved by one 64-bit lane shift
+    per half (bits within a byte; the mask drops what crossed), against the activations as
+    they lie; the values left unsigned (the bias on, ``row_bias``), each lane started from
+    ``-32`` times its activations' sum, once for the four rows. Packed with the signed
+    16-value scales as words (lane L: spans 4n, 4n + 2, or 4n + 1, 4n + 3 for L >= 2: even
+    spans in lanes 0, 1, odd in 2, 3), folded to ``_scaled_dot``'s raw lanes."""
+    bld, fmt = g.b, k.format
+    off = bld.mul(b, g.c64(k.type_size))
+    abase = bld.mul(b, g.c64(k.block_size))
+    acts = [[g.vload(t.acts[0].qa, bld.add(abase, g.c64(128 * n + 64 * x)), 64)
+             for x in (0, 1)] for n in (0, 1)]
+    zero = ir.Constant(vec(I32, 16), [0] * 16)
+    starts = [[bld.sub(zero, g.quad_sums(g.splat8(k.bias, 64), a)) for a in pair]
+              for pair in acts]
+    q64 = vec(I64, 8)
+    shifts = (ir.Constant(q64, [4] * 4 + [2] * 4), ir.Constant(q64, [0] * 4 + [2] * 4))
+    isums = []
+    for row in t.rows:
+        sc = bld.sext(g.vload(row, bld.add(off, g.c64(fmt["scales"].offset)), 16),
+                      vec(I16, 16))
+        isum = None
+        for n in (0, 1):
+            ql = g.vload(row, bld.add(off, g.c64(fmt["ql"].offset + 64 * n)), 64)
+            qh = g.vload(row, bld.add(off, g.c64(fmt["qh"].offset + 32 * n)), 32)
+            qh = bld.bitcast(g.lanes(qh, list(range(32)) * 2), q64)
+            top = [bld.and_(bld.bitcast(op(qh, sh), vec(I8, 64)), g.splat8(0x30, 64))
+                   for op, sh in ((bld.shl, shifts[0]), (bld.lshr, shifts[1]))]
+            vals = (bld.or_(bld.and_(ql, g.splat8(15, 64)), top[0]),
+                    bld.or_(g.byte_bits(ql, 4, 4), top[1]))
+            sums = [bld.add(g.quad_sums(v, a), st)
+                    for v, a, st in zip(vals, acts[n], starts[n], strict=True)]
+            words = g.lanes(sc, [8 * n + lane + 4 * s for lane in range(4) for s in (0, 1)
+                                 for _ in range(4)])
+            isum = g.pack_madd(*sums, words, isum)
+        isums.append(bld.add(g.lanes(isum, [0, 1, 8, 9, 2, 3, 10, 11]),
+                             g.lanes(isum, [4, 5, 12, 13, 6, 7, 14, 15])))
+    return isums
 
 
 def _pshufb512(g: VectorIR, v: ir.Value, ctl: ir.Value) -> ir.Value:
@@ -363,11 +412,12 @@ def _quad_pairs(g: VectorIR, vs: list, add) -> ir.Value:  # noqa: ANN001
     return add(pick(*halves, list(range(0, 16, 2))), pick(*halves, list(range(1, 16, 2))))
 
 
-def _emit_quad_block(g: VectorIR, k: KernelType, t: Tile, b, blocks: list, isums: list,  # noqa: ANN001, PLR0913
-                     dab, quad: QuadScales | None) -> None:
+def _emit_quad_block(g: VectorIR, k: KernelType, t: Tile, b, isums: list, dab,  # noqa: ANN001, PLR0913
+                     quad: QuadScales | None) -> None:
     """Block ``b`` of ``_emit_quad_loop``: ``isums`` the four rows' ``_scaled_dot`` lanes
     before their parity sums, ``dab`` the activation's block scale, ``quad`` the rows'
-    scales where they were unpacked together (Q4_K)."""
+    scales where they were unpacked together (Q4_K; the types with parity lanes and an
+    offset term all have theirs so)."""
     bld = g.b
     acc8, accs4 = t.quad[:2]
     four = ir.Constant(vec(F32, 4), [0.0] * 4)
@@ -375,26 +425,19 @@ def _emit_quad_block(g: VectorIR, k: KernelType, t: Tile, b, blocks: list, isums
         ds = g.lanes(quad.dd, [0, 2, 4, 6])
     else:
         ds = four
-        for j, blk in enumerate(blocks):
-            ds = bld.insert_element(ds, blk.d, ir.Constant(I32, j))
+        for j, row in enumerate(t.rows):
+            d = block_scale(g, k, row, bld.mul(b, g.c64(k.type_size)))
+            ds = bld.insert_element(ds, d, ir.Constant(I32, j))
     # lane 2 j + p: fmul(d_j, d_act), the product _accumulate takes
     dd = bld.fmul(g.lanes(ds, [j // 2 for j in range(8)]), g.splatf8(dab))
     f = bld.sitofp(_quad_pairs(g, isums, bld.add), vec(F32, 8))
     bld.store(g.call("llvm.fma.v8f32", vec(F32, 8), [f, dd, bld.load(acc8)]), acc8)
     if not k.offset:
         return
+    assert quad is not None, k.type.ggml_name
     # the "dmin" term: - (d_act * dmin) * sum(mins * 32-sums), the sums exact integers
-    if quad is not None:
-        msum = quad_min_sums(g, quad, t.acts[0].aux, b)
-        dmin = g.lanes(quad.dd, [1, 3, 5, 7])
-    else:
-        p8 = bld.bitcast(g.at(t.acts[0].aux, bld.mul(b, g.c64(8))), vec(F32, 8).as_pointer())
-        a8 = bld.load(p8, align=4)
-        pairs = _quad_pairs(g, [bld.fmul(blk.offset.mins, a8) for blk in blocks], bld.fadd)
-        msum = bld.fadd(g.lanes(pairs, [0, 2, 4, 6]), g.lanes(pairs, [1, 3, 5, 7]))
-        dmin = four
-        for j, blk in enumerate(blocks):
-            dmin = bld.insert_element(dmin, blk.offset.factor, ir.Constant(I32, j))
+    msum = quad_min_sums(g, quad, t.acts[0].aux, b)
+    dmin = g.lanes(quad.dd, [1, 3, 5, 7])
     dab4 = bld.insert_element(four, dab, ir.Constant(I32, 0))
     dab4 = g.lanes(dab4, [0, 0, 0, 0])
     bld.store(bld.fsub(bld.load(accs4), bld.fmul(bld.fmul(dab4, dmin), msum)), accs4)
