@@ -12,6 +12,13 @@ the K-quants their own, with one scale step per 8 values (``_scaled_dot``), whic
 activations' 16-value sums, worked out from the bytes in its block loop). Every tile shape
 runs the same per-element sequence, so results are batch-invariant.
 
+Decoding (one activation row) runs four weight rows at a time against it (``_emit_quad_loop``;
+which four, ``WALKS``): for the types with parity lanes (Q4_K, Q6_K) the four rows' float
+steps are one vector step each, Q4_K's four rows' scales, mins and ``d|dmin`` are unpacked
+together one block ahead (``int_weights.quad_k_scales``) and its mins' term taken in
+integers, and on AVX-512 both types' integer dots run in 512-bit steps
+(``_wide_isums_k4``, ``_wide_isums_i8``): the same integers, so the same bits.
+
 Each weight type has its own compiled row kernel (``rows_kernel``): its block loop alone,
 compiled the first time a model needs the type (``prepare``) and cached on disk. The
 products' callers (``products``, the model's blocks and team) reach it through a table of
