@@ -11,6 +11,9 @@ Definitions follow the engine issue's bars:
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -238,3 +241,13 @@ def random_weights(name: str, rows: int, k: int, seed: int,
         elif f.name == "e":
             blk[:, f.offset] = rng.integers(118, 127, nb)
     return blk.reshape(rows, -1)
+
+
+def run_built_for(simd: str, code: str, cache: Path, timeout: int = 900) -> None:
+    """Run ``code`` in a new interpreter whose kernels are built for SIMD flavour ``simd``
+    (``GGUFLM_SIMD``) and compiled into ``cache``; the test fails with the child's error
+    output if it fails."""
+    env = dict(os.environ, GGUFLM_SIMD=simd, NUMBA_CACHE_DIR=str(cache))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -7,9 +7,6 @@ declaration's (the numpy twin) to float rounding."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +15,7 @@ import pytest
 from gguflm.gguf.types import GGMLType
 from gguflm.quant import int_tiles, kernels, kerneltypes
 from gguflm.quant.kerneltypes import KERNEL_TYPES
-from refcheck import random_weights
+from refcheck import random_weights, run_built_for
 
 NAMES = [t.name for t in KERNEL_TYPES]
 ROWS = 4 * 5 + 3  # five four-row passes, then three rows one at a time
@@ -101,10 +98,7 @@ def test_decoding_tile_same_bits_on_every_build(simd: str, tmp_path) -> None:  #
         "    res[f'{name}_{seed}_{fill}'] = out\n"
         f"np.savez({str(tmp_path / 'out.npz')!r}, **res)\n"
     )
-    env = dict(os.environ, GGUFLM_SIMD=simd, NUMBA_CACHE_DIR=str(tmp_path))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
+    run_built_for(simd, code, tmp_path)
     theirs = np.load(tmp_path / "out.npz")
     for name, seed, fill in cases:
         mine = np.empty((1, ROWS), np.float32)

@@ -9,9 +9,6 @@ bits on the same cases.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +17,7 @@ import pytest
 from gguflm.gguf.types import GGMLType
 from gguflm.quant import act_quant, gemm_ymm, int_gemm, kernels, kerneltypes
 from gguflm.quant.vector_ir import F16_TABLE, VNNI
-from refcheck import random_weights
+from refcheck import random_weights, run_built_for
 
 GEMM_TYPES = ["Q4_K", "Q6_K", "Q3_K", "Q2_K", "Q8_0", "Q5_0", "IQ4_NL", "IQ4_XS"]
 ROWS = 27  # three groups of 8 weight rows and 3 rows left over
@@ -152,10 +149,7 @@ def test_256_bit_gemm_same_numbers(simd: str, tmp_path: Path) -> None:
         "assert not int_gemm.WIDE_GEMM and not V.GFNI\n"
         f"np.savez({str(tmp_path / 'y.npz')!r}, **T.variant_results(T.Y_TYPES))\n"
     )
-    env = dict(os.environ, GGUFLM_SIMD=simd, NUMBA_CACHE_DIR=str(tmp_path))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
+    run_built_for(simd, code, tmp_path)
     ref = np.load(tmp_path / "y.npz")
     assert len(ref.files) == 5 * len(Y_TYPES)
     for name in Y_TYPES:

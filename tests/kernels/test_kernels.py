@@ -19,6 +19,7 @@ from gguflm.gguf.types import GGMLType
 from gguflm.quant import dequantize, kernels, kerneltypes
 from gguflm.quant.float_tiles import NO_BIAS
 from gguflm.quant.matrix import QMatrix
+from refcheck import run_built_for
 
 KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
                 "IQ4_NL", "IQ4_XS", "MXFP4"]
@@ -287,10 +288,7 @@ def test_portable_simd_variants(zoo, simd: str, tmp_path) -> None:  # noqa: ANN0
         "    err = np.abs(out - tw).max() / np.abs(tw).max()\n"
         "    assert err < 2e-6, (name, err)\n"
     )
-    env = dict(os.environ, GGUFLM_SIMD=simd, NUMBA_CACHE_DIR=str(tmp_path))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    run_built_for(simd, code, tmp_path)
 
 
 
@@ -318,10 +316,7 @@ def test_vnni_same_numbers_as_avx2(zoo, tmp_path) -> None:  # noqa: ANN001
         "        res[f'{name}_{n}'] = out\n"
         f"np.savez({str(tmp_path / 'avx2.npz')!r}, **res)\n"
     )
-    env = dict(os.environ, GGUFLM_SIMD="avx2", NUMBA_CACHE_DIR=str(tmp_path))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    run_built_for("avx2", code, tmp_path)
     ref = np.load(tmp_path / "avx2.npz")
     for name in KERNEL_TYPES:
         t = zoo.tensors[name + ".q"]
