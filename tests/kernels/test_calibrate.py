@@ -85,7 +85,7 @@ def test_an_entry_for_other_kernels_is_replaced(fresh, monkeypatch) -> None:  # 
     """The key holds the kernels' sources' stamp: a changed kernel is measured again, and
     the same CPU's entry for the old kernels dropped; other CPUs' entries stay."""
     key = calibrate.cpu_key()
-    stale = key.rsplit(" | kernels ", 1)[0] + " | kernels 0"
+    stale = calibrate._cpu_part() + "0"
     path = fresh / "calibration.json"
     path.write_text(json.dumps({stale: {"walks": [1, 1]}, "another CPU": {"walks": [1]}}))
     monkeypatch.setattr(calibrate, "measure", lambda kind: {"walks": [0, 0]})

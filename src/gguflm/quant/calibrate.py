@@ -49,12 +49,17 @@ _chosen: dict[str, Any] | None = None  # this process's choice, once made or rea
 
 def cpu_key() -> str:
     """What the choice depends on: the CPU model, the SIMD flavour the kernels are built
-    for, the CPU features they use, and the kernels' code (its sources' stamp: a changed
-    kernel is measured again)."""
+    for, the CPU features they use (``_cpu_part``), and the kernels' code (its sources'
+    stamp: a changed kernel is measured again)."""
+    return f"{_cpu_part()}{jitcache.sources_key(int_tiles.__file__):x}"
+
+
+def _cpu_part() -> str:
+    """``cpu_key`` up to the kernels' stamp: the same CPU's entries for other kernels
+    start with it."""
     feats = ",".join(f for f, on in (("vnni", vector_ir.VNNI), ("wide", vector_ir.WIDE),
                                      ("gfni", vector_ir.GFNI)) if on)
-    stamp = jitcache.sources_key(int_tiles.__file__)
-    return f"{_cpu_model()} | {vector_ir.SIMD} {feats} | v{_VERSION} | kernels {stamp:x}"
+    return f"{_cpu_model()} | {vector_ir.SIMD} {feats} | v{_VERSION} | kernels "
 
 
 def _cpu_model() -> str:
@@ -95,8 +100,7 @@ def _read_all(path: Path) -> dict[str, Any]:
 
 def _write(path: Path, key: str, entry: dict[str, Any]) -> None:
     """Keep ``entry`` under ``key``, dropping the same CPU's entries for other kernels."""
-    cpu = key.rsplit(" | kernels ", 1)[0] + " | kernels "
-    data = {k: v for k, v in _read_all(path).items() if not k.startswith(cpu)}
+    data = {k: v for k, v in _read_all(path).items() if not k.startswith(_cpu_part())}
     data[key] = entry
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:

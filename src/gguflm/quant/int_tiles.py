@@ -127,7 +127,8 @@ class Tile(NamedTuple):
     # the decoding tile's (4 weight rows, 1 activation row) accumulators for the types
     # with parity lanes (``_emit_quad_block``): <8 x float> of the rows' even and odd
     # lanes side by side and <4 x float> of their offset terms, moved to ``acc`` and
-    # ``acc_scalar`` after the loop
+    # ``acc_scalar`` after the loop; then, for Q4_K, the next block's ``QuadScales``
+    # slots and the block count (``_next_quad_scales``), else None
     quad: tuple | None = None
 
 
