@@ -9,9 +9,11 @@ For each N a server is started with N slots (``gguflm serve -np N -t T``; llama-
 stream ``--max-tokens``-token completions of different prompts at temperature 0, all at
 once, and the script prints aggregate generated tokens/s (all tokens / wall time from the
 first request to the last token) and p50/p95 time to first token. ``-r`` such runs (new
-prompts each, so that no cache holds them) per server, as llama-bench repeats its tests:
-the run with the median tokens/s is shown, with the range (single runs of a few seconds
-swung 1.5x on shared machines). Ratios to gguflm's N = 1 and to llama-server at the same N
+prompts each, so that no cache holds them) per server, as llama-bench repeats its tests,
+with both servers up and their runs taking turns (this machine's speed drifts by a third
+within minutes: runs minutes apart are not comparable): the run with the median tokens/s
+is shown, with every run's figure in order. Ratios to gguflm's first N and to
+llama-server at the same N
 follow.
 
 ``--latency`` adds the two latency bars of the serving issue: the time to first token of a
@@ -231,6 +233,35 @@ def latency(url: str, model: str) -> dict:
             "errors": [o["error"] for o in [*outs, lo, busy] if "error" in o]}
 
 
+
+def _alternating(kinds: list[str], path: str, n: int, args: argparse.Namespace) -> dict:
+    """Each server's figures at N = n: the servers all up at once (an idle one waits
+    without spinning), their runs taking turns (run k of every server, then run k + 1), so
+    the machine's drift over the minutes falls on both alike; the median run of each."""
+    servers = {}
+    try:
+        for kind in kinds:
+            servers[kind] = Server(kind, path, n, args.threads, args.llama_server,
+                                   env=dict(args.gguflm_env) if kind == "gguflm" else None)
+            run_clients(servers[kind].url, args.model, 1, 8, offset=99)  # warm up
+        runs: dict[str, list] = {kind: [] for kind in kinds}
+        for k in range(max(1, args.repetitions)):
+            for kind, srv in servers.items():
+                runs[kind].append(run_clients(srv.url, args.model, n, args.max_tokens,
+                                              offset=k * len(TOPICS)))
+        out = {}
+        for kind, srv in servers.items():
+            ordered = sorted(runs[kind], key=lambda r: r["tokens_per_second"])
+            r = dict(ordered[len(ordered) // 2])
+            r["runs_tokens_per_second"] = [x["tokens_per_second"] for x in runs[kind]]
+            r["errors"] = [e for x in ordered for e in x["errors"]]
+            r["rss_mib"] = srv.rss_mib()
+            out[kind] = r
+        return out
+    finally:
+        for srv in servers.values():
+            srv.close()
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -255,33 +286,23 @@ def main() -> int:
                      "max_tokens": args.max_tokens, "gguflm": {}, "llama-server": {}}
     kinds = ["gguflm"] + (["llama-server"] if args.llama_server else [])
     for n in ns:
-        for kind in kinds:  # alternate: the same machine state for both at each N
-            srv = Server(kind, path, n, args.threads, args.llama_server,
-                         env=dict(args.gguflm_env) if kind == "gguflm" else None)
-            try:
-                run_clients(srv.url, args.model, 1, 8, offset=99)  # warm up
-                runs = sorted((run_clients(srv.url, args.model, n, args.max_tokens,
-                                           offset=k * len(TOPICS))
-                               for k in range(max(1, args.repetitions))),
-                              key=lambda r: r["tokens_per_second"])
-                r = dict(runs[len(runs) // 2])
-                r["runs_tokens_per_second"] = [x["tokens_per_second"] for x in runs]
-                r["errors"] = [e for x in runs for e in x["errors"]]
-                r["rss_mib"] = srv.rss_mib()
-                if kind == "gguflm" and args.latency and n == max(ns):
-                    results["latency"] = latency(srv.url, args.model)
-            finally:
-                srv.close()
+        for kind, r in _alternating(kinds, path, n, args).items():
             results[kind][n] = r
             if not args.json:
                 errors = f"  ERRORS: {r['errors']}" if r["errors"] else ""
                 spread = r["runs_tokens_per_second"]
-                runs_text = (f" (runs {spread[0]:.1f}-{spread[-1]:.1f})" if len(spread) > 1
-                             else "")
+                runs_text = (f" (runs {', '.join(f'{x:.1f}' for x in spread)})"
+                             if len(spread) > 1 else "")
                 print(f"{kind:12s} N={n}: {r['tokens_per_second']:7.1f} tokens/s aggregate"
                       f"{runs_text} ({r['tokens']} tokens in {r['seconds']:.1f} s), TTFT p50 "
                       f"{r['ttft_p50']:.2f} s p95 {r['ttft_p95']:.2f} s, RSS "
                       f"{r['rss_mib']:.0f} MiB{errors}", flush=True)
+        if args.latency and n == max(ns):
+            srv = Server("gguflm", path, n, args.threads, None, env=dict(args.gguflm_env))
+            try:
+                results["latency"] = latency(srv.url, args.model)
+            finally:
+                srv.close()
     g = results["gguflm"]
     if not args.json:
         base = g[ns[0]]["tokens_per_second"]
