@@ -1,8 +1,9 @@
-"""Decoding's tile (``int_tiles``: four weight rows, taken from the four quarters of a
-row range or in another walk of ``int_tiles.WALKS``, times one activation row; the types
-with parity lanes, Q4_K and Q6_K, keep the four rows' lanes side by side in shared
-vectors) on random weight bytes and at the integer extremes: every row's number is bit for
-bit the one the same row gets alone (one-row tile), for every integer-kernel type, and the
+"""Decoding's tiles (``int_tiles``: four weight rows, taken from the four quarters of a
+row range or in another walk of ``int_tiles.WALKS``, times one activation row, or two for
+a few sequences decoded together; the types with parity lanes, Q4_K and Q6_K, keep the
+four rows' lanes side by side in shared vectors) on random weight bytes and at the integer
+extremes: every number is bit for bit the one the same weight row gets alone against the
+same activation row alone (one-row tile), for every integer-kernel type, and the
 declaration's (the numpy twin) to float rounding."""
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def _weights(name: str, seed: int, fill: int | None = None) -> np.ndarray:
 
 def _check(name: str, w: np.ndarray, x: np.ndarray, walk: int = 0) -> None:
     kind = int(GGMLType[name])
-    whole = np.empty((1, ROWS), np.float32)
+    whole = np.empty((x.shape[0], ROWS), np.float32)
     settings = int_tiles.kernel_settings()
     slots = int_tiles.WALK_SETTINGS  # both classes: some types' rows here are long
     before = [settings[s] for s in slots]
@@ -41,7 +42,9 @@ def _check(name: str, w: np.ndarray, x: np.ndarray, walk: int = 0) -> None:
             settings[s] = b
     alone = np.empty_like(whole)
     for r in range(ROWS):
-        kernels.qmatmul(kind, w[r:r + 1], x, alone[:, r:r + 1], parallel=False)
+        for i in range(x.shape[0]):
+            kernels.qmatmul(kind, w[r:r + 1], x[i:i + 1], alone[i:i + 1, r:r + 1],
+                            parallel=False)
     np.testing.assert_array_equal(whole, alone)
     twin = kerneltypes.twin_qmatmul(kind, w, x)
     assert np.abs(whole - twin).max() <= 2e-6 * np.abs(twin).max()
@@ -49,10 +52,13 @@ def _check(name: str, w: np.ndarray, x: np.ndarray, walk: int = 0) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("walk", range(len(int_tiles.WALKS)))
-def test_decoding_tile_on_random_bytes_equals_rows_alone(name: str, walk: int) -> None:
+@pytest.mark.parametrize("acts", [1, 2, 3])
+def test_decoding_tile_on_random_bytes_equals_rows_alone(name: str, walk: int,
+                                                         acts: int) -> None:
     """Whichever walk over the rows decoding takes (``int_tiles.WALKS``, chosen by
-    measuring the machine), every row's number is the one it gets alone."""
-    x = np.random.default_rng(3).standard_normal((1, K)).astype(np.float32)
+    measuring the machine), with one activation row or a few (two a tile, then one),
+    every number is the one its rows get alone."""
+    x = np.random.default_rng(3).standard_normal((acts, K)).astype(np.float32)
     x[:, :7] *= 20  # outliers, as real hidden states have
     _check(name, _weights(name, seed=1), x, walk)
 
@@ -63,24 +69,25 @@ def test_decoding_tile_at_the_integer_extremes_equals_rows_alone(name: str, fill
     """Every value and scale byte 0 or 255 times activations of all +127 or alternating
     signs: the sums that must fit the kernels' 16-bit and 32-bit steps, at their largest."""
     w = _weights(name, seed=2, fill=fill)
-    for x in (np.ones((1, K), np.float32),
-              np.where(np.arange(K) % 2, 1.0, -1.0).astype(np.float32)[None]):
+    ones = np.ones((1, K), np.float32)
+    signs = np.where(np.arange(K) % 2, 1.0, -1.0).astype(np.float32)[None]
+    for x in (ones, signs, np.concatenate([ones, signs, -ones])):
         _check(name, w, x)
 
 
 @pytest.mark.parametrize("simd", ["avx2", "generic"])
 def test_decoding_tile_same_bits_on_every_build(simd: str, tmp_path) -> None:  # noqa: ANN001
-    """The four-row tile of the types with parity lanes (on AVX-512 Q4_K's 512-bit steps,
-    elsewhere 256-bit or portable IR, the four rows' scales unpacked together everywhere)
-    gives the native build's bits under the AVX2 and the portable builds, on random bytes
-    and at the integer extremes."""
+    """The four-row tiles of the types with parity lanes (on AVX-512 Q4_K's and Q6_K's
+    512-bit steps, elsewhere 256-bit or portable IR, the four rows' scales unpacked together
+    everywhere; one activation row or two) give the native build's bits under the AVX2 and
+    the portable builds, on random bytes and at the integer extremes."""
     if simd == "avx2" and kernels.SIMD == "generic":
         pytest.skip("not an x86 CPU with AVX2")
     names = [t.name for t, k in KERNEL_TYPES.items() if k.parity_lanes]
     cases = [(name, seed, fill) for name in names
              for seed, fill in ((1, None), (2, 0x00), (2, 0xFF))]
-    x = np.random.default_rng(4).standard_normal((1, K)).astype(np.float32)
-    x[:, :5] *= 30
+    x = np.random.default_rng(4).standard_normal((3, K)).astype(np.float32)
+    x[:, :5] *= 30  # three activation rows: the two-row tile and the one-row tile
     np.save(tmp_path / "x.npy", x)
     code = (
         "import sys, numpy as np\n"
@@ -93,7 +100,7 @@ def test_decoding_tile_same_bits_on_every_build(simd: str, tmp_path) -> None:  #
         "res = {}\n"
         f"for name, seed, fill in {cases!r}:\n"
         f"    w = random_weights(name, {ROWS}, {K}, seed, fill)\n"
-        f"    out = np.empty((1, {ROWS}), np.float32)\n"
+        f"    out = np.empty((3, {ROWS}), np.float32)\n"
         "    K.qmatmul(int(GGMLType[name]), w, x, out, parallel=False)\n"
         "    res[f'{name}_{seed}_{fill}'] = out\n"
         f"np.savez({str(tmp_path / 'out.npz')!r}, **res)\n"
@@ -101,6 +108,6 @@ def test_decoding_tile_same_bits_on_every_build(simd: str, tmp_path) -> None:  #
     run_built_for(simd, code, tmp_path)
     theirs = np.load(tmp_path / "out.npz")
     for name, seed, fill in cases:
-        mine = np.empty((1, ROWS), np.float32)
+        mine = np.empty((3, ROWS), np.float32)
         kernels.qmatmul(int(GGMLType[name]), _weights(name, seed, fill), x, mine, parallel=False)
         np.testing.assert_array_equal(mine, theirs[f"{name}_{seed}_{fill}"], err_msg=name)

@@ -17,7 +17,10 @@ which four, ``WALKS``): for the types with parity lanes (Q4_K, Q6_K) the four ro
 steps are one vector step each, Q4_K's four rows' scales, mins and ``d|dmin`` are unpacked
 together one block ahead (``int_weights.quad_k_scales``) and its mins' term taken in
 integers, and on AVX-512 both types' integer dots run in 512-bit steps
-(``_wide_isums_k4``, ``_wide_isums_i8``): the same integers, so the same bits.
+(``_wide_isums_k4``, ``_wide_isums_i8``): the same integers, so the same bits. A few
+sequences decoded together (2-3 activation rows, or 5-7 over a big matrix) take those four
+rows two activation rows at a time where the type has parity lanes, the weights unpacked
+once for both (``_four_rows``).
 
 Each weight type has its own compiled row kernel (``rows_kernel``): its block loop alone,
 compiled the first time a model needs the type (``prepare``) and cached on disk. The
@@ -124,11 +127,11 @@ class Tile(NamedTuple):
     # the wide block loop's <16 x float> accumulators, one per two activation rows
     # (``_emit_wide_block``), moved to ``acc`` after the loop
     pair_acc: list | None = None
-    # the decoding tile's (4 weight rows, 1 activation row) accumulators for the types
-    # with parity lanes (``_emit_quad_block``): <8 x float> of the rows' even and odd
-    # lanes side by side and <4 x float> of their offset terms, moved to ``acc`` and
-    # ``acc_scalar`` after the loop; then, for Q4_K, the next block's ``QuadScales``
-    # slots and the block count (``_next_quad_scales``), else None
+    # the decoding tiles' (4 weight rows, 1 or 2 activation rows) accumulators for the
+    # types with parity lanes (``_emit_quad_block``): per activation row, <8 x float> of
+    # the rows' even and odd lanes side by side, and <4 x float> of their offset terms,
+    # moved to ``acc`` and ``acc_scalar`` after the loop; then, for Q4_K, the next block's
+    # ``QuadScales`` slots and the block count (``_next_quad_scales``), else None
     quad: tuple | None = None
 
 
@@ -143,7 +146,7 @@ def _emit_type_loop(g: VectorIR, k: KernelType, t: Tile, nb, shift: str = "") ->
     order: the same numbers, with 2 vector operations in place of 24 scalar ones per
     block."""
     bld = g.b
-    if t.lanes is None and k.parity_lanes and len(t.rows) == 4 and len(t.acts) == 1:
+    if t.lanes is None and k.parity_lanes and len(t.rows) == 4 and len(t.acts) <= 2:
         _emit_quad_loop(g, k, t, nb, shift)
         return
     if t.lanes is None:
@@ -209,9 +212,10 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
     if t.quad is not None and k.scales == "k4":
         quad = _next_quad_scales(g, k, t, b)
     if t.quad is not None and _wide_quad(k):
-        isums = (_wide_isums_k4(g, k, t, b, quad) if quad is not None
-                 else _wide_isums_i8(g, k, t, b))
-        _emit_quad_block(g, k, t, b, isums, g.load_f32(t.acts[0].da, b), quad)
+        per_act = (_wide_isums_k4(g, k, t, b, quad) if quad is not None
+                   else _wide_isums_i8(g, k, t, b))
+        for i, isums in enumerate(per_act):
+            _emit_quad_block(g, k, t, b, isums, g.load_f32(t.acts[i].da, b), quad, i)
         return
     blocks = [unpack(g, k, row, bld.mul(b, g.c64(ts)), shift in ("w", "u"),
                      scales=None if quad is None else quad.row(g, j))
@@ -235,11 +239,12 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
         zero = ir.Constant(vec(I32, 8), [0] * 8)
         cor = [[bld.sub(zero, g.quad_sums(g.splat8(k.bias, 32), a)) for a in spans]
                for spans in a8]
-    if t.quad is not None:  # the decoding tile of a type with parity lanes
+    if t.quad is not None:  # the decoding tiles of a type with parity lanes
         assert shift in ("", "u"), shift
-        isums = [_scaled_dot(g, k, blk, a8[0], cor[0] if shift == "u" else None, raw=True)
-                 for blk in blocks]
-        _emit_quad_block(g, k, t, b, isums, dabs[0], quad)
+        for i in range(len(t.acts)):
+            isums = [_scaled_dot(g, k, blk, a8[i], cor[i] if shift == "u" else None,
+                                 raw=True) for blk in blocks]
+            _emit_quad_block(g, k, t, b, isums, dabs[i], quad, i)
         return
     msums = None  # Q2_K: each activation row's min sums for all the weight rows at once
     if t.lanes is None and blocks[0].offset is not None and blocks[0].offset.kind == "dmin16":
@@ -260,15 +265,19 @@ def _emit_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> None:
 
 
 def _emit_quad_loop(g: VectorIR, k: KernelType, t: Tile, nb, shift: str) -> None:  # noqa: ANN001
-    """``_emit_type_loop`` of the decoding tile (4 weight rows, 1 activation row) for a type
-    with parity lanes: each row's two float lanes (even and odd spans) and offset term are
-    one lane of two shared vectors (``_emit_quad_block``), so a block's conversion, scale
-    product, fused multiply-add and offset steps are one vector operation each for the four
-    rows instead of one per row, each lane doing the row's steps of ``_accumulate``: the
-    same numbers. After the loop each row's lanes go back to its accumulators."""
+    """``_emit_type_loop`` of the decoding tiles (4 weight rows, 1 or 2 activation rows) for
+    a type with parity lanes: each row's two float lanes (even and odd spans) and offset
+    term are one lane of two shared vectors per activation row (``_emit_quad_block``), so
+    a block's conversion, scale product, fused multiply-add and offset steps are one vector
+    operation each for the four rows instead of one per row, each lane doing the row's
+    steps of ``_accumulate``: the same numbers. The weights are unpacked once for both
+    activation rows. After the loop each row's lanes go back to its accumulators."""
     bld = g.b
-    acc8 = cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 8), [0.0] * 8))
-    accs4 = cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 4), [0.0] * 4))
+    na = len(t.acts)
+    acc8 = [cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 8), [0.0] * 8))
+            for _ in range(na)]
+    accs4 = [cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 4), [0.0] * 4))
+             for _ in range(na)]
     ahead = None
     if k.scales == "k4":  # block 0's scales, then each block unpacks the next one's
         first = quad_k_scales(g, k, t.rows, g.c64(0))
@@ -278,11 +287,12 @@ def _emit_quad_loop(g: VectorIR, k: KernelType, t: Tile, nb, shift: str) -> None
     with cgutils.for_range(bld, nb) as loop:
         _emit_block(g, k, t, loop.index, None, shift)
     zero = ir.Constant(vec(F32, 8), [0.0] * 8)
-    accv, offs = bld.load(acc8), bld.load(accs4)
-    for j in range(4):  # [even, odd, 0, ...]: what _accumulate leaves, so the same sums
-        order = ir.Constant(vec(I32, 8), [2 * j, 2 * j + 1] + [8] * 6)
-        bld.store(bld.shuffle_vector(accv, zero, order), t.acc[j][0])
-        bld.store(bld.extract_element(offs, ir.Constant(I32, j)), t.acc_scalar[j][0])
+    for i in range(na):
+        accv, offs = bld.load(acc8[i]), bld.load(accs4[i])
+        for j in range(4):  # [even, odd, 0, ...]: what _accumulate leaves, the same sums
+            order = ir.Constant(vec(I32, 8), [2 * j, 2 * j + 1] + [8] * 6)
+            bld.store(bld.shuffle_vector(accv, zero, order), t.acc[j][i])
+            bld.store(bld.extract_element(offs, ir.Constant(I32, j)), t.acc_scalar[j][i])
 
 
 def _next_quad_scales(g: VectorIR, k: KernelType, t: Tile, b) -> QuadScales:  # noqa: ANN001
@@ -317,32 +327,33 @@ def _wide_quad(k: KernelType) -> bool:
 
 
 def _wide_isums_k4(g: VectorIR, k: KernelType, t: Tile, b, quad: QuadScales) -> list:  # noqa: ANN001
-    """The four rows' raw ``_scaled_dot`` lanes of block ``b`` of Q4_K in 512-bit steps:
-    per row, each 64 bytes of nibbles in one load, their low nibbles spans 4h and 4h + 2,
-    the high ones 4h + 1 and 4h + 3 (the activations arranged to match, once for the four
-    rows); the two vectors' quad sums packed to words and multiplied by the scales in one
-    ``pack_madd`` (in 128-bit lane L, words of the spans 4h + 2 (L // 2) and + 1). Lanes 0,
-    1 of each 128 bits hold even spans' products and 2, 3 odd ones', as ``_scaled_dot``'s
-    raw 8 lanes do once the halves are added: exact integers, the same sums. Half the
-    instructions of the 256-bit steps."""
+    """Per activation row of the tile, the four rows' raw ``_scaled_dot`` lanes of block
+    ``b`` of Q4_K in 512-bit steps: per row, each 64 bytes of nibbles in one load, their low
+    nibbles spans 4h and 4h + 2, the high ones 4h + 1 and 4h + 3 (the activations arranged
+    to match, once for the four rows); the two vectors' quad sums packed to words and
+    multiplied by the scales in one ``pack_madd`` (in 128-bit lane L, words of the spans
+    4h + 2 (L // 2) and + 1). Lanes 0, 1 of each 128 bits hold even spans' products and 2,
+    3 odd ones', as ``_scaled_dot``'s raw 8 lanes do once the halves are added: exact
+    integers, the same sums. Half the instructions of the 256-bit steps; the nibbles and
+    scale words unpacked once for every activation row."""
     bld = g.b
     qk, off = k.block_size, bld.mul(b, g.c64(k.type_size))
     qs_at = bld.add(off, g.c64(k.format[k.planes[0].field].offset))
     abase = bld.mul(b, g.c64(qk))
 
-    def act(h: int, odd: int) -> ir.Value:  # spans 4h + odd and 4h + 2 + odd, joined
-        parts = [g.vload(t.acts[0].qa, bld.add(abase, g.c64(32 * (4 * h + odd + 2 * x))), 32)
+    def act(a: ActRow, h: int, odd: int) -> ir.Value:  # spans 4h + odd and 4h + 2 + odd
+        parts = [g.vload(a.qa, bld.add(abase, g.c64(32 * (4 * h + odd + 2 * x))), 32)
                  for x in (0, 1)]
         return bld.shuffle_vector(*parts, ir.Constant(vec(I32, 64), list(range(64))))
 
-    acts = [[act(h, odd) for odd in (0, 1)] for h in range(qk // 128)]
-    isums = []
+    acts = [[[act(a, h, odd) for odd in (0, 1)] for h in range(qk // 128)] for a in t.acts]
+    isums = [[] for _ in t.acts]
     for j, row in enumerate(t.rows):
-        isum = None
         # the row's scale bytes in every 128-bit lane, then one byte shuffle per 64 bytes
         # (a two-source byte permute from the four rows' vector was slower on Zen 4)
         mine = g.lanes(quad.bytes, [16 * j + i for i in range(16)] * 4)
-        for h, (a_lo, a_hi) in enumerate(acts):
+        sums = [None] * len(t.acts)
+        for h in range(qk // 128):
             q = g.vload(row, bld.add(qs_at, g.c64(64 * h)), 64)
             lo = bld.and_(q, g.splat8(15, 64))
             hi = g.byte_bits(q, 4, 4)
@@ -351,8 +362,12 @@ def _wide_isums_k4(g: VectorIR, k: KernelType, t: Tile, b, quad: QuadScales) -> 
                    for x in (4 * h + 2 * (lane // 2) + s, -128)]
             words = bld.bitcast(_pshufb512(g, mine, ir.Constant(vec(I8, 64), ctl)),
                                 vec(I16, 32))
-            isum = g.pack_madd(g.quad_sums(lo, a_lo), g.quad_sums(hi, a_hi), words, isum)
-        isums.append(bld.add(g.lanes(isum, list(range(8))), g.lanes(isum, list(range(8, 16)))))
+            for i, a in enumerate(acts):
+                sums[i] = g.pack_madd(g.quad_sums(lo, a[h][0]), g.quad_sums(hi, a[h][1]),
+                                      words, sums[i])
+        for i, isum in enumerate(sums):
+            isums[i].append(bld.add(g.lanes(isum, list(range(8))),
+                                    g.lanes(isum, list(range(8, 16)))))
     return isums
 
 
@@ -368,18 +383,18 @@ def _wide_isums_i8(g: VectorIR, k: KernelType, t: Tile, b) -> list:  # noqa: ANN
     bld, fmt = g.b, k.format
     off = bld.mul(b, g.c64(k.type_size))
     abase = bld.mul(b, g.c64(k.block_size))
-    acts = [[g.vload(t.acts[0].qa, bld.add(abase, g.c64(128 * n + 64 * x)), 64)
-             for x in (0, 1)] for n in (0, 1)]
+    acts = [[[g.vload(a.qa, bld.add(abase, g.c64(128 * n + 64 * x)), 64) for x in (0, 1)]
+             for n in (0, 1)] for a in t.acts]
     zero = ir.Constant(vec(I32, 16), [0] * 16)
-    starts = [[bld.sub(zero, g.quad_sums(g.splat8(k.bias, 64), a)) for a in pair]
-              for pair in acts]
+    starts = [[[bld.sub(zero, g.quad_sums(g.splat8(k.bias, 64), a)) for a in pair]
+               for pair in act] for act in acts]
     q64 = vec(I64, 8)
     shifts = (ir.Constant(q64, [4] * 4 + [2] * 4), ir.Constant(q64, [0] * 4 + [2] * 4))
-    isums = []
+    isums = [[] for _ in t.acts]
     for row in t.rows:
         sc = bld.sext(g.vload(row, bld.add(off, g.c64(fmt["scales"].offset)), 16),
                       vec(I16, 16))
-        isum = None
+        rsums = [None] * len(t.acts)
         for n in (0, 1):
             ql = g.vload(row, bld.add(off, g.c64(fmt["ql"].offset + 64 * n)), 64)
             qh = g.vload(row, bld.add(off, g.c64(fmt["qh"].offset + 32 * n)), 32)
@@ -388,13 +403,15 @@ def _wide_isums_i8(g: VectorIR, k: KernelType, t: Tile, b) -> list:  # noqa: ANN
                    for op, sh in ((bld.shl, shifts[0]), (bld.lshr, shifts[1]))]
             vals = (bld.or_(bld.and_(ql, g.splat8(15, 64)), top[0]),
                     bld.or_(g.byte_bits(ql, 4, 4), top[1]))
-            sums = [bld.add(g.quad_sums(v, a), st)
-                    for v, a, st in zip(vals, acts[n], starts[n], strict=True)]
             words = g.lanes(sc, [8 * n + lane + 4 * s for lane in range(4) for s in (0, 1)
                                  for _ in range(4)])
-            isum = g.pack_madd(*sums, words, isum)
-        isums.append(bld.add(g.lanes(isum, [0, 1, 8, 9, 2, 3, 10, 11]),
-                             g.lanes(isum, [4, 5, 12, 13, 6, 7, 14, 15])))
+            for i in range(len(t.acts)):
+                sums = [bld.add(g.quad_sums(v, a), st)
+                        for v, a, st in zip(vals, acts[i][n], starts[i][n], strict=True)]
+                rsums[i] = g.pack_madd(*sums, words, rsums[i])
+        for i, isum in enumerate(rsums):
+            isums[i].append(bld.add(g.lanes(isum, [0, 1, 8, 9, 2, 3, 10, 11]),
+                                    g.lanes(isum, [4, 5, 12, 13, 6, 7, 14, 15])))
     return isums
 
 
@@ -421,13 +438,13 @@ def _quad_pairs(g: VectorIR, vs: list, add) -> ir.Value:  # noqa: ANN001
 
 
 def _emit_quad_block(g: VectorIR, k: KernelType, t: Tile, b, isums: list, dab,  # noqa: ANN001, PLR0913
-                     quad: QuadScales | None) -> None:
-    """Block ``b`` of ``_emit_quad_loop``: ``isums`` the four rows' ``_scaled_dot`` lanes
-    before their parity sums, ``dab`` the activation's block scale, ``quad`` the rows'
-    scales where they were unpacked together (Q4_K; the types with parity lanes and an
-    offset term all have theirs so)."""
+                     quad: QuadScales | None, i: int = 0) -> None:
+    """Block ``b`` of ``_emit_quad_loop`` for activation row ``i``: ``isums`` the four rows'
+    ``_scaled_dot`` lanes before their parity sums, ``dab`` the activation's block scale,
+    ``quad`` the rows' scales where they were unpacked together (Q4_K; the types with
+    parity lanes and an offset term all have theirs so)."""
     bld = g.b
-    acc8, accs4 = t.quad[:2]
+    acc8, accs4 = t.quad[0][i], t.quad[1][i]
     four = ir.Constant(vec(F32, 4), [0.0] * 4)
     if quad is not None:
         ds = g.lanes(quad.dd, [0, 2, 4, 6])
@@ -444,7 +461,7 @@ def _emit_quad_block(g: VectorIR, k: KernelType, t: Tile, b, isums: list, dab,  
         return
     assert quad is not None, k.type.ggml_name
     # the "dmin" term: - (d_act * dmin) * sum(mins * 32-sums), the sums exact integers
-    msum = quad_min_sums(g, quad, t.acts[0].aux, b)
+    msum = quad_min_sums(g, quad, t.acts[i].aux, b)
     dmin = g.lanes(quad.dd, [1, 3, 5, 7])
     dab4 = bld.insert_element(four, dab, ir.Constant(I32, 0))
     dab4 = g.lanes(dab4, [0, 0, 0, 0])
@@ -726,7 +743,7 @@ def _emit_types(g: VectorIR, kind, ktypes: list[KernelType], t: Tile, nbytes,  #
     bld.position_at_end(done)
 
 
-def _make_rowdot(nr: int, na: int, lanes: bool = False):  # noqa: ANN202 - a numba intrinsic
+def _make_rowdot(nr: int, na: int, lanes: bool = False, quad: bool = False):  # noqa: ANN202 - a numba intrinsic
     """Intrinsic ``rowdot(kind, w (R, row_bytes) u8, r0, rs, qa (n, K) i8, da (n, K/QK) f32,
     aux (n, .) f32, cor (n, K/4) i32 or (0, .), qu (n, K) i8 or (0, .), da8, aux8, tbl, i0,
     out (n, R) f32)``:
@@ -738,14 +755,22 @@ def _make_rowdot(nr: int, na: int, lanes: bool = False):  # noqa: ANN202 - a num
     the scales and sums of activation rows i0..i0+na-1 side by side; otherwise unused.
     ``cor``: the activations' lane corrections for the types with a ``vnni_offset``, or no
     rows (then those types take the sign step). ``qu``: the activations plus 128, which the
-    lanes tiles use for those types instead, or no rows."""
+    lanes tiles use for those types instead, or no rows. Returns the activation rows done:
+    ``na``; with ``quad`` (the decoding tile of 4 weight rows and 2 activation rows, which
+    only the types with parity lanes have: ``_emit_quad_loop``), 0 for the other types,
+    whose code is not emitted (the caller runs its rows in other tiles)."""
 
     @intrinsic(prefer_literal=True)
     def rowdot(typingctx, kind, w, r0, rs, qa, da, aux, cor, qu, da8, aux8, tbl, i0, out):  # noqa: ANN001, ANN202, ARG001, PLR0913
         sig = types.int64(kind, w, r0, rs, qa, da, aux, cor, qu, da8, aux8, tbl, i0, out)
         ktypes = _types_for(kind)
+        done = na
+        if quad and not (ktypes and ktypes[0].parity_lanes):
+            ktypes, done = [], 0
 
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            if done == 0:
+                return context.get_constant(types.int64, 0)
             kind_, ws, r0_, rs_, qas, das, auxs, cors, qus, da8s, aux8s, tbls, i0_, outs = (
                 array_args(context, builder, signature, args))
             g = VectorIR(builder, tbls.data)
@@ -780,18 +805,20 @@ def _make_rowdot(nr: int, na: int, lanes: bool = False):  # noqa: ANN202 - a num
                     res = bld.fadd(g.hsum8(bld.load(tile.acc[j][i])),
                                    bld.load(tile.acc_scalar[j][i]))
                     g.store_2d(outs, bld.add(i0_, g.c64(i)), ridx[j], res)
-            return context.get_constant(types.int64, 0)
+            return context.get_constant(types.int64, done)
 
         return sig, codegen
 
     return rowdot
 
 
-# (weight rows, activation rows) per call: 4x1 for token-by-token decoding; for batches 1x8
+# (weight rows, activation rows) per call: 4x1 for token-by-token decoding (4x2 for a few
+# sequences decoded together, where the type has parity lanes); for batches 1x8
 # (an unpacked block serves 8 activation rows) and 1x4 for 4-7 rows (one weight row at a
 # time: on a 262144-row output matrix faster than 2x4, as fast on small ones), except types
 # declared batch8=False: 1x4 for all
 _rd_4x1 = _make_rowdot(4, 1)
+_rd_4x2 = _make_rowdot(4, 2, quad=True)  # the types with parity lanes only (else 0, nothing)
 _rd_1x1 = _make_rowdot(1, 1)
 _rd_1x8 = _make_rowdot(1, 8, lanes=True)
 _rd_1x4 = _make_rowdot(1, 4)
@@ -883,24 +910,20 @@ def _stream_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1, walk):  # noqa
     if walk == 1 and r1 - r0 >= 8:  # passes alternating over eighths 0, 2, 4, 6 and 1, 3, 5, 7
         part = (r1 - r0) // 8
         for k in range(part):
-            for i in range(n):
-                _rd_4x1(kind, w, r0 + k, 2 * part, qa, da, aux, cor, qu, da, aux, tbl, i, out)
-                _rd_4x1(kind, w, r0 + part + k, 2 * part, qa, da, aux, cor, qu, da, aux, tbl,
-                        i, out)
+            _four_rows(kind, w, r0 + k, 2 * part, qa, da, aux, cor, qu, tbl, out)
+            _four_rows(kind, w, r0 + part + k, 2 * part, qa, da, aux, cor, qu, tbl, out)
         done = r0 + 8 * part
     elif walk == 2 and r1 - r0 >= 8:  # stride q + 1: rows q, 2q + 1, 3q + 2 left over
         q = (r1 - r0 - 3) // 4
         for k in range(q):
-            for i in range(n):
-                _rd_4x1(kind, w, r0 + k, q + 1, qa, da, aux, cor, qu, da, aux, tbl, i, out)
+            _four_rows(kind, w, r0 + k, q + 1, qa, da, aux, cor, qu, tbl, out)
         done, skip = r0 + 4 * q + 3, q
     elif walk == 3:  # the one-row tile over the rows in order: nothing in passes
         done = r0
     else:
         quarter = (r1 - r0) // 4
         for k in range(quarter):
-            for i in range(n):
-                _rd_4x1(kind, w, r0 + k, quarter, qa, da, aux, cor, qu, da, aux, tbl, i, out)
+            _four_rows(kind, w, r0 + k, quarter, qa, da, aux, cor, qu, tbl, out)
         done = r0 + 4 * quarter
     for j in range(3 if skip >= 0 else 0):
         for i in range(n):
@@ -909,6 +932,22 @@ def _stream_rows(kind, w, qa, da, aux, cor, qu, tbl, out, r0, r1, walk):  # noqa
     for r in range(done, r1):
         for i in range(n):
             _rd_1x1(kind, w, r, 1, qa, da, aux, cor, qu, da, aux, tbl, i, out)
+
+
+@njit(nogil=True, inline="always")
+def _four_rows(kind, w, r, rs, qa, da, aux, cor, qu, tbl, out):  # noqa: ANN001, ANN202
+    """Weight rows r, r + rs, r + 2 rs, r + 3 rs times every activation row, while they are
+    in L1: two activation rows a tile where the type has that tile (the weights unpacked
+    once for both), the others one at a time."""
+    n = qa.shape[0]
+    i = 0
+    while i + 2 <= n:
+        if _rd_4x2(kind, w, r, rs, qa, da, aux, cor, qu, da, aux, tbl, i, out) == 0:
+            break
+        i += 2
+    while i < n:
+        _rd_4x1(kind, w, r, rs, qa, da, aux, cor, qu, da, aux, tbl, i, out)
+        i += 1
 
 
 # Settings the row kernels read at run time (an array at a symbol their machine code links
