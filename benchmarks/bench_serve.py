@@ -233,7 +233,6 @@ def latency(url: str, model: str) -> dict:
             "errors": [o["error"] for o in [*outs, lo, busy] if "error" in o]}
 
 
-
 def _alternating(kinds: list[str], path: str, n: int, args: argparse.Namespace) -> dict:
     """Each server's figures at N = n: the servers all up at once (an idle one waits
     without spinning), their runs taking turns (run k of every server, then run k + 1), so
@@ -261,6 +260,7 @@ def _alternating(kinds: list[str], path: str, n: int, args: argparse.Namespace) 
     finally:
         for srv in servers.values():
             srv.close()
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

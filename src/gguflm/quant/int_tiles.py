@@ -438,7 +438,7 @@ def _quad_pairs(g: VectorIR, vs: list, add) -> ir.Value:  # noqa: ANN001
 
 
 def _emit_quad_block(g: VectorIR, k: KernelType, t: Tile, b, isums: list, dab,  # noqa: ANN001, PLR0913
-                     quad: QuadScales | None, i: int = 0) -> None:
+                     quad: QuadScales | None, i: int) -> None:
     """Block ``b`` of ``_emit_quad_loop`` for activation row ``i``: ``isums`` the four rows'
     ``_scaled_dot`` lanes before their parity sums, ``dab`` the activation's block scale,
     ``quad`` the rows' scales where they were unpacked together (Q4_K; the types with
@@ -764,9 +764,7 @@ def _make_rowdot(nr: int, na: int, lanes: bool = False, quad: bool = False):  # 
     def rowdot(typingctx, kind, w, r0, rs, qa, da, aux, cor, qu, da8, aux8, tbl, i0, out):  # noqa: ANN001, ANN202, ARG001, PLR0913
         sig = types.int64(kind, w, r0, rs, qa, da, aux, cor, qu, da8, aux8, tbl, i0, out)
         ktypes = _types_for(kind)
-        done = na
-        if quad and not (ktypes and ktypes[0].parity_lanes):
-            ktypes, done = [], 0
+        done = 0 if quad and not (ktypes and ktypes[0].parity_lanes) else na
 
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
             if done == 0:
