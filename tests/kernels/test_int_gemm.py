@@ -133,13 +133,13 @@ def variant_results(names: list) -> dict:
 @pytest.mark.skipif(not int_gemm.USABLE, reason="not an x86 CPU with AVX2")
 @pytest.mark.parametrize("simd", ["avx2", "avxvnni"])
 def test_256_bit_gemm_same_numbers(simd: str, tmp_path: Path) -> None:
-    """The 256-bit GEMM (AVX2: ``pmaddubsw``; AVX-VNNI: 256-bit ``vpdpbusd``) runs Q4_K
-    and Q6_K and gives its own process's per-row tiles' bits, on random bytes and at the
-    integer extremes, and this process's GEMM's (the 512-bit one here where the CPU has
-    AVX512-VNNI)."""
+    """The 256-bit GEMM (AVX2: ``pmaddubsw``; AVX-VNNI: 256-bit ``vpdpbusd``) runs Q4_K,
+    Q6_K and the 32-value types Q8_0, Q5_0 and IQ4_NL and gives its own process's per-row
+    tiles' bits, on random bytes and at the integer extremes, and this process's GEMM's
+    (the 512-bit one here where the CPU has AVX512-VNNI)."""
     if simd == "avxvnni" and not VNNI:
         pytest.skip("this CPU has no VNNI")
-    assert Y_TYPES == ["Q4_K", "Q6_K"]
+    assert Y_TYPES == ["Q4_K", "Q6_K", "Q8_0", "Q5_0", "IQ4_NL"]
     code = (
         "import sys, numpy as np\n"
         f"sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]\n"

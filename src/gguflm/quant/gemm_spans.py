@@ -15,6 +15,7 @@ from ..gguf.types import GGMLType
 from .formats import FORMATS
 from .gemm_ir import (
     Layout,
+    cat,
     dot_mul_add,
     dpbusd,
     layout,
@@ -27,7 +28,7 @@ from .gemm_ir import (
     store,
 )
 from .kerneltypes import KERNEL_TYPES
-from .vector_ir import I8, I16, I32, VectorIR, vec
+from .vector_ir import I8, I16, I32, WIDE, VectorIR, vec
 
 _F8, _F5, _FN = FORMATS[GGMLType.Q8_0], FORMATS[GGMLType.Q5_0], FORMATS[GGMLType.IQ4_NL]
 _FX = FORMATS[GGMLType.IQ4_XS]
@@ -37,13 +38,14 @@ LN = L8._replace(type_size=_FN.type_size)
 LX = layout(GGMLType.IQ4_XS, 8 * 64, 4 * 64)  # scales: <16 x i32> per span
 
 
-def pack_q80(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
+def pack_q80(g: VectorIR, rows: list, off, out, starts: bool = True) -> None:  # noqa: ANN001
     """Q8_0 block at ``off`` of the 8 rows into the buffer block ``out``, with each lane's
-    start."""
+    start (``starts``; the 256-bit GEMM takes the signed activations, no starts)."""
     bld = g.b
     for j, v in enumerate(qwords(g, rows, bld.add(off, g.c64(_F8["qs"].offset)))):
         store(g, v, out, 64 * j)
-    pack_starts(g, out, isums_q80, 4, L8.extra)
+    if starts:
+        pack_starts(g, out, isums_q80, 4, L8.extra)
     pack_d(g, rows, off, _F8["d"].offset, out, L8.d)
 
 
@@ -55,7 +57,7 @@ def isums_q80(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # no
     return [dpbusd(g, starts[j], act(8 * j), w) for act in acts]
 
 
-def pack_q50(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
+def pack_q50(g: VectorIR, rows: list, off, out, starts: bool = True) -> None:  # noqa: ANN001
     """Q5_0 block at ``off`` of the 8 rows into the buffer block ``out`` (as ``pack_q80``),
     the values with their 16 taken off: value j < 16 is the low nibble of ``qs[j]``, value
     j + 16 its high nibble, bit 4 of value v bit v of ``qh``."""
@@ -73,7 +75,8 @@ def pack_q50(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
         low = halves[j % 2] if j < 2 else bld.lshr(halves[j % 2], g.splat8(4, 64))
         v = bld.or_(bld.and_(low, g.splat8(15, 64)), fifth)
         store(g, bld.sub(v, g.splat8(16, 64)), out, 64 * j)
-    pack_starts(g, out, isums_q80, 4, L8.extra)
+    if starts:
+        pack_starts(g, out, isums_q80, 4, L8.extra)
     pack_d(g, rows, off, _F5["d"].offset, out, L8.d)
 
 
@@ -88,15 +91,27 @@ def _iq4_values(g: VectorIR, t: GGMLType, rows: list, at, out, first: int) -> No
     for j in range(4):  # values 8j..8j+7: low nibbles for j < 2, then high ones
         low = halves[j % 2] if j < 2 else bld.lshr(halves[j % 2], g.splat8(4, 64))
         idx = bld.and_(low, g.splat8(15, 64))
-        store(g, g.call("llvm.x86.avx512.pshuf.b.512", vec(I8, 64), [table, idx]), out,
-              64 * (first + j))
+        store(g, _lookup(g, table, idx), out, 64 * (first + j))
 
 
-def pack_iq4nl(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
+def _lookup(g: VectorIR, table, idx) -> ir.Value:  # noqa: ANN001
+    """<64 x i8> ``vpshufb`` of ``table`` (16 entries in each 128-bit lane) at ``idx``: one
+    512-bit instruction with AVX-512, else two 256-bit ones."""
+    if WIDE:
+        return g.call("llvm.x86.avx512.pshuf.b.512", vec(I8, 64), [table, idx])
+    bld, t32 = g.b, vec(I8, 32)
+    halves = [bld.shuffle_vector(v, v, ir.Constant(vec(I32, 32), list(range(32 * h, 32 * h + 32))))
+              for h in range(2) for v in (table, idx)]
+    lo, hi = (g.call("llvm.x86.avx2.pshuf.b", t32, halves[2 * h: 2 * h + 2]) for h in range(2))
+    return cat(g, lo, hi)
+
+
+def pack_iq4nl(g: VectorIR, rows: list, off, out, starts: bool = True) -> None:  # noqa: ANN001
     """IQ4_NL block at ``off`` of the 8 rows into the buffer block ``out`` (as
     ``pack_q80``)."""
     _iq4_values(g, GGMLType.IQ4_NL, rows, g.b.add(off, g.c64(_FN["qs"].offset)), out, 0)
-    pack_starts(g, out, isums_q80, 4, L8.extra)
+    if starts:
+        pack_starts(g, out, isums_q80, 4, L8.extra)
     pack_d(g, rows, off, _FN["d"].offset, out, L8.d)
 
 

@@ -1,6 +1,7 @@
 """The interleaved GEMM's 256-bit variant (``int_gemm`` on CPUs without AVX512-VNNI: AVX2,
-and AVX-VNNI), for Q4_K and Q6_K: the same buffer of 8 weight rows (``gemm_kquants``'
-blocks, plus each scale group's scales as words), the same integers per lane and so the
+and AVX-VNNI), for Q4_K, Q6_K and the 32-value types Q8_0, Q5_0 and IQ4_NL (at the end):
+the same buffer of 8 weight rows (``gemm_kquants``' blocks, plus each scale group's scales
+as words; the 32-value types' without lane starts), the same integers per lane and so the
 same numbers as the 512-bit GEMM and the per-row tiles.
 
 A buffered 64-byte vector (8 values of the 8 rows) is two 256-bit halves, rows 0-3 and
@@ -25,10 +26,13 @@ Either way a lane is an exact integer sum of the same products, so the same inte
 
 from __future__ import annotations
 
+from functools import partial
+
 from llvmlite import ir
 
 from ..gguf.types import GGMLType
 from . import gemm_kquants as kq
+from . import gemm_spans as sp
 from .gemm_ir import Layout, cat, load, pack_starts, scale_index, store
 from .vector_ir import I8, I16, I32, VNNI, VectorIR, vec
 
@@ -231,5 +235,24 @@ def isums_q6k_y(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # 
 _Q6_GROUP = [4 * p + 2 * par + half for p in range(4) for half in range(2) for par in range(2)]
 
 
-TYPES = {int(GGMLType.Q4_K): (L4Y, pack_q4k_y, isums_q4k_y),
-         int(GGMLType.Q6_K): (L6Y, pack_q6k_y, isums_q6k_y)}
+# -- the 32-value types: Q8_0, Q5_0, IQ4_NL -------------------------------------------------
+
+def isums_q80_y(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # noqa: ANN001, ARG001
+    """``gemm_spans.isums_q80``'s lanes (the same integers) in 256-bit steps from the signed
+    activations (no lane starts): ``VectorIR.span_dot`` on each half, ggml's own steps (the
+    weights' signs moved to the activations, ``pmaddubsw`` of the magnitudes, ``pmaddwd``
+    by 1; ``vpdpbusd`` with AVX-VNNI: pair sums within 2 * 128 * 127, no saturation)."""
+    ws = [_half(g, blk, 64 * j, h, I8) for h in range(2)]
+    mags = [g.magnitude(w) for w in ws]
+    return [cat(g, *(g.span_dot(w, m, _act(g, act, 8 * j), None, True)
+                     for w, m in zip(ws, mags, strict=True))) for act in acts]
+
+
+# type: the fields of ``int_gemm``'s spec these steps replace (the 32-value types read the
+# signed activations, ``SIGNED_ACTS``: no lane starts)
+TYPES = {int(GGMLType.Q4_K): dict(layout=L4Y, pack=pack_q4k_y, isums=isums_q4k_y),
+         int(GGMLType.Q6_K): dict(layout=L6Y, pack=pack_q6k_y, isums=isums_q6k_y)}
+for _t, _pack in ((GGMLType.Q8_0, sp.pack_q80), (GGMLType.Q5_0, sp.pack_q50),
+                  (GGMLType.IQ4_NL, sp.pack_iq4nl)):
+    TYPES[int(_t)] = dict(pack=partial(_pack, starts=False), isums=isums_q80_y, starts=0)
+SIGNED_ACTS = tuple(int(t) for t in (GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.IQ4_NL))

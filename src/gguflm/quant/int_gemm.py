@@ -29,13 +29,15 @@ mins' term over 16-value sums; for the 32-value types and IQ4_XS ggml's 8 lanes 
 which path ran it (batch invariance).
 
 Three builds. With AVX512-VNNI (``WIDE_GEMM``): all of these types, as above. Without it,
-on any x86 with AVX2 (``USABLE``): Q4_K and Q6_K in 256-bit steps (``gemm_ymm``: each
-64-byte vector as two halves of 4 rows). AVX2: ``pmaddubsw`` (its pair sums saturate at
-int16; Q4_K's unsigned nibbles times the activations, and Q6_K's signed values times the
-activations plus 128, stay within it), a scale group's words added, then ``pmaddwd`` by
-the scales and one ``phaddd`` a block. AVX-VNNI: Q4_K the 512-bit steps on halves
-(256-bit ``vpdpbusd``), Q6_K as on AVX2 (fewer scale steps). The same integers per lane,
-so the same bits. The other types, and CPUs without AVX2, keep the per-row tiles
+on any x86 with AVX2 (``USABLE``): Q4_K, Q6_K, Q8_0, Q5_0 and IQ4_NL in 256-bit steps
+(``gemm_ymm``: each 64-byte vector as two halves of 4 rows). AVX2: ``pmaddubsw`` (its pair
+sums saturate at int16; Q4_K's unsigned nibbles times the activations, and Q6_K's signed
+values times the activations plus 128, stay within it), a scale group's words added, then
+``pmaddwd`` by the scales and one ``phaddd`` a block. AVX-VNNI: Q4_K the 512-bit steps on
+halves (256-bit ``vpdpbusd``), Q6_K as on AVX2 (fewer scale steps). The 32-value types
+take ggml's own steps on the signed activations (the weights' signs moved to them,
+``pmaddubsw`` of the magnitudes and ``pmaddwd`` by 1, or ``vpdpbusd``). The same integers
+per lane, so the same bits. The other types, and CPUs without AVX2, keep the per-row tiles
 (``GEMM_KINDS``).
 """
 
@@ -84,7 +86,7 @@ GEMM_KINDS = tuple(t for t, parity in ((Q4_K, True), (Q6_K, True), (Q3_K, False)
                    and KERNEL_TYPES[GGMLType(t)].parity_lanes == parity) or (-1,)
 # the unsigned types multiply the activations themselves, the others the activations plus
 # 128 (``ActivationSet.qu``, which ``act_quant`` makes for these types' batches)
-_QA_KINDS = (Q4_K, Q2_K)
+_QA_KINDS = (Q4_K, Q2_K) + (() if WIDE_GEMM else ym.SIGNED_ACTS)
 PLUS_128_KINDS = tuple(t for t in GEMM_KINDS if t not in _QA_KINDS) or (-1,)
 SUMS16_KINDS = (Q2_K,)  # whose mins multiply the activations' 16-value sums (``cor``)
 GEMM_MIN_ROWS = 8  # activation rows from which a product runs here
@@ -118,8 +120,8 @@ _TYPES = {Q4_K: _Spec(kq.L4, kq.pack_q4k, kq.isums_q4k, 256, 1, 0, *PAIRED, kq.o
           IQ4_NL: _Spec(sp.LN, sp.pack_iq4nl, sp.isums_q80, 32, 4, 4, *PLAIN),
           IQ4_XS: _Spec(sp.LX, sp.pack_iq4xs, sp.isums_iq4xs, 256, 4, 4, *PLAIN)}
 if not WIDE_GEMM:  # the same lanes (so offsets and sums), 256-bit steps and buffer
-    for _t, (_layout, _pack_y, _isums_y) in ym.TYPES.items():
-        _TYPES[_t] = _TYPES[_t]._replace(layout=_layout, pack=_pack_y, isums=_isums_y)
+    for _t, _fields in ym.TYPES.items():
+        _TYPES[_t] = _TYPES[_t]._replace(**_fields)
 _ACT_BYTES = 64 if WIDE_GEMM else 32  # an activation row's 8 bytes, broadcast to this
 
 
