@@ -4,7 +4,9 @@ integer scale). Lane j of a span sums values 4j..4j+3; a ``vpdpbusd`` of 8 value
 8 rows is two such lanes of each row. Each type: how a block of 8 rows goes into the
 buffer (``pack_*``), and the per-activation-row integer lanes of a buffered block
 (``isums_*``). The values are signed: the activations come plus 128, and each lane starts
-from -128 times its weights' (scaled) sum (``gemm_ir.pack_starts``).
+from -128 times its weights' (scaled) sum (``gemm_ir.pack_starts``); the 256-bit GEMM
+(``gemm_ymm``) packs the 32-value types without the starts and takes the activations as
+they are.
 """
 
 from __future__ import annotations

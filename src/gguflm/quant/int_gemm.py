@@ -84,7 +84,8 @@ GEMM_KINDS = tuple(t for t, parity in ((Q4_K, True), (Q6_K, True), (Q3_K, False)
                                        (IQ4_NL, False), (IQ4_XS, False))
                    if USABLE and (WIDE_GEMM or t in ym.TYPES) and GGMLType(t) in KERNEL_TYPES
                    and KERNEL_TYPES[GGMLType(t)].parity_lanes == parity) or (-1,)
-# the unsigned types multiply the activations themselves, the others the activations plus
+# the unsigned types multiply the activations themselves, and so do the 256-bit build's
+# 32-value types (the sign step, ``gemm_ymm.SIGNED_ACTS``); the others the activations plus
 # 128 (``ActivationSet.qu``, which ``act_quant`` makes for these types' batches)
 _QA_KINDS = (Q4_K, Q2_K) + (() if WIDE_GEMM else ym.SIGNED_ACTS)
 PLUS_128_KINDS = tuple(t for t in GEMM_KINDS if t not in _QA_KINDS) or (-1,)
