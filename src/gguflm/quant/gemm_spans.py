@@ -102,9 +102,10 @@ def _lookup(g: VectorIR, table, idx) -> ir.Value:  # noqa: ANN001
     if WIDE:
         return g.call("llvm.x86.avx512.pshuf.b.512", vec(I8, 64), [table, idx])
     bld, t32 = g.b, vec(I8, 32)
-    halves = [bld.shuffle_vector(v, v, ir.Constant(vec(I32, 32), list(range(32 * h, 32 * h + 32))))
-              for h in range(2) for v in (table, idx)]
-    lo, hi = (g.call("llvm.x86.avx2.pshuf.b", t32, halves[2 * h: 2 * h + 2]) for h in range(2))
+    half_table = ir.Constant(t32, table.constant[:32])  # the same 16 entries a lane
+    lo, hi = (g.call("llvm.x86.avx2.pshuf.b", t32, [half_table, bld.shuffle_vector(
+        idx, idx, ir.Constant(vec(I32, 32), list(range(32 * h, 32 * h + 32))))])
+        for h in range(2))
     return cat(g, lo, hi)
 
 
