@@ -19,7 +19,7 @@ from gguflm.quant import act_quant, gemm_ymm, int_gemm, kernels, kerneltypes
 from gguflm.quant.vector_ir import F16_TABLE, VNNI
 from refcheck import random_weights, run_built_for
 
-GEMM_TYPES = ["Q4_K", "Q6_K", "Q3_K", "Q2_K", "Q8_0", "Q5_0", "IQ4_NL", "IQ4_XS"]
+GEMM_TYPES = ["Q4_K", "Q6_K", "Q3_K", "Q2_K", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "IQ4_XS"]
 ROWS = 27  # three groups of 8 weight rows and 3 rows left over
 K = 768  # three 256-value blocks (24 of 32 values)
 
@@ -134,12 +134,12 @@ def variant_results(names: list) -> dict:
 @pytest.mark.parametrize("simd", ["avx2", "avxvnni"])
 def test_256_bit_gemm_same_numbers(simd: str, tmp_path: Path) -> None:
     """The 256-bit GEMM (AVX2: ``pmaddubsw``; AVX-VNNI: 256-bit ``vpdpbusd``) runs Q4_K,
-    Q6_K and the 32-value types Q8_0, Q5_0 and IQ4_NL and gives its own process's per-row
+    Q6_K and the 32-value types Q8_0, Q4_0, Q5_0 and IQ4_NL and gives its own process's per-row
     tiles' bits, on random bytes and at the integer extremes, and this process's GEMM's
     (the 512-bit one here where the CPU has AVX512-VNNI)."""
     if simd == "avxvnni" and not VNNI:
         pytest.skip("this CPU has no VNNI")
-    assert Y_TYPES == ["Q4_K", "Q6_K", "Q8_0", "Q5_0", "IQ4_NL"]
+    assert Y_TYPES == ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL"]
     code = (
         "import sys, numpy as np\n"
         f"sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]\n"

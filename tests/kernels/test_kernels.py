@@ -478,8 +478,8 @@ def test_batch_tiles_equal_rows_alone(zoo, name: str) -> None:  # noqa: ANN001
             np.testing.assert_array_equal(batch[i], alone[0])
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q3_K", "Q2_K", "Q8_0", "Q5_0", "IQ4_NL",
-                                  "IQ4_XS"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q3_K", "Q2_K", "Q8_0", "Q4_0", "Q5_0",
+                                  "IQ4_NL", "IQ4_XS"])
 def test_gemm_runs_and_equals_rows_alone(zoo, name: str) -> None:  # noqa: ANN001
     """The interleaved GEMM (``int_gemm``, AVX512-VNNI) runs these types' groups of 8 weight
     rows itself (it returns where the 1-7 rows it leaves begin), and each activation row's

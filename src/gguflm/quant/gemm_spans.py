@@ -1,4 +1,4 @@
-"""The types with ggml's 8 lanes in the interleaved GEMM (``int_gemm``): Q8_0, Q5_0,
+"""The types with ggml's 8 lanes in the interleaved GEMM (``int_gemm``): Q8_0, Q4_0, Q5_0,
 IQ4_NL (a 32-value block each) and IQ4_XS (256 values in 32-value spans, each with its
 integer scale). Lane j of a span sums values 4j..4j+3; a ``vpdpbusd`` of 8 values of the
 8 rows is two such lanes of each row. Each type: how a block of 8 rows goes into the
@@ -36,6 +36,8 @@ _F8, _F5, _FN = FORMATS[GGMLType.Q8_0], FORMATS[GGMLType.Q5_0], FORMATS[GGMLType
 _FX = FORMATS[GGMLType.IQ4_XS]
 L8 = Layout(544, _F8.type_size, 256, 512, 256)  # no scales: d at 256, the starts at 256
 L5 = L8._replace(type_size=_F5.type_size)
+_F4 = FORMATS[GGMLType.Q4_0]
+L4 = L8._replace(type_size=_F4.type_size)
 LN = L8._replace(type_size=_FN.type_size)
 LX = layout(GGMLType.IQ4_XS, 8 * 64, 4 * 64)  # scales: <16 x i32> per span
 
@@ -57,6 +59,21 @@ def isums_q80(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # no
     ``starts[j]``."""
     w = load(g, blk, 64 * j, vec(I8, 64))
     return [dpbusd(g, starts[j], act(8 * j), w) for act in acts]
+
+
+def pack_q40(g: VectorIR, rows: list, off, out, starts: bool = True) -> None:  # noqa: ANN001
+    """Q4_0 block at ``off`` of the 8 rows into the buffer block ``out`` (as ``pack_q80``),
+    the values with their 8 taken off: value j < 16 is the low nibble of ``qs[j]``, value
+    j + 16 its high nibble."""
+    bld = g.b
+    halves = row_qwords(g, rows, bld.add(off, g.c64(_F4["qs"].offset)))
+    for j in range(4):  # values 8j..8j+7: low nibbles for j < 2, then high ones
+        low = halves[j % 2] if j < 2 else bld.lshr(halves[j % 2], g.splat8(4, 64))
+        v = bld.and_(low, g.splat8(15, 64))
+        store(g, bld.sub(v, g.splat8(8, 64)), out, 64 * j)
+    if starts:
+        pack_starts(g, out, isums_q80, 4, L8.extra)
+    pack_d(g, rows, off, _F4["d"].offset, out, L8.d)
 
 
 def pack_q50(g: VectorIR, rows: list, off, out, starts: bool = True) -> None:  # noqa: ANN001

@@ -1,5 +1,6 @@
 """The interleaved GEMM's 256-bit variant (``int_gemm`` on CPUs without AVX512-VNNI: AVX2,
-and AVX-VNNI), for Q4_K, Q6_K and the 32-value types Q8_0, Q5_0 and IQ4_NL (at the end):
+and AVX-VNNI), for Q4_K, Q6_K and the 32-value types Q8_0, Q4_0, Q5_0 and IQ4_NL (at the
+end):
 the same buffer of 8 weight rows (``gemm_kquants``' blocks, plus each scale group's scales
 as words; the 32-value types' without lane starts), the same integers per lane and so the
 same numbers as the 512-bit GEMM and the per-row tiles.
@@ -235,7 +236,7 @@ def isums_q6k_y(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # 
 _Q6_GROUP = [4 * p + 2 * par + half for p in range(4) for half in range(2) for par in range(2)]
 
 
-# -- the 32-value types: Q8_0, Q5_0, IQ4_NL -------------------------------------------------
+# -- the 32-value types: Q8_0, Q4_0, Q5_0, IQ4_NL -------------------------------------------
 
 def isums_q80_y(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # noqa: ANN001, ARG001
     """``gemm_spans.isums_q80``'s lanes (the same integers) in 256-bit steps from the signed
@@ -252,7 +253,9 @@ def isums_q80_y(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # 
 # signed activations, ``SIGNED_ACTS``: no lane starts)
 TYPES = {int(GGMLType.Q4_K): dict(layout=L4Y, pack=pack_q4k_y, isums=isums_q4k_y),
          int(GGMLType.Q6_K): dict(layout=L6Y, pack=pack_q6k_y, isums=isums_q6k_y)}
-for _t, _pack in ((GGMLType.Q8_0, sp.pack_q80), (GGMLType.Q5_0, sp.pack_q50),
+for _t, _pack in ((GGMLType.Q8_0, sp.pack_q80), (GGMLType.Q4_0, sp.pack_q40),
+                   (GGMLType.Q5_0, sp.pack_q50),
                   (GGMLType.IQ4_NL, sp.pack_iq4nl)):
     TYPES[int(_t)] = dict(pack=partial(_pack, starts=False), isums=isums_q80_y, starts=0)
-SIGNED_ACTS = tuple(int(t) for t in (GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.IQ4_NL))
+SIGNED_ACTS = tuple(int(t) for t in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0,
+                                     GGMLType.IQ4_NL))

@@ -1,5 +1,6 @@
 """Weights times many activation rows: an interleaved GEMM, 8 weight rows at a time, for
-Q4_K, Q6_K, Q3_K, Q2_K (``gemm_kquants``), Q8_0, Q5_0, IQ4_NL and IQ4_XS (``gemm_spans``).
+Q4_K, Q6_K, Q3_K, Q2_K (``gemm_kquants``), Q8_0, Q4_0, Q5_0, IQ4_NL and IQ4_XS
+(``gemm_spans``).
 
 A group of 8 weight rows is first unpacked into a buffer (``_pack``): per block, for
 each 8 values of the block the 8 rows' values side by side (one 512-bit vector: row n in
@@ -29,7 +30,7 @@ mins' term over 16-value sums; for the 32-value types and IQ4_XS ggml's 8 lanes 
 which path ran it (batch invariance).
 
 Three builds. With AVX512-VNNI (``WIDE_GEMM``): all of these types, as above. Without it,
-on any x86 with AVX2 (``USABLE``): Q4_K, Q6_K, Q8_0, Q5_0 and IQ4_NL in 256-bit steps
+on any x86 with AVX2 (``USABLE``): Q4_K, Q6_K, Q8_0, Q4_0, Q5_0 and IQ4_NL in 256-bit steps
 (``gemm_ymm``: each 64-byte vector as two halves of 4 rows). AVX2: ``pmaddubsw`` (its pair
 sums saturate at int16; Q4_K's unsigned nibbles times the activations, and Q6_K's signed
 values times the activations plus 128, stay within it), a scale group's words added, then
@@ -76,12 +77,13 @@ USABLE = SIMD != "generic"  # x86 with AVX2 at least
 WIDE_GEMM = VNNI512  # the 512-bit GEMM; else the 256-bit one (``gemm_ymm``'s types)
 T = GGMLType
 Q4_K, Q6_K, Q3_K, Q2_K = int(T.Q4_K), int(T.Q6_K), int(T.Q3_K), int(T.Q2_K)
-Q8_0, Q5_0, IQ4_NL, IQ4_XS = int(T.Q8_0), int(T.Q5_0), int(T.IQ4_NL), int(T.IQ4_XS)
+Q8_0, Q4_0, Q5_0 = int(T.Q8_0), int(T.Q4_0), int(T.Q5_0)
+IQ4_NL, IQ4_XS = int(T.IQ4_NL), int(T.IQ4_XS)
 # the types it runs, where the declarations' lanes are its own: Q4_K's and Q6_K's two
 # (``parity_lanes``), the others' 8 (a constant tuple for numba)
 GEMM_KINDS = tuple(t for t, parity in ((Q4_K, True), (Q6_K, True), (Q3_K, False),
-                                       (Q2_K, False), (Q8_0, False), (Q5_0, False),
-                                       (IQ4_NL, False), (IQ4_XS, False))
+                                       (Q2_K, False), (Q8_0, False), (Q4_0, False),
+                                       (Q5_0, False), (IQ4_NL, False), (IQ4_XS, False))
                    if USABLE and (WIDE_GEMM or t in ym.TYPES) and GGMLType(t) in KERNEL_TYPES
                    and KERNEL_TYPES[GGMLType(t)].parity_lanes == parity) or (-1,)
 # the unsigned types multiply the activations themselves, and so do the 256-bit build's
@@ -117,6 +119,7 @@ _TYPES = {Q4_K: _Spec(kq.L4, kq.pack_q4k, kq.isums_q4k, 256, 1, 0, *PAIRED, kq.o
           Q3_K: _Spec(kq.L3, kq.pack_q3k, kq.isums_q3k, 256, 4, 4, *PAIRED),
           Q2_K: _Spec(kq.L2, kq.pack_q2k, kq.isums_q2k, 256, 4, 0, *PAIRED, kq.offset_q2k),
           Q8_0: _Spec(sp.L8, sp.pack_q80, sp.isums_q80, 32, 4, 4, *PLAIN),
+          Q4_0: _Spec(sp.L4, sp.pack_q40, sp.isums_q80, 32, 4, 4, *PLAIN),
           Q5_0: _Spec(sp.L5, sp.pack_q50, sp.isums_q80, 32, 4, 4, *PLAIN),
           IQ4_NL: _Spec(sp.LN, sp.pack_iq4nl, sp.isums_q80, 32, 4, 4, *PLAIN),
           IQ4_XS: _Spec(sp.LX, sp.pack_iq4xs, sp.isums_iq4xs, 256, 4, 4, *PLAIN)}

@@ -11,10 +11,10 @@ How a product ``W (d_out, d_in) @ x (d_in,)`` runs, as in ggml's CPU backend:
    ``int_tiles``), in tiles of weight rows times activation rows; every tile shape runs
    the same per-element sequence, so results are batch-invariant. Each weight type's
    tiles are compiled on their own, for the types a model has (``prepare``). From 8
-   activation rows, Q4_K, Q6_K, Q3_K, Q2_K, Q8_0, Q5_0, IQ4_NL and IQ4_XS run as a GEMM
-   over 8 weight rows at a time, unpacked once for all the rows (``int_gemm``; with
-   AVX512-VNNI; Q4_K, Q6_K, Q8_0, Q5_0 and IQ4_NL on AVX2 and AVX-VNNI too), with the
-   tiles' numbers.
+   activation rows, Q4_K, Q6_K, Q3_K, Q2_K, Q8_0, Q4_0, Q5_0, IQ4_NL and IQ4_XS run as a
+   GEMM over 8 weight rows at a time, unpacked once for all the rows (``int_gemm``; with
+   AVX512-VNNI; Q4_K, Q6_K, Q8_0, Q4_0, Q5_0 and IQ4_NL on AVX2 and AVX-VNNI too), with
+   the tiles' numbers.
 3. Rows run in parallel work items (``products``).
 
 The SIMD work is LLVM vector IR (``vector_ir``). F16 and BF16 weights have float tiles
