@@ -254,8 +254,7 @@ def isums_q80_y(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # 
 TYPES = {int(GGMLType.Q4_K): dict(layout=L4Y, pack=pack_q4k_y, isums=isums_q4k_y),
          int(GGMLType.Q6_K): dict(layout=L6Y, pack=pack_q6k_y, isums=isums_q6k_y)}
 for _t, _pack in ((GGMLType.Q8_0, sp.pack_q80), (GGMLType.Q4_0, sp.pack_q40),
-                   (GGMLType.Q5_0, sp.pack_q50),
-                  (GGMLType.IQ4_NL, sp.pack_iq4nl)):
+                  (GGMLType.Q5_0, sp.pack_q50), (GGMLType.IQ4_NL, sp.pack_iq4nl)):
     TYPES[int(_t)] = dict(pack=partial(_pack, starts=False), isums=isums_q80_y, starts=0)
 SIGNED_ACTS = tuple(int(t) for t in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0,
                                      GGMLType.IQ4_NL))
