@@ -32,12 +32,11 @@ from .gemm_ir import (
 from .kerneltypes import KERNEL_TYPES
 from .vector_ir import I8, I16, I32, WIDE, VectorIR, vec
 
-_F8, _F5, _FN = FORMATS[GGMLType.Q8_0], FORMATS[GGMLType.Q5_0], FORMATS[GGMLType.IQ4_NL]
-_FX = FORMATS[GGMLType.IQ4_XS]
+_F8, _F4, _F5 = FORMATS[GGMLType.Q8_0], FORMATS[GGMLType.Q4_0], FORMATS[GGMLType.Q5_0]
+_FN, _FX = FORMATS[GGMLType.IQ4_NL], FORMATS[GGMLType.IQ4_XS]
 L8 = Layout(544, _F8.type_size, 256, 512, 256)  # no scales: d at 256, the starts at 256
-L5 = L8._replace(type_size=_F5.type_size)
-_F4 = FORMATS[GGMLType.Q4_0]
 L4 = L8._replace(type_size=_F4.type_size)
+L5 = L8._replace(type_size=_F5.type_size)
 LN = L8._replace(type_size=_FN.type_size)
 LX = layout(GGMLType.IQ4_XS, 8 * 64, 4 * 64)  # scales: <16 x i32> per span
 
@@ -48,9 +47,25 @@ def pack_q80(g: VectorIR, rows: list, off, out, starts: bool = True) -> None:  #
     bld = g.b
     for j, v in enumerate(qwords(g, rows, bld.add(off, g.c64(_F8["qs"].offset)))):
         store(g, v, out, 64 * j)
+    _finish_block(g, rows, off, _F8, out, starts)
+
+
+def _finish_block(g: VectorIR, rows: list, off, f, out, starts: bool) -> None:  # noqa: ANN001
+    """A 32-value block's lane starts (``starts``) and d (format ``f``), once its values
+    are in the buffer block ``out``."""
     if starts:
         pack_starts(g, out, isums_q80, 4, L8.extra)
-    pack_d(g, rows, off, _F8["d"].offset, out, L8.d)
+    pack_d(g, rows, off, f["d"].offset, out, L8.d)
+
+
+def _nibbles(g: VectorIR, rows: list, at) -> list:  # noqa: ANN001
+    """Four <64 x i8> of 0..15 from the 16 bytes at ``at`` of each of the 8 rows: vector j
+    holds values 8j..8j+7 of each row (row n in bytes 8n..8n+7), value v < 16 the low
+    nibble of byte v, value v + 16 its high nibble."""
+    bld = g.b
+    halves = row_qwords(g, rows, at)
+    return [bld.and_(halves[j % 2] if j < 2 else bld.lshr(halves[j % 2], g.splat8(4, 64)),
+                     g.splat8(15, 64)) for j in range(4)]
 
 
 def isums_q80(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # noqa: ANN001
@@ -66,14 +81,9 @@ def pack_q40(g: VectorIR, rows: list, off, out, starts: bool = True) -> None:  #
     the values with their 8 taken off: value j < 16 is the low nibble of ``qs[j]``, value
     j + 16 its high nibble."""
     bld = g.b
-    halves = row_qwords(g, rows, bld.add(off, g.c64(_F4["qs"].offset)))
-    for j in range(4):  # values 8j..8j+7: low nibbles for j < 2, then high ones
-        low = halves[j % 2] if j < 2 else bld.lshr(halves[j % 2], g.splat8(4, 64))
-        v = bld.and_(low, g.splat8(15, 64))
+    for j, v in enumerate(_nibbles(g, rows, bld.add(off, g.c64(_F4["qs"].offset)))):
         store(g, bld.sub(v, g.splat8(8, 64)), out, 64 * j)
-    if starts:
-        pack_starts(g, out, isums_q80, 4, L8.extra)
-    pack_d(g, rows, off, _F4["d"].offset, out, L8.d)
+    _finish_block(g, rows, off, _F4, out, starts)
 
 
 def pack_q50(g: VectorIR, rows: list, off, out, starts: bool = True) -> None:  # noqa: ANN001
@@ -81,7 +91,7 @@ def pack_q50(g: VectorIR, rows: list, off, out, starts: bool = True) -> None:  #
     the values with their 16 taken off: value j < 16 is the low nibble of ``qs[j]``, value
     j + 16 its high nibble, bit 4 of value v bit v of ``qh``."""
     bld = g.b
-    halves = row_qwords(g, rows, bld.add(off, g.c64(_F5["qs"].offset)))
+    nibbles = _nibbles(g, rows, bld.add(off, g.c64(_F5["qs"].offset)))
     qh = bld.bitcast(row_values(g, rows, bld.add(off, g.c64(_F5["qh"].offset)), I32),
                      vec(I8, 32))
     bit = ir.Constant(vec(I8, 64), [1 << (i % 8) for i in range(64)])
@@ -91,12 +101,8 @@ def pack_q50(g: VectorIR, rows: list, off, out, starts: bool = True) -> None:  #
                                                     [4 * (i // 8) + j for i in range(64)]))
         fifth = bld.select(bld.icmp_unsigned("!=", bld.and_(hb, bit), zero),
                            g.splat8(16, 64), zero)
-        low = halves[j % 2] if j < 2 else bld.lshr(halves[j % 2], g.splat8(4, 64))
-        v = bld.or_(bld.and_(low, g.splat8(15, 64)), fifth)
-        store(g, bld.sub(v, g.splat8(16, 64)), out, 64 * j)
-    if starts:
-        pack_starts(g, out, isums_q80, 4, L8.extra)
-    pack_d(g, rows, off, _F5["d"].offset, out, L8.d)
+        store(g, bld.sub(bld.or_(nibbles[j], fifth), g.splat8(16, 64)), out, 64 * j)
+    _finish_block(g, rows, off, _F5, out, starts)
 
 
 def _iq4_values(g: VectorIR, t: GGMLType, rows: list, at, out, first: int) -> None:  # noqa: ANN001
@@ -104,12 +110,8 @@ def _iq4_values(g: VectorIR, t: GGMLType, rows: list, at, out, first: int) -> No
     ``first``.. ``first + 3`` of ``out``: value j < 16 is type ``t``'s table at the low
     nibble of byte j, value j + 16 at its high nibble, looked up 64 at a time (``vpshufb``,
     the 16 entries in each 128-bit lane)."""
-    bld = g.b
-    halves = row_qwords(g, rows, at)
     table = ir.Constant(vec(I8, 64), list(KERNEL_TYPES[t].table) * 4)
-    for j in range(4):  # values 8j..8j+7: low nibbles for j < 2, then high ones
-        low = halves[j % 2] if j < 2 else bld.lshr(halves[j % 2], g.splat8(4, 64))
-        idx = bld.and_(low, g.splat8(15, 64))
+    for j, idx in enumerate(_nibbles(g, rows, at)):
         store(g, _lookup(g, table, idx), out, 64 * (first + j))
 
 
@@ -130,9 +132,7 @@ def pack_iq4nl(g: VectorIR, rows: list, off, out, starts: bool = True) -> None: 
     """IQ4_NL block at ``off`` of the 8 rows into the buffer block ``out`` (as
     ``pack_q80``)."""
     _iq4_values(g, GGMLType.IQ4_NL, rows, g.b.add(off, g.c64(_FN["qs"].offset)), out, 0)
-    if starts:
-        pack_starts(g, out, isums_q80, 4, L8.extra)
-    pack_d(g, rows, off, _FN["d"].offset, out, L8.d)
+    _finish_block(g, rows, off, _FN, out, starts)
 
 
 def pack_iq4xs(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
