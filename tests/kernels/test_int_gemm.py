@@ -19,7 +19,7 @@ from gguflm.quant import act_quant, gemm_ymm, int_gemm, kernels, kerneltypes
 from gguflm.quant.vector_ir import F16_TABLE, VNNI
 from refcheck import random_weights, run_built_for
 
-GEMM_TYPES = ["Q4_K", "Q6_K", "Q3_K", "Q2_K", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "IQ4_XS"]
+GEMM_TYPES = ["Q4_K", "Q6_K", "Q5_K", "Q3_K", "Q2_K", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "IQ4_XS"]
 ROWS = 27  # three groups of 8 weight rows and 3 rows left over
 K = 768  # three 256-value blocks (24 of 32 values)
 

@@ -11,7 +11,7 @@ from llvmlite import ir
 
 from ..gguf.types import GGMLType
 from .formats import FORMATS
-from .vector_ir import F32, I8, I32, I64, VectorIR, vec
+from .vector_ir import F32, I8, I32, I64, VNNI512, VectorIR, vec
 
 GROUP = 8  # weight rows unpacked together
 
@@ -152,17 +152,46 @@ class ActRow(NamedTuple):
     """One activation row's pointers the offset terms read."""
 
     aux: ir.Value  # f32: Q8_K's 32-value sums (Q4_K's mins)
-    sums16: ir.Value  # i8 pointer to its i16 16-value sums (Q2_K's mins; ``gemm_rows``)
+    # i8 pointer to its i16 16-value sums (Q2_K's mins) or 32-value sums (Q4_K's, Q5_K's;
+    # ``gemm_rows``)
+    sums: ir.Value
 
 
-def dot_mul_add(g: VectorIR, acc, u8, s8, y) -> ir.Value:  # noqa: ANN001
-    """<16 x i32> ``acc + vpdpbusd(0, u8, s8) * y`` (``vpmulld``, ``vpaddd``), as inline
-    asm the compiler cannot split: as plain IR, LLVM hoists every ``vpdpbusd`` of a block
-    (they start from 0, independent) above the steps that consume them, which spills most
-    of them to the stack."""
+def dots_mul_add(g: VectorIR, acc, u8s: list, s8s: list, y) -> ir.Value:  # noqa: ANN001
+    """<16 x i32> ``acc + (sum of vpdpbusd(0, u8s[i], s8s[i])) * y`` (``vpmulld``,
+    ``vpaddd``), as inline asm the compiler cannot split: as plain IR, LLVM hoists every
+    ``vpdpbusd`` chain of a block (they start from 0, independent) above the steps that
+    consume them, which spills most of them to the stack."""
+    n = len(u8s)
     v32 = vec(I32, 16)
-    fnty = ir.FunctionType(ir.LiteralStructType([v32, v32]), [v32] * 4)
-    code = "vpxord $1, $1, $1\n\tvpdpbusd $3, $2, $1\n\tvpmulld $4, $1, $1\n\tvpaddd $1, $0, $0"
-    args = [g.b.bitcast(x, v32) for x in (u8, s8, y)]
-    res = g.b.asm(fnty, code, "=v,=&v,v,v,v,0", [*args, acc], False, "dot_mul_add")
+    fnty = ir.FunctionType(ir.LiteralStructType([v32, v32]), [v32] * (2 * n + 2))
+    code = "\n\t".join(["vpxord $1, $1, $1"]
+                        + [f"vpdpbusd ${2 + n + i}, ${2 + i}, $1" for i in range(n)]
+                        + [f"vpmulld ${2 + 2 * n}, $1, $1", "vpaddd $1, $0, $0"])
+    args = [g.b.bitcast(x, v32) for x in (*u8s, *s8s, y)]
+    cons = ",".join(["=v", "=&v"] + ["v"] * (2 * n + 1) + ["0"])
+    res = g.b.asm(fnty, code, cons, [*args, acc], False, "dots_mul_add")
     return g.b.extract_value(res, 0)
+
+
+def fold_rows(g: VectorIR, v) -> ir.Value:  # noqa: ANN001
+    """<16 x i32>: dword 2n ``v``'s 2n + 2n + 1 (row n's two halves), 2n + 1 zero."""
+    bld = g.b
+    zero = ir.Constant(vec(I32, 16), [0] * 16)
+    lo, hi = (bld.shuffle_vector(v, zero, ir.Constant(vec(I32, 16), [
+        (i + e if i % 2 == 0 else 16) for i in range(16)])) for e in (0, 1))
+    return bld.add(lo, hi)
+
+
+def madd_words(g: VectorIR, acc, a16, b16) -> ir.Value:  # noqa: ANN001
+    """<16 x i32> ``acc`` plus ``pmaddwd(a16, b16)`` (<32 x i16> each): one ``vpdpwssd``
+    with AVX512-VNNI (``VectorIR.dpwssd512``), else two 256-bit ``pmaddwd`` and an add
+    (the 256-bit GEMM): the same integers."""
+    if VNNI512:
+        return g.dpwssd512(acc, a16, b16)
+    bld = g.b
+    halves = [g.call("llvm.x86.avx2.pmadd.wd", vec(I32, 8), [
+        bld.shuffle_vector(x, x, ir.Constant(vec(I32, 16), list(range(16 * h, 16 * h + 16))))
+        for x in (a16, b16)]) for h in range(2)]
+    p = cat(g, *halves)
+    return p if acc is None else bld.add(acc, p)

@@ -1,8 +1,9 @@
-"""The K-quants in the interleaved GEMM (``int_gemm``): Q4_K and Q6_K with their two
-parity lanes (``KernelType.parity_lanes``), Q3_K and Q2_K with the per-row tiles' 8
-lanes (``int_tiles._scaled_dot``: lane c sums, over the block's 64-value pairs, scale
-times values 8c..8c+7 of the pair). Each type: how a block of 8 rows goes into the buffer
-(``_pack_*``), and the per-activation-row integer lanes of a buffered block (``_isums_*``).
+"""The K-quants in the interleaved GEMM (``int_gemm``): Q4_K and Q6_K with their two parity
+lanes (``KernelType.parity_lanes``), Q5_K with one (``KernelType.block_lane``), Q3_K and
+Q2_K with the per-row tiles' 8 lanes (``int_tiles._scaled_dot``: lane c sums, over the
+block's 64-value pairs, scale times values 8c..8c+7 of the pair). Each type: how a block
+of 8 rows goes into the buffer (``_pack_*``), and the per-activation-row integer lanes of
+a buffered block (``_isums_*``).
 """
 
 from __future__ import annotations
@@ -12,10 +13,14 @@ from llvmlite import ir
 from ..gguf.types import GGMLType
 from .formats import FORMATS
 from .gemm_ir import (
+    Layout,
     cat,
+    dots_mul_add,
     dpbusd,
+    fold_rows,
     layout,
     load,
+    madd_words,
     pack_d,
     pack_starts,
     ptr,
@@ -27,11 +32,12 @@ from .gemm_ir import (
 )
 from .vector_ir import F32, I8, I16, I32, VectorIR, vec
 
-L4 = layout(GGMLType.Q4_K, 64, 32 + 256)
+L4 = layout(GGMLType.Q4_K, 64, 32 + 128)  # dmin, then the mins as words
+L5 = layout(GGMLType.Q5_K, 8 * 64, 32 + 128)  # the scales <16 x i32> a span, then as L4
 L6 = layout(GGMLType.Q6_K, 128, 64)
 L3 = layout(GGMLType.Q3_K, 0, 4 * 64)  # the scales are in the values
 L2 = layout(GGMLType.Q2_K, 0, 32 + 256)  # dmin, then the mins as words (``pack_q2k``)
-_F4, _F6 = FORMATS[GGMLType.Q4_K], FORMATS[GGMLType.Q6_K]
+_F4, _F5, _F6 = FORMATS[GGMLType.Q4_K], FORMATS[GGMLType.Q5_K], FORMATS[GGMLType.Q6_K]
 _F3, _F2 = FORMATS[GGMLType.Q3_K], FORMATS[GGMLType.Q2_K]
 _ZERO16 = ir.Constant(vec(I32, 16), [0] * 16)
 
@@ -53,11 +59,20 @@ def pack_q4k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
                   64 * (8 * p + 4 + j))
     sz, mz = _k_scales8(g, rows, bld.add(off, g.c64(_F4["scales"].offset)))
     store(g, sz, out, L4.scales)
-    mins = bld.shuffle_vector(mz, mz, ir.Constant(  # [group][row]
-        vec(I32, 64), [8 * n + s for s in range(8) for n in range(8)]))
-    store(g, bld.uitofp(bld.zext(mins, vec(I32, 64)), vec(F32, 64)), out, L4.extra + 32)
-    pack_d(g, rows, off, _F4["d"].offset, out, L4.d)
-    pack_d(g, rows, off, _F4["dmin"].offset, out, L4.extra)
+    _pack_k4_mins(g, rows, off, _F4, mz, out, L4)
+
+
+def _pack_k4_mins(g: VectorIR, rows: list, off, f, mz, out, lay: Layout) -> None:  # noqa: ANN001, PLR0913
+    """Q4_K's and Q5_K's d, dmin and mins (``mz``, bytes [row][group]) into the buffer
+    block ``out``: the mins as words, vector h holding in dword i row i // 2's mins of
+    groups 4h + 2 (i % 2) and the next (``offset_k4``)."""
+    bld = g.b
+    for h in range(2):
+        idx = [8 * (i // 2) + 4 * h + 2 * (i % 2) + t for i in range(16) for t in range(2)]
+        store(g, bld.zext(bld.shuffle_vector(mz, mz, ir.Constant(vec(I32, 32), idx)),
+                          vec(I16, 32)), out, lay.extra + 32 + 64 * h)
+    pack_d(g, rows, off, f["d"].offset, out, lay.d)
+    pack_d(g, rows, off, f["dmin"].offset, out, lay.extra)
 
 
 def _k_scales8(g: VectorIR, rows: list, at) -> tuple[ir.Value, ir.Value]:  # noqa: ANN001
@@ -98,18 +113,67 @@ def isums_q4k(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # no
     return isums
 
 
-def offset_q4k(g: VectorIR, blk, act, b, dab, term) -> ir.Value:  # noqa: ANN001
-    """Q4_K's mins' term of block ``b`` for one activation row: ``term - (d_act * dmin) *
-    sum(min * 32-sum)`` over the 8 weight rows."""
+def offset_k4(g: VectorIR, blk, act, b, dab, term, lay: Layout = L4) -> ir.Value:  # noqa: ANN001, PLR0913
+    """Q4_K's (``lay`` L4) or Q5_K's (L5) mins' term of block ``b`` for one activation row:
+    ``term - (d_act * dmin) * sum(min * 32-sum)`` over the 8 weight rows, the sums exact
+    integers (``vpdpwssd`` of the mins' words and the row's 32-sums as words, ``act.sums``,
+    4 at a time broadcast): the float sum of the other paths, which is exact too."""
     bld = g.b
-    msum = None  # integers below 2**24 in float: exact in any order
-    for s in range(8):
-        mn = load(g, blk, L4.extra + 32 + 32 * s, vec(F32, 8))
-        x = splat(g, g.load_f32(act.aux, bld.add(bld.mul(b, g.c64(8)), g.c64(s))), 8)
-        msum = bld.fmul(mn, x) if msum is None else g.call("llvm.fma.v8f32", vec(F32, 8),
-                                                          [mn, x, msum])
-    scale = bld.fmul(splat(g, dab, 8), load(g, blk, L4.extra, vec(F32, 8)))
+    acc = None
+    for h in range(2):
+        x = bld.load(ptr(g, act.sums, bld.add(bld.mul(b, g.c64(16)), g.c64(8 * h)),
+                         ir.IntType(64)), align=1)
+        x = bld.insert_element(ir.Constant(vec(ir.IntType(64), 8), ir.Undefined), x,
+                               ir.Constant(I32, 0))
+        x = bld.shuffle_vector(x, x, ir.Constant(vec(I32, 8), [0] * 8))
+        mins = load(g, blk, lay.extra + 32 + 64 * h, vec(I16, 32))
+        acc = madd_words(g, acc, mins, bld.bitcast(x, vec(I16, 32)))
+    lanes = [bld.shuffle_vector(acc, acc, ir.Constant(vec(I32, 8), list(range(e, 16, 2))))
+             for e in range(2)]
+    msum = bld.sitofp(bld.add(*lanes), vec(F32, 8))
+    scale = bld.fmul(splat(g, dab, 8), load(g, blk, lay.extra, vec(F32, 8)))
     return bld.fsub(term, bld.fmul(scale, msum))
+
+
+# -- Q5_K ----------------------------------------------------------------------------------
+
+def pack_q5k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
+    """Q5_K block at ``off`` of the 8 rows into the buffer block ``out``: value 64p + l is
+    Q4_K's with bit 2p of ``qh[l]`` as its fifth, 64p + 32 + l with bit 2p + 1; the scales
+    per span as <16 x i32> (dword 2n + e row n's), the mins, d and dmin as Q4_K's."""
+    bld = g.b
+    hs = qwords(g, rows, bld.add(off, g.c64(_F5["qh"].offset)))
+    m15, one = g.splat8(15, 64), g.splat8(1, 64)
+    for p in range(4):
+        qs = qwords(g, rows, bld.add(off, g.c64(_F5["qs"].offset + 32 * p)))
+        for j, (v, h) in enumerate(zip(qs, hs, strict=True)):
+            nibs = (bld.and_(v, m15), bld.and_(bld.lshr(v, g.splat8(4, 64)), m15))
+            for e, nib in enumerate(nibs):
+                fifth = bld.shl(bld.and_(bld.lshr(h, g.splat8(2 * p + e, 64)), one),
+                                g.splat8(4, 64))
+                store(g, bld.or_(nib, fifth), out, 64 * (8 * p + 4 * e + j))
+    sz, mz = _k_scales8(g, rows, bld.add(off, g.c64(_F5["scales"].offset)))
+    sz32 = bld.zext(sz, vec(I32, 64))
+    for s in range(8):  # dword 2n + e: row n's scale s
+        store(g, bld.shuffle_vector(sz32, sz32, ir.Constant(vec(I32, 16), [
+            8 * (i // 2) + s for i in range(16)])), out, L5.scales + 64 * s)
+    _pack_k4_mins(g, rows, off, _F5, mz, out, L5)
+
+
+def isums_q5k(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # noqa: ANN001, ARG001
+    """Per activation row, its one <16 x i32> (``j`` 0): dword 2n row n's whole scaled
+    integer dot of the block (``KernelType.block_lane``), 2n + 1 zero: a span's 4
+    ``vpdpbusd`` (the unsigned values times the activations) summed, times the span's
+    scales once (``dots_mul_add``), row n's two halves added at the end (no starts)."""
+    isums = [_ZERO16] * len(acts)
+    for s in range(8):
+        p, e = divmod(s, 2)
+        sc = load(g, blk, L5.scales + 64 * s, vec(I32, 16))
+        ws = [load(g, blk, 64 * (8 * p + 4 * e + q), vec(I8, 64)) for q in range(4)]
+        for a, act in enumerate(acts):
+            isums[a] = dots_mul_add(g, isums[a], ws, [act(32 * s + 8 * q) for q in range(4)],
+                                    sc)
+    return [fold_rows(g, v) for v in isums]
 
 
 # -- Q6_K ----------------------------------------------------------------------------------
@@ -288,7 +352,7 @@ def offset_q2k(g: VectorIR, blk, act, b, dab, term) -> ir.Value:  # noqa: ANN001
     bld = g.b
     acc = None
     for k in range(4):
-        x = bld.load(ptr(g, act.sums16, bld.add(bld.mul(b, g.c64(32)), g.c64(8 * k)),
+        x = bld.load(ptr(g, act.sums, bld.add(bld.mul(b, g.c64(32)), g.c64(8 * k)),
                          ir.IntType(64)), align=1)
         x = bld.insert_element(ir.Constant(vec(ir.IntType(64), 8), ir.Undefined), x,
                                ir.Constant(I32, 0))

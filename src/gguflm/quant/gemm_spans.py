@@ -1,12 +1,12 @@
 """The types with ggml's 8 lanes in the interleaved GEMM (``int_gemm``): Q8_0, Q4_0, Q5_0,
-IQ4_NL (a 32-value block each) and IQ4_XS (256 values in 32-value spans, each with its
-integer scale). Lane j of a span sums values 4j..4j+3; a ``vpdpbusd`` of 8 values of the
-8 rows is two such lanes of each row. Each type: how a block of 8 rows goes into the
-buffer (``pack_*``), and the per-activation-row integer lanes of a buffered block
-(``isums_*``). The values are signed: the activations come plus 128, and each lane starts
-from -128 times its weights' (scaled) sum (``gemm_ir.pack_starts``); the 256-bit GEMM
-(``gemm_ymm``) packs the 32-value types without the starts and takes the activations as
-they are.
+IQ4_NL (a 32-value block each); and IQ4_XS (256 values in 32-value spans, each with its
+integer scale), whose block is one lane (``KernelType.block_lane``). Lane j of a span sums
+values 4j..4j+3; a ``vpdpbusd`` of 8 values of the 8 rows is two such lanes of each row.
+Each type: how a block of 8 rows goes into the buffer (``pack_*``), and the
+per-activation-row integer lanes of a buffered block (``isums_*``). The values are signed:
+the activations come plus 128, and each lane starts from -128 times its weights' (scaled)
+sum (``gemm_ir.pack_starts``); the 256-bit GEMM (``gemm_ymm``) packs the 32-value types
+without the starts and takes the activations as they are.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from .formats import FORMATS
 from .gemm_ir import (
     Layout,
     cat,
-    dot_mul_add,
+    dots_mul_add,
     dpbusd,
+    fold_rows,
     layout,
     load,
     pack_d,
@@ -38,7 +39,7 @@ L8 = Layout(544, _F8.type_size, 256, 512, 256)  # no scales: d at 256, the start
 L4 = L8._replace(type_size=_F4.type_size)
 L5 = L8._replace(type_size=_F5.type_size)
 LN = L8._replace(type_size=_FN.type_size)
-LX = layout(GGMLType.IQ4_XS, 8 * 64, 4 * 64)  # scales: <16 x i32> per span
+LX = layout(GGMLType.IQ4_XS, 8 * 64, 64)  # scales: <16 x i32> per span
 
 
 def pack_q80(g: VectorIR, rows: list, off, out, starts: bool = True) -> None:  # noqa: ANN001
@@ -158,20 +159,21 @@ def pack_iq4xs(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
         sc = bld.sub(bld.or_(low4, top2), c8(32))
         store(g, bld.shuffle_vector(sc, sc, spread), out, LX.scales + 64 * s)
     pack_d(g, rows, off, _FX["d"].offset, out, LX.d)
-    pack_starts(g, out, isums_iq4xs, 4, LX.extra)
+    pack_starts(g, out, isums_iq4xs, 1, LX.extra)
 
 
 def isums_iq4xs(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # noqa: ANN001
-    """Per activation row, its <16 x i32> lane vector j: ``isums_q80``'s over the block's
-    8 spans, each span's integer dots times its scales (``vpmulld``: a lane of 4 products
-    of the activations plus 128 reaches 2**17, too wide for ``vpdpwssd``'s words), from
-    ``starts[j]``."""
-    isums = [starts[j] for _ in acts]
+    """Per activation row, its one <16 x i32> lane vector (``j`` 0): dword 2n row n's whole
+    scaled integer dot of the block (``KernelType.block_lane``), 2n + 1 zero. A span's 4
+    ``vpdpbusd`` (8 values of the 8 rows each) go into one sum, which its scales multiply
+    once (``vpmulld``: a product of the activations plus 128 reaches 2**17, too wide for
+    ``vpdpwssd``'s words); row n's two dwords are added at the end. From ``starts[0]``
+    (``pack_starts`` folds them the same way, and a folded vector folds to itself)."""
+    isums = [starts[0] for _ in acts]
     for s in range(8):
         sc = load(g, blk, LX.scales + 64 * s, vec(I32, 16))
-        w = load(g, blk, 64 * (4 * s + j), vec(I8, 64))
+        ws = [load(g, blk, 64 * (4 * s + i), vec(I8, 64)) for i in range(4)]
         for a, act in enumerate(acts):
-            isums[a] = dot_mul_add(g, isums[a], act(32 * s + 8 * j), w, sc)
-    return isums
-
-
+            isums[a] = dots_mul_add(g, isums[a], [act(32 * s + 8 * i) for i in range(4)],
+                                    ws, sc)
+    return [fold_rows(g, v) for v in isums]

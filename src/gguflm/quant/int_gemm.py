@@ -1,5 +1,5 @@
 """Weights times many activation rows: an interleaved GEMM, 8 weight rows at a time, for
-Q4_K, Q6_K, Q3_K, Q2_K (``gemm_kquants``), Q8_0, Q4_0, Q5_0, IQ4_NL and IQ4_XS
+Q4_K, Q6_K, Q5_K, Q3_K, Q2_K (``gemm_kquants``), Q8_0, Q4_0, Q5_0, IQ4_NL and IQ4_XS
 (``gemm_spans``).
 
 A group of 8 weight rows is first unpacked into a buffer (``_pack``): per block, for
@@ -14,10 +14,13 @@ two words first (one scale step per 4 ``vpdpbusd``), Q6_K's take one per 2. Q3_K
 Q2_K's values times their scales fit a byte: the buffer holds them scaled, and a lane's
 dots accumulate over the whole block with no scale step. The
 32-value types have no integer scales: each ``vpdpbusd`` result is two of ggml's lanes of
-8 rows, converted and added as its float steps do; IQ4_XS's spans are such blocks with a
-scale each, applied to the integer lanes by ``vpmulld`` (its lanes are too wide for
-words). The unpacking is done once for all the activation rows instead of once per 8
-(``int_tiles``' 1x8 tile).
+8 rows, converted and added as its float steps do. IQ4_XS and Q5_K keep one lane a block
+(``KernelType.block_lane``): a span's 4 ``vpdpbusd`` go into one sum, multiplied by the
+span's scales once (``vpmulld``: their scaled values are too wide for bytes, their sums
+for words), and each row's two halves are added at the end of the block. Q4_K's and
+Q5_K's mins' term is an exact integer sum (``vpdpwssd`` of the mins and the activations'
+32-value sums as words), as Q2_K's over 16-value sums. The unpacking is done once for all
+the activation rows instead of once per 8 (``int_tiles``' 1x8 tile).
 
 The numbers are those of every other path of these types: for Q4_K and Q6_K
 (``KernelType.parity_lanes``), per block, the scaled integer dot of the even and of the
@@ -25,8 +28,9 @@ odd 32-value spans (exact integers), each its float lane ``+= float(isum) * (d *
 Q4_K's mins' term ``-= (d_act * dmin) * sum(min * 32-sum)`` (exact integers in float); at
 the end ``(even + odd) + offset term``. For Q3_K and Q2_K the tiles' 8 lanes
 (``int_tiles._scaled_dot``: lane c the scaled dot of values 8c..8c+7 of each 64), Q2_K's
-mins' term over 16-value sums; for the 32-value types and IQ4_XS ggml's 8 lanes (values
-4j..4j+3 of each 32); then ggml's horizontal sum. So a row's product does not depend on
+mins' term over 16-value sums; for the 32-value types ggml's 8 lanes (values 4j..4j+3 of
+each 32); for IQ4_XS and Q5_K the block's whole scaled integer dot in one lane; then
+ggml's horizontal sum. So a row's product does not depend on
 which path ran it (batch invariance).
 
 Three builds. With AVX512-VNNI (``WIDE_GEMM``): all of these types, as above. Without it,
@@ -77,11 +81,12 @@ USABLE = SIMD != "generic"  # x86 with AVX2 at least
 WIDE_GEMM = VNNI512  # the 512-bit GEMM; else the 256-bit one (``gemm_ymm``'s types)
 T = GGMLType
 Q4_K, Q6_K, Q3_K, Q2_K = int(T.Q4_K), int(T.Q6_K), int(T.Q3_K), int(T.Q2_K)
+Q5_K = int(T.Q5_K)
 Q8_0, Q4_0, Q5_0 = int(T.Q8_0), int(T.Q4_0), int(T.Q5_0)
 IQ4_NL, IQ4_XS = int(T.IQ4_NL), int(T.IQ4_XS)
 # the types it runs, where the declarations' lanes are its own: Q4_K's and Q6_K's two
 # (``parity_lanes``), the others' 8 (a constant tuple for numba)
-GEMM_KINDS = tuple(t for t, parity in ((Q4_K, True), (Q6_K, True), (Q3_K, False),
+GEMM_KINDS = tuple(t for t, parity in ((Q4_K, True), (Q6_K, True), (Q5_K, False), (Q3_K, False),
                                        (Q2_K, False), (Q8_0, False), (Q4_0, False),
                                        (Q5_0, False), (IQ4_NL, False), (IQ4_XS, False))
                    if USABLE and (WIDE_GEMM or t in ym.TYPES) and GGMLType(t) in KERNEL_TYPES
@@ -89,9 +94,11 @@ GEMM_KINDS = tuple(t for t, parity in ((Q4_K, True), (Q6_K, True), (Q3_K, False)
 # the unsigned types multiply the activations themselves, and so do the 256-bit build's
 # 32-value types (the sign step, ``gemm_ymm.SIGNED_ACTS``); the others the activations plus
 # 128 (``ActivationSet.qu``, which ``act_quant`` makes for these types' batches)
-_QA_KINDS = (Q4_K, Q2_K) + (() if WIDE_GEMM else ym.SIGNED_ACTS)
+_QA_KINDS = (Q4_K, Q5_K, Q2_K) + (() if WIDE_GEMM else ym.SIGNED_ACTS)
 PLUS_128_KINDS = tuple(t for t in GEMM_KINDS if t not in _QA_KINDS) or (-1,)
 SUMS16_KINDS = (Q2_K,)  # whose mins multiply the activations' 16-value sums (``cor``)
+SUMS32_KINDS = (Q4_K, Q5_K)  # and their 32-value sums (``aux``)
+_MINS_KINDS = SUMS16_KINDS + SUMS32_KINDS
 GEMM_MIN_ROWS = 8  # activation rows from which a product runs here
 _ROWS_AT_ONCE = 4  # activation rows per pass over a block (they share the weight loads)
 
@@ -114,15 +121,17 @@ class _Spec(NamedTuple):
     offset: object = None  # (g, blk, act, b, dab, term) -> term: the mins' term
 
 
-_TYPES = {Q4_K: _Spec(kq.L4, kq.pack_q4k, kq.isums_q4k, 256, 1, 0, *PAIRED, kq.offset_q4k),
+_TYPES = {Q4_K: _Spec(kq.L4, kq.pack_q4k, kq.isums_q4k, 256, 1, 0, *PAIRED, kq.offset_k4),
           Q6_K: _Spec(kq.L6, kq.pack_q6k, kq.isums_q6k, 256, 1, 1, *PAIRED),
+          Q5_K: _Spec(kq.L5, kq.pack_q5k, kq.isums_q5k, 256, 1, 0, *PLAIN,
+                      partial(kq.offset_k4, lay=kq.L5)),
           Q3_K: _Spec(kq.L3, kq.pack_q3k, kq.isums_q3k, 256, 4, 4, *PAIRED),
           Q2_K: _Spec(kq.L2, kq.pack_q2k, kq.isums_q2k, 256, 4, 0, *PAIRED, kq.offset_q2k),
           Q8_0: _Spec(sp.L8, sp.pack_q80, sp.isums_q80, 32, 4, 4, *PLAIN),
           Q4_0: _Spec(sp.L4, sp.pack_q40, sp.isums_q80, 32, 4, 4, *PLAIN),
           Q5_0: _Spec(sp.L5, sp.pack_q50, sp.isums_q80, 32, 4, 4, *PLAIN),
           IQ4_NL: _Spec(sp.LN, sp.pack_iq4nl, sp.isums_q80, 32, 4, 4, *PLAIN),
-          IQ4_XS: _Spec(sp.LX, sp.pack_iq4xs, sp.isums_iq4xs, 256, 4, 4, *PLAIN)}
+          IQ4_XS: _Spec(sp.LX, sp.pack_iq4xs, sp.isums_iq4xs, 256, 1, 1, *PLAIN)}
 if not WIDE_GEMM:  # the same lanes (so offsets and sums), 256-bit steps and buffer
     for _t, _fields in ym.TYPES.items():
         _TYPES[_t] = _TYPES[_t]._replace(**_fields)
@@ -238,7 +247,8 @@ def _make_gemm(na: int):  # noqa: ANN202 - a numba intrinsic
     """Intrinsic ``gemm(kind, buf, qa, da, aux, sums, i0, out, c0)``: ``out[i0 + a, c0 +
     n]`` for ``a < na``, ``n < 8``: the buffered weight rows of type ``kind`` (``_pack``)
     times activation rows ``qa`` (Q8_K or Q8_0; the bytes plus 128, ``ActivationSet.qu``,
-    for PLUS_128_KINDS), ``sums`` their i16 16-value sums (Q2_K; else unread)."""
+    for PLUS_128_KINDS), ``sums`` their i16 sums the mins multiply (``_sums_words``; else
+    unread)."""
 
     @intrinsic
     def gemm(typingctx, kind, buf, qa, da, aux, sums, i0, out, c0):  # noqa: ANN001, ANN202, ARG001, PLR0913
@@ -264,16 +274,27 @@ for _t, _spec in _TYPES.items():
 
 
 @njit(cache=True, nogil=True)
-def _sums16_words(cor, n):  # noqa: ANN001, ANN202
-    """The activations' 16-value sums (``ActivationSet.cor`` of the Q8_K set, int32) as
-    int16 (each at most 16 * 127), what Q2_K's ``vpdpwssd`` takes; no rows without them."""
-    if cor.shape[0] != n:
+def _words(src, n):  # noqa: ANN001, ANN202
+    """``src`` (n, m) integers (int32, or exact in float32) as int16; no rows if not n."""
+    if src.shape[0] != n:
         return np.empty((0, 1), np.int16)
-    out = np.empty(cor.shape, np.int16)
+    out = np.empty(src.shape, np.int16)
     for i in range(n):
-        for j in range(cor.shape[1]):
-            out[i, j] = cor[i, j]
+        for j in range(src.shape[1]):
+            out[i, j] = np.int16(src[i, j])
     return out
+
+
+@njit(cache=True, nogil=True)
+def _sums_words(kind, aux, cor, n):  # noqa: ANN001, ANN202
+    """The activations' sums a type's mins multiply, as int16 (at most 32 * 127), what
+    ``vpdpwssd`` takes: Q2_K's 16-value sums (``cor`` of the Q8_K set), Q4_K's and Q5_K's
+    32-value sums (``aux``); no rows for the other types or without them."""
+    if kind in SUMS16_KINDS:
+        return _words(cor, n)
+    if kind in SUMS32_KINDS:
+        return _words(aux, n)
+    return np.empty((0, 1), np.int16)
 
 
 @njit(cache=True, nogil=True)
@@ -285,8 +306,8 @@ def gemm_rows(kind, w, r0, r1, qa, da, aux, cor, qu, tbl, out):  # noqa: ANN001,
     caller (r0 when it runs none: ``qu`` or ``cor`` without rows)."""
     n = qa.shape[0]
     acts = qa if kind in _QA_KINDS else qu
-    sums = _sums16_words(cor if kind in SUMS16_KINDS else cor[:0], n)
-    if acts.shape[0] != n or (kind in SUMS16_KINDS and sums.shape[0] != n):
+    sums = _sums_words(kind, aux, cor, n)
+    if acts.shape[0] != n or (kind in _MINS_KINDS and sums.shape[0] != n):
         return r0
     buf = np.empty((w.shape[1] // _TYPE_SIZE[kind], _BLOCK_BYTES[kind]), np.uint8)
     c = r0

@@ -9,7 +9,9 @@ values 4j..4j+3 of each 32: ``pmaddubsw`` then ``pmaddwd``), and so does IQ4_XS,
 values are too wide for anything else (each lane's pair sums times its 32 values' scale);
 the K-quants their own, with one scale step per 8 values (``_scaled_dot``), which the
 512-bit tiles take two activation rows at a time (but Q2_K, whose mins multiply the
-activations' 16-value sums, worked out from the bytes in its block loop). Every tile shape
+activations' 16-value sums, worked out from the bytes in its block loop). IQ4_XS and Q5_K
+(``KernelType.block_lane``) add each block's lanes into one (``_one_lane``) before its
+float step: the interleaved GEMM's numbers, which keep one sum a block. Every tile shape
 runs the same per-element sequence, so results are batch-invariant.
 
 Decoding (one activation row) runs four weight rows at a time against it (``_emit_quad_loop``;
@@ -516,6 +518,8 @@ def _emit_wide_block(g: VectorIR, k: KernelType, t: Tile, b, dd, shift: str) -> 
             acc = g.pack_madd(sums[0], sums[1], sc, acc)
         if k.parity_lanes:  # row r's even spans' sum in lane 2 r, its odd spans' in 8 + 2 r
             acc = _fold_pairs(g, acc)
+        elif k.block_lane:  # row r's whole dot in lane 2 r (its lane 0, _PAIR_LANES)
+            acc = _one_lane(g, acc, (1, 4, 8), (0, 2))
         # row r's d * d_act in its 8 lanes: the same product _accumulate takes
         spread = g.lanes(dd8, [2 * q + (x // 2) % 2 for x in range(16)])
         f = bld.sitofp(acc, vec(F32, 16))
@@ -571,7 +575,8 @@ def _integer_dot(g: VectorIR, k: KernelType, blk, a8: list, cor: list | None,  #
     ``a8``, started from the lane corrections ``cor`` where ``shift`` asks for them
     (``ordered``: see ``_scaled_dot``)."""
     if quad_words(k):
-        return _scaled_dot(g, k, blk, a8, cor if shift == "u" else None, ordered)
+        isum = _scaled_dot(g, k, blk, a8, cor if shift == "u" else None, ordered)
+        return _one_lane(g, isum) if k.block_lane else isum
     isum = None
     for s, sp in enumerate(blk.spans):
         if shift == "a":
@@ -583,7 +588,20 @@ def _integer_dot(g: VectorIR, k: KernelType, blk, a8: list, cor: list | None,  #
             start = cor[s] if isum is None else g.b.add(isum, cor[s])
         isum = g.span_dot(sp.values, sp.magnitudes, a8[s], sp.scales,
                           signed(k) and not shift, start)
-    return isum
+    return _one_lane(g, isum) if k.block_lane else isum
+
+
+def _one_lane(g: VectorIR, v, xors: tuple = (1, 2, 4), keep: tuple = (0,)) -> ir.Value:  # noqa: ANN001
+    """``v`` (<n x i32>) with lanes ``keep`` the sums of their lanes over ``xors`` (exact
+    integers: any order), the others 0: a ``KernelType.block_lane`` block's whole integer
+    dot in one lane (of 8: ``[sum, 0, ..., 0]``), which the float steps then take as any
+    lanes (zeros add nothing to the lane sums)."""
+    n = v.type.count
+    for x in xors:
+        v = g.b.add(v, g.lanes(v, [i ^ x for i in range(n)]))
+    zero = ir.Constant(vec(I32, n), [0] * n)
+    return g.b.shuffle_vector(v, zero, ir.Constant(vec(I32, n),
+                                                   [i if i in keep else n for i in range(n)]))
 
 
 def _scaled_dot(g: VectorIR, k: KernelType, blk, a8: list,  # noqa: ANN001

@@ -71,6 +71,10 @@ class KernelType:
     # two lanes (K-quants), the split the 8-row interleaved GEMM (``int_gemm``) computes: a
     # block's scaled integer dot split only into its even and its odd 32-value spans
     parity_lanes: bool = False
+    # one lane (IQ4_XS, Q5_K): a block's whole scaled integer dot in one lane, converted once
+    # (llama.cpp's tiled prompt path's split), which lets the GEMM apply a 32-value span's
+    # scale once to all its values' dots instead of once per 4 values as vec_dot's lanes do
+    block_lane: bool = False
 
     @property
     def groups(self) -> int:
@@ -119,7 +123,7 @@ KERNEL_TYPES: dict[GGMLType, KernelType] = {k.type: k for k in [
     KernelType(T.Q4_K, T.Q8_K, (Plane("qs", 32, 4),), scales="k4", offset="dmin",
                parity_lanes=True),
     KernelType(T.Q5_K, T.Q8_K, (Plane("qs", 32, 4), Plane("qh", 32, 1, shift=4)),
-               scales="k4", offset="dmin"),
+               scales="k4", offset="dmin", block_lane=True),
     # per 128 values: low 4 bits from 64 bytes of ql, top 2 bits from 32 bytes of qh
     KernelType(T.Q6_K, T.Q8_K, (Plane("ql", 64, 4), Plane("qh", 32, 2, shift=4)), bias=32,
                scales="i8", parity_lanes=True),
@@ -129,7 +133,8 @@ KERNEL_TYPES: dict[GGMLType, KernelType] = {k.type: k for k in [
     KernelType(T.Q3_K, T.Q8_K, (Plane("qs", 32, 2), Plane("hmask", 32, 1, shift=2)), bias=4,
                scales="q3k"),
     KernelType(T.IQ4_NL, T.Q8_0, (_nibbles("qs"),), table=KVALUES_IQ4),
-    KernelType(T.IQ4_XS, T.Q8_K, (_nibbles("qs"),), table=KVALUES_IQ4, scales="iq4xs"),
+    KernelType(T.IQ4_XS, T.Q8_K, (_nibbles("qs"),), table=KVALUES_IQ4, scales="iq4xs",
+               block_lane=True),
     # kvalues_mxfp4 (ggml-common.h): E2M1 values doubled, as d is half the E8M0 scale
     KernelType(T.MXFP4, T.Q8_0, (_nibbles("qs"),),
                table=(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12),
