@@ -10,6 +10,9 @@ here each is an LLVM vector value that stays in a register for the whole loop, a
 value is read (and converted from float16) once per use. Measured on the attention of a
 2,048-token prompt: see ``attention.py``.
 
+The vectors are 16 lanes where the CPU has AVX-512 (8 elsewhere): each lane's arithmetic
+is its own, so the same numbers at either width.
+
 Both take a float16 (uint16 bits) or a float32 cache; their arrays' rows may be strided,
 each row's elements contiguous (the arena's tiles and rows, slices of the scores, queries
 and outputs are).
@@ -22,12 +25,13 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..quant.vector_ir import VectorIR as _Gen
+from ..quant.vector_ir import WIDE
+from .kv_cache import TILE
 
 _F32, _F16, _I64 = ir.FloatType(), ir.HalfType(), ir.IntType(64)
-_LANES = 8
-_V8 = ir.VectorType(_F32, _LANES)
-_ZERO = ir.Constant(_V8, [0.0] * _LANES)
+_LANES = 16 if WIDE else 8
+_VEC = ir.VectorType(_F32, _LANES)
+_ZERO = ir.Constant(_VEC, [0.0] * _LANES)
 
 
 def _c(v: int) -> ir.Constant:
@@ -50,12 +54,12 @@ def _row(builder: ir.IRBuilder, ary: object, i: ir.Value, elem: ir.Type) -> ir.V
 
 
 def _load8(builder: ir.IRBuilder, base: ir.Value, at: ir.Value, half: bool) -> ir.Value:
-    """<8 x float> of the 8 elements at ``base + at`` (float16 converted exactly)."""
+    """<_LANES x float> of the elements at ``base + at`` (float16 converted exactly)."""
     p = builder.gep(base, [at])
     if half:
         v = builder.load(builder.bitcast(p, ir.VectorType(_F16, _LANES).as_pointer()), align=2)
-        return builder.fpext(v, _V8)
-    return builder.load(builder.bitcast(p, _V8.as_pointer()), align=4)
+        return builder.fpext(v, _VEC)
+    return builder.load(builder.bitcast(p, _VEC.as_pointer()), align=4)
 
 
 def _load1(builder: ir.IRBuilder, base: ir.Value, at: ir.Value, half: bool) -> ir.Value:
@@ -64,8 +68,10 @@ def _load1(builder: ir.IRBuilder, base: ir.Value, at: ir.Value, half: bool) -> i
 
 
 def _splat(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """<8 x float> of x (the kernels' IR helper)."""
-    return _Gen(builder, None).splatf8(x)
+    """<_LANES x float> of x."""
+    v = builder.insert_element(ir.Constant(_VEC, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), _LANES),
+                                                    [0] * _LANES))
 
 
 def _operands(rows: types.Type, cache: types.Type, out: types.Type
@@ -105,7 +111,7 @@ def tile_scores(typingctx, qg, kk, out):  # noqa: ANN001, ANN202, ARG001
         qa, ka, oa = (context.make_array(t)(context, builder, v)
                       for t, v in zip(signature.args, args, strict=True))
         heads, d = cgutils.unpack_tuple(builder, qa.shape)
-        accs = [cgutils.alloca_once_value(builder, _ZERO) for _ in range(_LANES)]
+        accs = [cgutils.alloca_once_value(builder, _ZERO) for _ in range(TILE // _LANES)]
         with cgutils.for_range_slice(builder, _c(0), d, _c(E_STEP)) as (e0, _):
             e1 = builder.select(builder.icmp_signed("<", builder.add(e0, _c(E_STEP)), d),
                                 builder.add(e0, _c(E_STEP)), d)
@@ -115,7 +121,7 @@ def tile_scores(typingctx, qg, kk, out):  # noqa: ANN001, ANN202, ARG001
                 q = _row(builder, qa, h, _F32)
                 o = _row(builder, oa, h, _F32)
                 for b, acc in enumerate(accs):
-                    at = builder.bitcast(builder.gep(o, [_c(_LANES * b)]), _V8.as_pointer())
+                    at = builder.bitcast(builder.gep(o, [_c(_LANES * b)]), _VEC.as_pointer())
                     builder.store(builder.select(first, _ZERO, builder.load(at, align=4)), acc)
                 with cgutils.for_range_slice(builder, e0, e1, _c(1)) as (e, _):
                     qs = _splat(builder, builder.load(builder.gep(q, [e])))
@@ -125,7 +131,7 @@ def tile_scores(typingctx, qg, kk, out):  # noqa: ANN001, ANN202, ARG001
                         builder.store(builder.fadd(builder.load(acc), builder.fmul(qs, kv)),
                                       acc)
                 for b, acc in enumerate(accs):
-                    at = builder.bitcast(builder.gep(o, [_c(_LANES * b)]), _V8.as_pointer())
+                    at = builder.bitcast(builder.gep(o, [_c(_LANES * b)]), _VEC.as_pointer())
                     builder.store(builder.load(acc), at, align=4)
         return context.get_dummy_value()
 
@@ -141,7 +147,7 @@ J_STEP = 64
 def _emit_columns(builder: ir.IRBuilder, pa: object, va: object, oa: object, elem: ir.Type,
                   c0: ir.Value, nvec: int, span: tuple, half: bool) -> None:
     """``out[h, c0 + c] (+)= sum over j0 <= j < j1 of p[h, j] * vals[j, c0 + c]`` for every
-    head h and the ``nvec`` vectors of 8 columns from c0, in position order, from 0.0 when
+    head h and the ``nvec`` vectors of _LANES columns from c0, in position order, from 0.0 when
     ``first`` else from the partial sums in ``out``; ``span`` = (j0, j1, first)."""
     j0, j1, first = span
     heads = cgutils.unpack_tuple(builder, pa.shape)[0]
@@ -151,7 +157,7 @@ def _emit_columns(builder: ir.IRBuilder, pa: object, va: object, oa: object, ele
         p = _row(builder, pa, h, _F32)
         o = _row(builder, oa, h, _F32)
         ats = [builder.bitcast(builder.gep(o, [builder.add(c0, _c(_LANES * b))]),
-                               _V8.as_pointer()) for b in range(nvec)]
+                               _VEC.as_pointer()) for b in range(nvec)]
         for acc, at in zip(accs, ats, strict=True):
             builder.store(builder.select(first, _ZERO, builder.load(at, align=4)), acc)
         with cgutils.for_range_slice(builder, j0, j1, _c(1)) as (j, _):
@@ -210,7 +216,7 @@ def weighted_sum(typingctx, pg, vals, out):  # noqa: ANN001, ANN202, ARG001
             j1 = builder.select(builder.icmp_signed("<", builder.add(j0, _c(J_STEP)), n),
                                 builder.add(j0, _c(J_STEP)), n)
             span = (j0, j1, builder.icmp_signed("==", j0, _c(0)))
-            # columns in blocks of 64 (8 registers), then 32, then 8, then one at a time
+            # columns in blocks of 8 registers, then 4, then 1, then one at a time
             builder.store(_c(0), c0)
             for nvec in (8, 4, 1):
                 width = _c(_LANES * nvec)
