@@ -17,7 +17,18 @@ changed = sorted(set(os.environ.items()) ^ set(before_env.items()))
 after_import = {"env": changed, "threads": numba.get_num_threads() == before_threads}
 from gguflm.quant import matrix
 matrix.entry_point_defaults(owns_cores=sys.argv[1] == "owns", serving=sys.argv[1] == "serve")
+import resource
+def minor_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+block = b"\1" * (24 << 20)  # a 24 MiB block, written (so its pages are touched), freed
+del block
+before = minor_faults()
+for _ in range(4):  # the same block again: fresh pages, or the freed ones kept
+    block = b"\1" * (24 << 20)
+    del block
+reuse_faults = minor_faults() - before
 print(json.dumps({"import": after_import, "omp": os.environ.get("OMP_WAIT_POLICY"),
+                  "reuse_faults": reuse_faults,
                   "spin": os.environ.get("GOMP_SPINCOUNT"),
                   "spin_threshold": matrix.PARALLEL_MIN_MACS == matrix.SPIN_PARALLEL_MIN_MACS}))
 """
@@ -33,16 +44,22 @@ def _probe(env: dict[str, str], owns_cores: bool = False, serving: bool = False)
 def test_import_changes_nothing_and_entry_point_sets_defaults() -> None:
     env = {k: v for k, v in os.environ.items()  # (another test may have set them here)
            if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_NUM_THREADS",
-                        "OMP_NUM_THREADS")}
+                        "OMP_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_",
+                        "MALLOC_TRIM_THRESHOLD_")}
     got = _probe(env)
     assert got["import"] == {"env": [], "threads": True}
     assert got["omp"] == "passive" and got["spin"] is None and not got["spin_threshold"]
+    # LLM() in someone else's process leaves glibc's allocator alone: the block again
+    # takes fresh pages (6144 of 4 KiB) at least once
+    assert got["reuse_faults"] > 3000, got
     # one user's command: workers spin a bounded while, and smaller products go parallel
     got = _probe(env, owns_cores=True)
     assert (got["omp"], got["spin"], got["spin_threshold"]) == ("active", "100000", True)
+    assert got["reuse_faults"] < 1500, got  # the freed memory kept (keep_freed_memory)
     # the server: workers spin briefly between one step's products, then sleep
     got = _probe(env, serving=True)
     assert (got["omp"], got["spin"], got["spin_threshold"]) == ("active", "20000", False)
+    assert got["reuse_faults"] < 1500, got
 
 
 def test_single_user_commands_own_the_cores_and_the_server_does_not() -> None:
