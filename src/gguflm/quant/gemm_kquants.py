@@ -115,18 +115,25 @@ def isums_q4k(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # no
 
 def offset_k4(g: VectorIR, blk, act, b, dab, term, lay: Layout = L4) -> ir.Value:  # noqa: ANN001, PLR0913
     """Q4_K's (``lay`` L4) or Q5_K's (L5) mins' term of block ``b`` for one activation row:
-    ``term - (d_act * dmin) * sum(min * 32-sum)`` over the 8 weight rows, the sums exact
-    integers (``vpdpwssd`` of the mins' words and the row's 32-sums as words, ``act.sums``,
-    4 at a time broadcast): the float sum of the other paths, which is exact too."""
+    ``term - (d_act * dmin) * sum(min * 32-sum)`` over the 8 weight rows (``_mins_term``
+    over the row's 32-value sums, 8 words a block)."""
+    return _mins_term(g, blk, act, b, dab, term, lay, 2)
+
+
+def _mins_term(g: VectorIR, blk, act, b, dab, term, lay: Layout, vectors: int) -> ir.Value:  # noqa: ANN001, PLR0913
+    """``term - (d_act * dmin) * msum`` over the 8 weight rows, msum the mins times the
+    activation row's sums (``act.sums``, 4 ``vectors`` words a block), an exact integer
+    (``vpdpwssd`` of the mins' words at ``lay.extra + 32`` and the sums as words, 4 at a
+    time broadcast): the float sum of the other paths, which is exact too."""
     bld = g.b
     acc = None
-    for h in range(2):
-        x = bld.load(ptr(g, act.sums, bld.add(bld.mul(b, g.c64(16)), g.c64(8 * h)),
+    for k in range(vectors):
+        x = bld.load(ptr(g, act.sums, bld.add(bld.mul(b, g.c64(8 * vectors)), g.c64(8 * k)),
                          ir.IntType(64)), align=1)
         x = bld.insert_element(ir.Constant(vec(ir.IntType(64), 8), ir.Undefined), x,
                                ir.Constant(I32, 0))
         x = bld.shuffle_vector(x, x, ir.Constant(vec(I32, 8), [0] * 8))
-        mins = load(g, blk, lay.extra + 32 + 64 * h, vec(I16, 32))
+        mins = load(g, blk, lay.extra + 32 + 64 * k, vec(I16, 32))
         acc = madd_words(g, acc, mins, bld.bitcast(x, vec(I16, 32)))
     lanes = [bld.shuffle_vector(acc, acc, ir.Constant(vec(I32, 8), list(range(e, 16, 2))))
              for e in range(2)]
@@ -347,20 +354,6 @@ def isums_q2k(g: VectorIR, blk, acts: list, starts: list, m: int) -> list:  # no
 
 def offset_q2k(g: VectorIR, blk, act, b, dab, term) -> ir.Value:  # noqa: ANN001
     """Q2_K's mins' term of block ``b`` for one activation row: ``term - (d_act * dmin) *
-    sum(min * 16-sum)`` over the 8 weight rows, the sums exact integers (``vpdpwssd`` of
-    the mins' words and the row's 16-sums as words, 4 at a time broadcast)."""
-    bld = g.b
-    acc = None
-    for k in range(4):
-        x = bld.load(ptr(g, act.sums, bld.add(bld.mul(b, g.c64(32)), g.c64(8 * k)),
-                         ir.IntType(64)), align=1)
-        x = bld.insert_element(ir.Constant(vec(ir.IntType(64), 8), ir.Undefined), x,
-                               ir.Constant(I32, 0))
-        x = bld.shuffle_vector(x, x, ir.Constant(vec(I32, 8), [0] * 8))
-        mins = load(g, blk, L2.extra + 32 + 64 * k, vec(I16, 32))
-        acc = g.dpwssd512(acc, mins, bld.bitcast(x, vec(I16, 32)))
-    lanes = [bld.shuffle_vector(acc, acc, ir.Constant(vec(I32, 8), list(range(e, 16, 2))))
-             for e in range(2)]
-    msum = bld.sitofp(bld.add(*lanes), vec(F32, 8))
-    scale = bld.fmul(splat(g, dab, 8), load(g, blk, L2.extra, vec(F32, 8)))
-    return bld.fsub(term, bld.fmul(scale, msum))
+    sum(min * 16-sum)`` over the 8 weight rows (``_mins_term`` over the row's 16-value
+    sums, 16 words a block)."""
+    return _mins_term(g, blk, act, b, dab, term, L2, 4)
