@@ -53,7 +53,7 @@ def _row(builder: ir.IRBuilder, ary: object, i: ir.Value, elem: ir.Type) -> ir.V
     return builder.bitcast(p, elem.as_pointer())
 
 
-def _load8(builder: ir.IRBuilder, base: ir.Value, at: ir.Value, half: bool) -> ir.Value:
+def _load_vec(builder: ir.IRBuilder, base: ir.Value, at: ir.Value, half: bool) -> ir.Value:
     """<_LANES x float> of the elements at ``base + at`` (float16 converted exactly)."""
     p = builder.gep(base, [at])
     if half:
@@ -127,7 +127,7 @@ def tile_scores(typingctx, qg, kk, out):  # noqa: ANN001, ANN202, ARG001
                     qs = _splat(builder, builder.load(builder.gep(q, [e])))
                     k = _row(builder, ka, e, elem)
                     for b, acc in enumerate(accs):
-                        kv = _load8(builder, k, _c(_LANES * b), half)
+                        kv = _load_vec(builder, k, _c(_LANES * b), half)
                         builder.store(builder.fadd(builder.load(acc), builder.fmul(qs, kv)),
                                       acc)
                 for b, acc in enumerate(accs):
@@ -164,7 +164,7 @@ def _emit_columns(builder: ir.IRBuilder, pa: object, va: object, oa: object, ele
             ps = _splat(builder, builder.load(builder.gep(p, [j])))
             v = _row(builder, va, j, elem)
             for b, acc in enumerate(accs):
-                vv = _load8(builder, v, builder.add(c0, _c(_LANES * b)), half)
+                vv = _load_vec(builder, v, builder.add(c0, _c(_LANES * b)), half)
                 builder.store(builder.fadd(builder.load(acc), builder.fmul(ps, vv)), acc)
         for acc, at in zip(accs, ats, strict=True):
             builder.store(builder.load(acc), at, align=4)

@@ -11,7 +11,7 @@ from llvmlite import ir
 
 from ..gguf.types import GGMLType
 from .formats import FORMATS
-from .vector_ir import F32, I8, I32, I64, VNNI512, VectorIR, vec
+from .vector_ir import F32, I8, I32, I64, VectorIR, vec
 
 GROUP = 8  # weight rows unpacked together
 
@@ -183,15 +183,22 @@ def fold_rows(g: VectorIR, v) -> ir.Value:  # noqa: ANN001
     return bld.add(lo, hi)
 
 
-def madd_words(g: VectorIR, acc, a16, b16) -> ir.Value:  # noqa: ANN001
-    """<16 x i32> ``acc`` plus ``pmaddwd(a16, b16)`` (<32 x i16> each): one ``vpdpwssd``
-    with AVX512-VNNI (``VectorIR.dpwssd512``), else two 256-bit ``pmaddwd`` and an add
-    (the 256-bit GEMM): the same integers."""
-    if VNNI512:
-        return g.dpwssd512(acc, a16, b16)
-    bld = g.b
-    halves = [g.call("llvm.x86.avx2.pmadd.wd", vec(I32, 8), [
-        bld.shuffle_vector(x, x, ir.Constant(vec(I32, 16), list(range(16 * h, 16 * h + 16))))
-        for x in (a16, b16)]) for h in range(2)]
-    p = cat(g, *halves)
-    return p if acc is None else bld.add(acc, p)
+def one_lane_isums(g: VectorIR, blk, acts: list, start, scales: int,  # noqa: ANN001, PLR0913
+                   unsigned_weights: bool) -> list:
+    """Per activation row (``acts[a](value)``: its 8 bytes from there, broadcast), the one
+    <16 x i32> lane vector of a ``KernelType.block_lane`` type's buffered block: dword 2n
+    row n's whole scaled integer dot, 2n + 1 zero. Span s's values are buffer vectors
+    4s..4s+3, its scales <16 x i32> at ``scales + 64 s`` (dword 2n + e row n's); its 4
+    ``vpdpbusd`` (8 values of the 8 rows each) go into one sum, which the scales multiply
+    once (``dots_mul_add``), from ``start``; row n's two halves are added at the end
+    (``fold_rows``: a folded start folds to itself). The weights are ``vpdpbusd``'s
+    unsigned operand if ``unsigned_weights``, else the activations (plus 128) are."""
+    isums = [start for _ in acts]
+    for s in range(8):
+        sc = load(g, blk, scales + 64 * s, vec(I32, 16))
+        ws = [load(g, blk, 64 * (4 * s + q), vec(I8, 64)) for q in range(4)]
+        for a, act in enumerate(acts):
+            xs = [act(32 * s + 8 * q) for q in range(4)]
+            u8, s8 = (ws, xs) if unsigned_weights else (xs, ws)
+            isums[a] = dots_mul_add(g, isums[a], u8, s8, sc)
+    return [fold_rows(g, v) for v in isums]

@@ -15,12 +15,10 @@ from .formats import FORMATS
 from .gemm_ir import (
     Layout,
     cat,
-    dots_mul_add,
     dpbusd,
-    fold_rows,
     layout,
     load,
-    madd_words,
+    one_lane_isums,
     pack_d,
     pack_starts,
     ptr,
@@ -51,15 +49,30 @@ def _c8(x: int) -> ir.Constant:
 def pack_q4k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
     """Q4_K block at ``off`` of the 8 rows into the buffer block ``out``: value 64p + l is
     the low nibble of byte 32p + l of a row's ``qs``, 64p + 32 + l the high one."""
-    bld = g.b
-    for p in range(4):
-        for j, v in enumerate(qwords(g, rows, bld.add(off, g.c64(_F4["qs"].offset + 32 * p)))):
-            store(g, bld.and_(v, g.splat8(15, 64)), out, 64 * (8 * p + j))
-            store(g, bld.and_(bld.lshr(v, g.splat8(4, 64)), g.splat8(15, 64)), out,
-                  64 * (8 * p + 4 + j))
-    sz, mz = _k_scales8(g, rows, bld.add(off, g.c64(_F4["scales"].offset)))
+    _pack_k4_values(g, rows, off, _F4, out)
+    sz, mz = _k_scales8(g, rows, g.b.add(off, g.c64(_F4["scales"].offset)))
     store(g, sz, out, L4.scales)
     _pack_k4_mins(g, rows, off, _F4, mz, out, L4)
+
+
+def _pack_k4_values(g: VectorIR, rows: list, off, f, out) -> None:  # noqa: ANN001
+    """Q4_K's or Q5_K's (format ``f``) values of the block at ``off`` of the 8 rows into
+    buffer vectors 0..31 (span s in 4s..4s+3): value 64p + l is the low nibble of byte
+    32p + l of a row's ``qs``, 64p + 32 + l the high one; Q5_K's (a ``qh`` field) with bit
+    2p, resp. 2p + 1, of ``qh[l]`` as its fifth."""
+    bld = g.b
+    m15, one = g.splat8(15, 64), g.splat8(1, 64)
+    qh = [x.offset for x in f.fields if x.name == "qh"]
+    hs = qwords(g, rows, bld.add(off, g.c64(qh[0]))) if qh else None
+    for p in range(4):
+        qs = qwords(g, rows, bld.add(off, g.c64(f["qs"].offset + 32 * p)))
+        for j, v in enumerate(qs):
+            nibs = (bld.and_(v, m15), bld.and_(bld.lshr(v, g.splat8(4, 64)), m15))
+            for e, nib in enumerate(nibs):
+                if hs is not None:
+                    fifth = bld.and_(bld.lshr(hs[j], g.splat8(2 * p + e, 64)), one)
+                    nib = bld.or_(nib, bld.shl(fifth, g.splat8(4, 64)))
+                store(g, nib, out, 64 * (8 * p + 4 * e + j))
 
 
 def _pack_k4_mins(g: VectorIR, rows: list, off, f, mz, out, lay: Layout) -> None:  # noqa: ANN001, PLR0913
@@ -134,7 +147,7 @@ def _mins_term(g: VectorIR, blk, act, b, dab, term, lay: Layout, vectors: int) -
                                ir.Constant(I32, 0))
         x = bld.shuffle_vector(x, x, ir.Constant(vec(I32, 8), [0] * 8))
         mins = load(g, blk, lay.extra + 32 + 64 * k, vec(I16, 32))
-        acc = madd_words(g, acc, mins, bld.bitcast(x, vec(I16, 32)))
+        acc = g.dpwssd512(acc, mins, bld.bitcast(x, vec(I16, 32)))
     lanes = [bld.shuffle_vector(acc, acc, ir.Constant(vec(I32, 8), list(range(e, 16, 2))))
              for e in range(2)]
     msum = bld.sitofp(bld.add(*lanes), vec(F32, 8))
@@ -149,16 +162,7 @@ def pack_q5k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
     Q4_K's with bit 2p of ``qh[l]`` as its fifth, 64p + 32 + l with bit 2p + 1; the scales
     per span as <16 x i32> (dword 2n + e row n's), the mins, d and dmin as Q4_K's."""
     bld = g.b
-    hs = qwords(g, rows, bld.add(off, g.c64(_F5["qh"].offset)))
-    m15, one = g.splat8(15, 64), g.splat8(1, 64)
-    for p in range(4):
-        qs = qwords(g, rows, bld.add(off, g.c64(_F5["qs"].offset + 32 * p)))
-        for j, (v, h) in enumerate(zip(qs, hs, strict=True)):
-            nibs = (bld.and_(v, m15), bld.and_(bld.lshr(v, g.splat8(4, 64)), m15))
-            for e, nib in enumerate(nibs):
-                fifth = bld.shl(bld.and_(bld.lshr(h, g.splat8(2 * p + e, 64)), one),
-                                g.splat8(4, 64))
-                store(g, bld.or_(nib, fifth), out, 64 * (8 * p + 4 * e + j))
+    _pack_k4_values(g, rows, off, _F5, out)
     sz, mz = _k_scales8(g, rows, bld.add(off, g.c64(_F5["scales"].offset)))
     sz32 = bld.zext(sz, vec(I32, 64))
     for s in range(8):  # dword 2n + e: row n's scale s
@@ -168,19 +172,9 @@ def pack_q5k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
 
 
 def isums_q5k(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # noqa: ANN001, ARG001
-    """Per activation row, its one <16 x i32> (``j`` 0): dword 2n row n's whole scaled
-    integer dot of the block (``KernelType.block_lane``), 2n + 1 zero: a span's 4
-    ``vpdpbusd`` (the unsigned values times the activations) summed, times the span's
-    scales once (``dots_mul_add``), row n's two halves added at the end (no starts)."""
-    isums = [_ZERO16] * len(acts)
-    for s in range(8):
-        p, e = divmod(s, 2)
-        sc = load(g, blk, L5.scales + 64 * s, vec(I32, 16))
-        ws = [load(g, blk, 64 * (8 * p + 4 * e + q), vec(I8, 64)) for q in range(4)]
-        for a, act in enumerate(acts):
-            isums[a] = dots_mul_add(g, isums[a], ws, [act(32 * s + 8 * q) for q in range(4)],
-                                    sc)
-    return [fold_rows(g, v) for v in isums]
+    """Per activation row, its one <16 x i32> (``j`` 0, ``one_lane_isums``): the unsigned
+    values times the activations, no starts."""
+    return one_lane_isums(g, blk, acts, _ZERO16, L5.scales, True)
 
 
 # -- Q6_K ----------------------------------------------------------------------------------

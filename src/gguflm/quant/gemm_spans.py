@@ -18,11 +18,10 @@ from .formats import FORMATS
 from .gemm_ir import (
     Layout,
     cat,
-    dots_mul_add,
     dpbusd,
-    fold_rows,
     layout,
     load,
+    one_lane_isums,
     pack_d,
     pack_starts,
     qwords,
@@ -162,18 +161,9 @@ def pack_iq4xs(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
     pack_starts(g, out, isums_iq4xs, 1, LX.extra)
 
 
-def isums_iq4xs(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # noqa: ANN001
-    """Per activation row, its one <16 x i32> lane vector (``j`` 0): dword 2n row n's whole
-    scaled integer dot of the block (``KernelType.block_lane``), 2n + 1 zero. A span's 4
-    ``vpdpbusd`` (8 values of the 8 rows each) go into one sum, which its scales multiply
-    once (``vpmulld``: a product of the activations plus 128 reaches 2**17, too wide for
-    ``vpdpwssd``'s words); row n's two dwords are added at the end. From ``starts[0]``
-    (``pack_starts`` folds them the same way, and a folded vector folds to itself)."""
-    isums = [starts[0] for _ in acts]
-    for s in range(8):
-        sc = load(g, blk, LX.scales + 64 * s, vec(I32, 16))
-        ws = [load(g, blk, 64 * (4 * s + i), vec(I8, 64)) for i in range(4)]
-        for a, act in enumerate(acts):
-            isums[a] = dots_mul_add(g, isums[a], [act(32 * s + 8 * i) for i in range(4)],
-                                    ws, sc)
-    return [fold_rows(g, v) for v in isums]
+def isums_iq4xs(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # noqa: ANN001, ARG001
+    """Per activation row, its one <16 x i32> lane vector (``j`` 0, ``one_lane_isums``):
+    the activations plus 128 times the signed values, from the lane starts (``vpmulld`` by
+    the scales: a product of the activations plus 128 reaches 2**17, too wide for
+    ``vpdpwssd``'s words)."""
+    return one_lane_isums(g, blk, acts, starts[0], LX.scales, False)

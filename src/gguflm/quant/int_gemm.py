@@ -84,13 +84,21 @@ Q4_K, Q6_K, Q3_K, Q2_K = int(T.Q4_K), int(T.Q6_K), int(T.Q3_K), int(T.Q2_K)
 Q5_K = int(T.Q5_K)
 Q8_0, Q4_0, Q5_0 = int(T.Q8_0), int(T.Q4_0), int(T.Q5_0)
 IQ4_NL, IQ4_XS = int(T.IQ4_NL), int(T.IQ4_XS)
-# the types it runs, where the declarations' lanes are its own: Q4_K's and Q6_K's two
-# (``parity_lanes``), the others' 8 (a constant tuple for numba)
-GEMM_KINDS = tuple(t for t, parity in ((Q4_K, True), (Q6_K, True), (Q5_K, False), (Q3_K, False),
-                                       (Q2_K, False), (Q8_0, False), (Q4_0, False),
-                                       (Q5_0, False), (IQ4_NL, False), (IQ4_XS, False))
-                   if USABLE and (WIDE_GEMM or t in ym.TYPES) and GGMLType(t) in KERNEL_TYPES
-                   and KERNEL_TYPES[GGMLType(t)].parity_lanes == parity) or (-1,)
+# the types it runs, where the declarations' lanes are the ones it computes: Q4_K's and
+# Q6_K's two (``parity_lanes``), Q5_K's and IQ4_XS's one (``block_lane``), the others' 8
+# (a constant tuple for numba)
+_LANES = (("parity", (Q4_K, Q6_K)), ("block", (Q5_K, IQ4_XS)),
+          ("", (Q3_K, Q2_K, Q8_0, Q4_0, Q5_0, IQ4_NL)))
+
+
+def _declared_lanes(t: int) -> str | None:
+    k = KERNEL_TYPES.get(GGMLType(t))
+    return None if k is None else "parity" if k.parity_lanes else "block" if k.block_lane else ""
+
+
+GEMM_KINDS = tuple(t for lanes, kinds in _LANES for t in kinds
+                   if USABLE and (WIDE_GEMM or t in ym.TYPES) and _declared_lanes(t) == lanes
+                   ) or (-1,)
 # the unsigned types multiply the activations themselves, and so do the 256-bit build's
 # 32-value types (the sign step, ``gemm_ymm.SIGNED_ACTS``); the others the activations plus
 # 128 (``ActivationSet.qu``, which ``act_quant`` makes for these types' batches)

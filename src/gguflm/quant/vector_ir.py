@@ -323,7 +323,8 @@ class VectorIR:
 
     def dpwssd512(self, acc: ir.Value | None, w16: ir.Value, m16: ir.Value) -> ir.Value:
         """<16 x i32> ``acc`` plus ``pmaddwd(w16, m16)`` (<32 x i16> each): one ``vpdpwssd``
-        with AVX512-VNNI, else ``pmaddwd`` then an add (the same integers)."""
+        with AVX512-VNNI, else ``pmaddwd`` (two 256-bit ones without AVX-512) then an add
+        (the same integers)."""
         v32 = vec(I32, 16)
         if acc is None:
             acc = ir.Constant(v32, [0] * 16)
@@ -333,8 +334,14 @@ class VectorIR:
             return self.b.asm(fnty, "vpdpwssd $2, $1, $0", "=v,v,v,0",
                               [self.b.bitcast(w16, v32), self.b.bitcast(m16, v32), acc],
                               False, "dpwssd")
-        p = self.call("llvm.x86.avx512.pmaddw.d.512", v32, [w16, m16])
-        return self.b.add(acc, p)
+        if WIDE:
+            p = self.call("llvm.x86.avx512.pmaddw.d.512", v32, [w16, m16])
+            return self.b.add(acc, p)
+        b = self.b
+        halves = [self.call("llvm.x86.avx2.pmadd.wd", vec(I32, 8), [
+            self.lanes(x, list(range(16 * h, 16 * h + 16))) for x in (w16, m16)])
+            for h in range(2)]
+        return b.add(acc, b.shuffle_vector(*halves, ir.Constant(vec(I32, 16), list(range(16)))))
 
     # the integer steps of the types with integer scales (``int_tiles._scaled_dot``)
     def quad_sums(self, u8: ir.Value, s8: ir.Value, both_signed: bool = False) -> ir.Value:
