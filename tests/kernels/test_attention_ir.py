@@ -45,7 +45,8 @@ def _cache(x: np.ndarray, f16: bool) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("f16", [True, False])
-@pytest.mark.parametrize("heads,d", [(1, 8), (3, 64), (4, 256), (2, E_STEP + 5)])
+@pytest.mark.parametrize("heads,d", [(1, 8), (3, 64), (4, 256), (2, E_STEP + 5), (6, 128),
+                                     (7, 64), (16, 64)])
 def test_tile_scores_equal_the_ordered_sums(f16: bool, heads: int, d: int) -> None:
     rng = np.random.default_rng(d)
     qg = rng.standard_normal((heads, d)).astype(np.float32)
@@ -64,7 +65,8 @@ def test_tile_scores_equal_the_ordered_sums(f16: bool, heads: int, d: int) -> No
 
 @pytest.mark.parametrize("f16", [True, False])
 @pytest.mark.parametrize("heads,n,d_v", [(1, 1, 8), (3, 70, 64), (4, 2 * J_STEP + 3, 256),
-                                         (2, 9, 100), (2, 5, 3)])
+                                         (2, 9, 100), (2, 5, 3), (6, 40, 128), (7, 65, 100),
+                                         (16, 3, 64)])
 def test_weighted_sum_equals_the_ordered_sums(f16: bool, heads: int, n: int, d_v: int) -> None:
     rng = np.random.default_rng(n + d_v)
     pg = rng.random((heads, n)).astype(np.float32)

@@ -94,13 +94,20 @@ def _operands(rows: types.Type, cache: types.Type, out: types.Type
 E_STEP = 64
 
 
+# heads of a group whose scores go together: each key vector is loaded (and converted)
+# once for all of them, and their 4 x TILE / 16 running sums are independent chains; with 8
+# lanes (16 registers) one head's TILE / 8 sums fill the registers already
+HEADS_AT_ONCE = 4 if WIDE else 1
+
+
 @intrinsic
 def tile_scores(typingctx, qg, kk, out):  # noqa: ANN001, ANN202, ARG001
     """``out[h, j] = sum over e of qg[h, e] * kk[e, j]`` for each head h of a group and
     the 64 keys j of a tile: qg (heads, d) float32, kk (d, 64) the tile's keys (uint16
     float16 bits or float32), out (heads, 64) float32. Each sum in index order e = 0, 1,
-    ..., from 0.0: the steps go E_STEP at a time for all heads, the partial sums kept in
-    ``out`` between them (exactly: a float32 stored is the float32 loaded)."""
+    ..., from 0.0: the steps go E_STEP at a time, HEADS_AT_ONCE heads at a time, the
+    partial sums kept in ``out`` between them (exactly: a float32 stored is the float32
+    loaded)."""
     cache = _operands(qg, kk, out)
     if cache is None:
         return None
@@ -111,62 +118,94 @@ def tile_scores(typingctx, qg, kk, out):  # noqa: ANN001, ANN202, ARG001
         qa, ka, oa = (context.make_array(t)(context, builder, v)
                       for t, v in zip(signature.args, args, strict=True))
         heads, d = cgutils.unpack_tuple(builder, qa.shape)
-        accs = [cgutils.alloca_once_value(builder, _ZERO) for _ in range(TILE // _LANES)]
         with cgutils.for_range_slice(builder, _c(0), d, _c(E_STEP)) as (e0, _):
             e1 = builder.select(builder.icmp_signed("<", builder.add(e0, _c(E_STEP)), d),
                                 builder.add(e0, _c(E_STEP)), d)
-            first = builder.icmp_signed("==", e0, _c(0))
-            with cgutils.for_range(builder, heads) as hl:
-                h = hl.index
-                q = _row(builder, qa, h, _F32)
-                o = _row(builder, oa, h, _F32)
-                for b, acc in enumerate(accs):
-                    at = builder.bitcast(builder.gep(o, [_c(_LANES * b)]), _VEC.as_pointer())
-                    builder.store(builder.select(first, _ZERO, builder.load(at, align=4)), acc)
-                with cgutils.for_range_slice(builder, e0, e1, _c(1)) as (e, _):
-                    qs = _splat(builder, builder.load(builder.gep(q, [e])))
-                    k = _row(builder, ka, e, elem)
-                    for b, acc in enumerate(accs):
-                        kv = _load_vec(builder, k, _c(_LANES * b), half)
-                        builder.store(builder.fadd(builder.load(acc), builder.fmul(qs, kv)),
-                                      acc)
-                for b, acc in enumerate(accs):
-                    at = builder.bitcast(builder.gep(o, [_c(_LANES * b)]), _VEC.as_pointer())
-                    builder.store(builder.load(acc), at, align=4)
+            span = (e0, e1, builder.icmp_signed("==", e0, _c(0)))
+            _for_head_chunks(builder, heads, lambda hs: _emit_scores(
+                builder, qa, ka, oa, elem, hs, span, half))
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _for_head_chunks(builder: ir.IRBuilder, heads: ir.Value, emit: object) -> None:
+    """``emit(hs)`` for the heads 0..heads-1, HEADS_AT_ONCE at a time (``hs``: their
+    indexes, fewer for the last chunk; one IR copy per chunk size)."""
+    with cgutils.for_range_slice(builder, _c(0), heads, _c(HEADS_AT_ONCE)) as (h0, _):
+        done = builder.append_basic_block("heads.done")
+        sw = builder.switch(builder.sub(heads, h0), done)
+        for n in range(HEADS_AT_ONCE, 0, -1):  # n heads from h0 (n or more left)
+            case = builder.append_basic_block(f"heads.{n}")
+            builder.position_at_end(case)
+            emit([builder.add(h0, _c(i)) for i in range(n)])
+            builder.branch(done)
+            if n == HEADS_AT_ONCE:
+                sw.default = case
+            else:
+                sw.add_case(_c(n), case)
+        builder.position_at_end(done)
+
+
+def _emit_scores(builder: ir.IRBuilder, qa: object, ka: object, oa: object, elem: ir.Type,  # noqa: PLR0913
+                 hs: list, span: tuple, half: bool) -> None:
+    """``tile_scores``' steps e0 <= e < e1 for the heads ``hs``: their TILE / _LANES
+    running sums each from ``out`` (from 0.0 when ``first``), in registers over the
+    steps, stored back; ``span`` = (e0, e1, first)."""
+    e0, e1, first = span
+    qs = [_row(builder, qa, h, _F32) for h in hs]
+    ats = [[builder.bitcast(builder.gep(_row(builder, oa, h, _F32), [_c(_LANES * b)]),
+                            _VEC.as_pointer()) for b in range(TILE // _LANES)] for h in hs]
+    accs = [[cgutils.alloca_once_value(builder, _ZERO) for _ in row] for row in ats]
+    for row, arow in zip(ats, accs, strict=True):
+        for at, acc in zip(row, arow, strict=True):
+            builder.store(builder.select(first, _ZERO, builder.load(at, align=4)), acc)
+    with cgutils.for_range_slice(builder, e0, e1, _c(1)) as (e, _):
+        k = _row(builder, ka, e, elem)
+        kvs = [_load_vec(builder, k, _c(_LANES * b), half) for b in range(TILE // _LANES)]
+        for q, arow in zip(qs, accs, strict=True):
+            qv = _splat(builder, builder.load(builder.gep(q, [e])))
+            for kv, acc in zip(kvs, arow, strict=True):
+                builder.store(builder.fadd(builder.load(acc), builder.fmul(qv, kv)), acc)
+    for row, arow in zip(ats, accs, strict=True):
+        for at, acc in zip(row, arow, strict=True):
+            builder.store(builder.load(acc), at, align=4)
 
 
 # positions per pass over the values for all heads and columns: 64 rows of d_v = 256 in
 # float16 are 32 KB, read from L1 by every head and column block (the whole of a long
 # sequence's values would come from L2 or beyond for each)
 J_STEP = 64
+# column vectors per block: with several heads at once, 4 (their sums and the 4 value
+# vectors in registers), else 8
+_COLUMN_BLOCKS = (4, 1) if HEADS_AT_ONCE > 1 else (8, 4, 1)
 
 
-def _emit_columns(builder: ir.IRBuilder, pa: object, va: object, oa: object, elem: ir.Type,
-                  c0: ir.Value, nvec: int, span: tuple, half: bool) -> None:
-    """``out[h, c0 + c] (+)= sum over j0 <= j < j1 of p[h, j] * vals[j, c0 + c]`` for every
-    head h and the ``nvec`` vectors of _LANES columns from c0, in position order, from 0.0 when
-    ``first`` else from the partial sums in ``out``; ``span`` = (j0, j1, first)."""
+def _emit_columns(builder: ir.IRBuilder, pa: object, va: object, oa: object, elem: ir.Type,  # noqa: PLR0913
+                  c0: ir.Value, nvec: int, span: tuple, half: bool, hs: list) -> None:
+    """``out[h, c0 + c] (+)= sum over j0 <= j < j1 of p[h, j] * vals[j, c0 + c]`` for the
+    heads ``hs`` and the ``nvec`` vectors of _LANES columns from c0, in position order,
+    from 0.0 when ``first`` else from the partial sums in ``out``; ``span`` = (j0, j1,
+    first). Each value vector is loaded (and converted) once for all the heads."""
     j0, j1, first = span
-    heads = cgutils.unpack_tuple(builder, pa.shape)[0]
-    accs = [cgutils.alloca_once_value(builder, _ZERO) for _ in range(nvec)]
-    with cgutils.for_range(builder, heads) as hl:
-        h = hl.index
-        p = _row(builder, pa, h, _F32)
-        o = _row(builder, oa, h, _F32)
-        ats = [builder.bitcast(builder.gep(o, [builder.add(c0, _c(_LANES * b))]),
-                               _VEC.as_pointer()) for b in range(nvec)]
-        for acc, at in zip(accs, ats, strict=True):
+    ps = [_row(builder, pa, h, _F32) for h in hs]
+    ats = [[builder.bitcast(builder.gep(_row(builder, oa, h, _F32),
+                                        [builder.add(c0, _c(_LANES * b))]), _VEC.as_pointer())
+            for b in range(nvec)] for h in hs]
+    accs = [[cgutils.alloca_once_value(builder, _ZERO) for _ in row] for row in ats]
+    for row, arow in zip(ats, accs, strict=True):
+        for at, acc in zip(row, arow, strict=True):
             builder.store(builder.select(first, _ZERO, builder.load(at, align=4)), acc)
-        with cgutils.for_range_slice(builder, j0, j1, _c(1)) as (j, _):
-            ps = _splat(builder, builder.load(builder.gep(p, [j])))
-            v = _row(builder, va, j, elem)
-            for b, acc in enumerate(accs):
-                vv = _load_vec(builder, v, builder.add(c0, _c(_LANES * b)), half)
-                builder.store(builder.fadd(builder.load(acc), builder.fmul(ps, vv)), acc)
-        for acc, at in zip(accs, ats, strict=True):
+    with cgutils.for_range_slice(builder, j0, j1, _c(1)) as (j, _):
+        v = _row(builder, va, j, elem)
+        vvs = [_load_vec(builder, v, builder.add(c0, _c(_LANES * b)), half)
+               for b in range(nvec)]
+        for p, arow in zip(ps, accs, strict=True):
+            pv = _splat(builder, builder.load(builder.gep(p, [j])))
+            for vv, acc in zip(vvs, arow, strict=True):
+                builder.store(builder.fadd(builder.load(acc), builder.fmul(pv, vv)), acc)
+    for row, arow in zip(ats, accs, strict=True):
+        for at, acc in zip(row, arow, strict=True):
             builder.store(builder.load(acc), at, align=4)
 
 
@@ -204,7 +243,7 @@ def weighted_sum(typingctx, pg, vals, out):  # noqa: ANN001, ANN202, ARG001
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
         pa, va, oa = (context.make_array(t)(context, builder, v)
                       for t, v in zip(signature.args, args, strict=True))
-        n = cgutils.unpack_tuple(builder, pa.shape)[1]
+        heads, n = cgutils.unpack_tuple(builder, pa.shape)
         d_v = cgutils.unpack_tuple(builder, va.shape)[1]
         c0 = cgutils.alloca_once_value(builder, _c(0))
         # at least one pass, so that out is written (zeros) when there are no positions
@@ -216,14 +255,15 @@ def weighted_sum(typingctx, pg, vals, out):  # noqa: ANN001, ANN202, ARG001
             j1 = builder.select(builder.icmp_signed("<", builder.add(j0, _c(J_STEP)), n),
                                 builder.add(j0, _c(J_STEP)), n)
             span = (j0, j1, builder.icmp_signed("==", j0, _c(0)))
-            # columns in blocks of 8 registers, then 4, then 1, then one at a time
+            # columns in blocks of _COLUMN_BLOCKS registers, then one at a time
             builder.store(_c(0), c0)
-            for nvec in (8, 4, 1):
+            for nvec in _COLUMN_BLOCKS:
                 width = _c(_LANES * nvec)
                 count = builder.udiv(builder.sub(d_v, builder.load(c0)), width)
                 with cgutils.for_range(builder, count):
                     at = builder.load(c0)
-                    _emit_columns(builder, pa, va, oa, elem, at, nvec, span, half)
+                    _for_head_chunks(builder, heads, lambda hs, at=at, nvec=nvec: _emit_columns(
+                        builder, pa, va, oa, elem, at, nvec, span, half, hs))
                     builder.store(builder.add(at, width), c0)
             with cgutils.for_range_slice(builder, builder.load(c0), d_v, _c(1)) as (c, _):
                 _emit_column(builder, pa, va, oa, elem, c, span, half)
