@@ -183,22 +183,25 @@ def fold_rows(g: VectorIR, v) -> ir.Value:  # noqa: ANN001
     return bld.add(lo, hi)
 
 
-def one_lane_isums(g: VectorIR, blk, acts: list, start, scales: int,  # noqa: ANN001, PLR0913
+def one_lane_isums(g: VectorIR, blks: list, acts: list, starts: list, scales: int,  # noqa: ANN001, PLR0913
                    unsigned_weights: bool) -> list:
-    """Per activation row (``acts[a](value)``: its 8 bytes from there, broadcast), the one
-    <16 x i32> lane vector of a ``KernelType.block_lane`` type's buffered block: dword 2n
-    row n's whole scaled integer dot, 2n + 1 zero. Span s's values are buffer vectors
-    4s..4s+3, its scales <16 x i32> at ``scales + 64 s`` (dword 2n + e row n's); its 4
-    ``vpdpbusd`` (8 values of the 8 rows each) go into one sum, which the scales multiply
-    once (``dots_mul_add``), from ``start``; row n's two halves are added at the end
+    """Per buffered block of ``blks`` (8 weight rows each; ``starts`` its lane start), per
+    activation row (``acts[a](value)``: its 8 bytes from there, broadcast), the one
+    <16 x i32> lane vector of a ``KernelType.block_lane`` type: dword 2n row n's whole
+    scaled integer dot, 2n + 1 zero. Span s's values are buffer vectors 4s..4s+3, its
+    scales <16 x i32> at ``scales + 64 s`` (dword 2n + e row n's); its 4 ``vpdpbusd`` (8
+    values of the 8 rows each) go into one sum, which the scales multiply once
+    (``dots_mul_add``), from the start; row n's two halves are added at the end
     (``fold_rows``: a folded start folds to itself). The weights are ``vpdpbusd``'s
-    unsigned operand if ``unsigned_weights``, else the activations (plus 128) are."""
-    isums = [start for _ in acts]
+    unsigned operand if ``unsigned_weights``, else the activations (plus 128) are. The
+    blocks share each activation broadcast (loaded once a span for all of them)."""
+    isums = [[st for _ in acts] for st in starts]
     for s in range(8):
-        sc = load(g, blk, scales + 64 * s, vec(I32, 16))
-        ws = [load(g, blk, 64 * (4 * s + q), vec(I8, 64)) for q in range(4)]
+        scs = [load(g, blk, scales + 64 * s, vec(I32, 16)) for blk in blks]
+        wss = [[load(g, blk, 64 * (4 * s + q), vec(I8, 64)) for q in range(4)] for blk in blks]
         for a, act in enumerate(acts):
             xs = [act(32 * s + 8 * q) for q in range(4)]
-            u8, s8 = (ws, xs) if unsigned_weights else (xs, ws)
-            isums[a] = dots_mul_add(g, isums[a], u8, s8, sc)
-    return [fold_rows(g, v) for v in isums]
+            for k, (ws, sc) in enumerate(zip(wss, scs, strict=True)):
+                u8, s8 = (ws, xs) if unsigned_weights else (xs, ws)
+                isums[k][a] = dots_mul_add(g, isums[k][a], u8, s8, sc)
+    return [[fold_rows(g, v) for v in row] for row in isums]

@@ -171,10 +171,10 @@ def pack_q5k(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
     _pack_k4_mins(g, rows, off, _F5, mz, out, L5)
 
 
-def isums_q5k(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # noqa: ANN001, ARG001
-    """Per activation row, its one <16 x i32> (``j`` 0, ``one_lane_isums``): the unsigned
-    values times the activations, no starts."""
-    return one_lane_isums(g, blk, acts, _ZERO16, L5.scales, True)
+def isums_q5k(g: VectorIR, blks: list, acts: list, starts: list, j: int) -> list:  # noqa: ARG001
+    """Per buffered block, per activation row, its one <16 x i32> (``j`` 0,
+    ``one_lane_isums``): the unsigned values times the activations, no starts."""
+    return one_lane_isums(g, blks, acts, [_ZERO16] * len(blks), L5.scales, True)
 
 
 # -- Q6_K ----------------------------------------------------------------------------------

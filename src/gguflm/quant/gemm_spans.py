@@ -158,12 +158,13 @@ def pack_iq4xs(g: VectorIR, rows: list, off, out) -> None:  # noqa: ANN001
         sc = bld.sub(bld.or_(low4, top2), c8(32))
         store(g, bld.shuffle_vector(sc, sc, spread), out, LX.scales + 64 * s)
     pack_d(g, rows, off, _FX["d"].offset, out, LX.d)
-    pack_starts(g, out, isums_iq4xs, 1, LX.extra)
+    pack_starts(g, out, lambda g, b, acts, st, j: isums_iq4xs(g, [b], acts, [st], j)[0], 1,
+                LX.extra)
 
 
-def isums_iq4xs(g: VectorIR, blk, acts: list, starts: list, j: int) -> list:  # noqa: ANN001, ARG001
-    """Per activation row, its one <16 x i32> lane vector (``j`` 0, ``one_lane_isums``):
-    the activations plus 128 times the signed values, from the lane starts (``vpmulld`` by
-    the scales: a product of the activations plus 128 reaches 2**17, too wide for
-    ``vpdpwssd``'s words)."""
-    return one_lane_isums(g, blk, acts, starts[0], LX.scales, False)
+def isums_iq4xs(g: VectorIR, blks: list, acts: list, starts: list, j: int) -> list:  # noqa: ARG001
+    """Per buffered block (``starts``: its lane starts), per activation row, its one
+    <16 x i32> lane vector (``j`` 0, ``one_lane_isums``): the activations plus 128 times
+    the signed values, from the lane starts (``vpmulld`` by the scales: a product of the
+    activations plus 128 reaches 2**17, too wide for ``vpdpwssd``'s words)."""
+    return one_lane_isums(g, blks, acts, [st[0] for st in starts], LX.scales, False)

@@ -17,7 +17,9 @@ dots accumulate over the whole block with no scale step. The
 8 rows, converted and added as its float steps do. IQ4_XS and Q5_K keep one lane a block
 (``KernelType.block_lane``): a span's 4 ``vpdpbusd`` go into one sum, multiplied by the
 span's scales once (``vpmulld``: their scaled values are too wide for bytes, their sums
-for words), and each row's two halves are added at the end of the block. Q4_K's and
+for words), and each row's two halves are added at the end of the block; their passes take
+two groups (16 weight rows), each activation broadcast feeding both groups' ``vpdpbusd``s
+(one load per two, where one group's pass is bound by its loads). Q4_K's and
 Q5_K's mins' term is an exact integer sum (``vpdpwssd`` of the mins and the activations'
 32-value sums as words), as Q2_K's over 16-value sums. The unpacking is done once for all
 the activation rows instead of once per 8 (``int_tiles``' 1x8 tile).
@@ -127,34 +129,39 @@ class _Spec(NamedTuple):
     even: list[int]  # rows 0..7's even lanes, then odd lanes, of the summed float lanes
     odd: list[int]
     offset: object = None  # (g, blk, act, b, dab, term) -> term: the mins' term
+    # weight groups a pass can take (``isums`` then takes lists of blocks and their starts
+    # and gives a list of results per block): 2 share each activation broadcast between
+    # two groups' ``vpdpbusd``s, where the loads bound the loop
+    groups: int = 1
 
 
 _TYPES = {Q4_K: _Spec(kq.L4, kq.pack_q4k, kq.isums_q4k, 256, 1, 0, *PAIRED, kq.offset_k4),
           Q6_K: _Spec(kq.L6, kq.pack_q6k, kq.isums_q6k, 256, 1, 1, *PAIRED),
           Q5_K: _Spec(kq.L5, kq.pack_q5k, kq.isums_q5k, 256, 1, 0, *PLAIN,
-                      partial(kq.offset_k4, lay=kq.L5)),
+                      partial(kq.offset_k4, lay=kq.L5), 2),
           Q3_K: _Spec(kq.L3, kq.pack_q3k, kq.isums_q3k, 256, 4, 4, *PAIRED),
           Q2_K: _Spec(kq.L2, kq.pack_q2k, kq.isums_q2k, 256, 4, 0, *PAIRED, kq.offset_q2k),
           Q8_0: _Spec(sp.L8, sp.pack_q80, sp.isums_q80, 32, 4, 4, *PLAIN),
           Q4_0: _Spec(sp.L4, sp.pack_q40, sp.isums_q80, 32, 4, 4, *PLAIN),
           Q5_0: _Spec(sp.L5, sp.pack_q50, sp.isums_q80, 32, 4, 4, *PLAIN),
           IQ4_NL: _Spec(sp.LN, sp.pack_iq4nl, sp.isums_q80, 32, 4, 4, *PLAIN),
-          IQ4_XS: _Spec(sp.LX, sp.pack_iq4xs, sp.isums_iq4xs, 256, 1, 1, *PLAIN)}
+          IQ4_XS: _Spec(sp.LX, sp.pack_iq4xs, sp.isums_iq4xs, 256, 1, 1, *PLAIN, None, 2)}
 if not WIDE_GEMM:  # the same lanes (so offsets and sums), 256-bit steps and buffer
     for _t, _fields in ym.TYPES.items():
         _TYPES[_t] = _TYPES[_t]._replace(**_fields)
 _ACT_BYTES = 64 if WIDE_GEMM else 32  # an activation row's 8 bytes, broadcast to this
 
 
-def _switch(g: VectorIR, kind, emit) -> None:  # noqa: ANN001
+def _switch(g: VectorIR, kind, emit, groups: int = 1) -> None:  # noqa: ANN001
     """``emit(spec)`` for the type ``kind`` (an i64) names, one IR case per type of
-    GEMM_KINDS; an id without one does nothing (``gemm_rows`` takes only GEMM_KINDS)."""
+    GEMM_KINDS whose pass takes ``groups`` weight groups (``_Spec.groups``); an id without
+    one does nothing (``gemm_rows`` takes only GEMM_KINDS)."""
     bld = g.b
     done = bld.append_basic_block("gemm.done")
     sw = bld.switch(kind, done)
     for t, spec in _TYPES.items():
-        if t not in GEMM_KINDS:  # not on this CPU (its 512-bit steps need AVX512-VNNI)
-            continue
+        if t not in GEMM_KINDS or groups > spec.groups:  # not on this CPU (its 512-bit
+            continue  # steps need AVX512-VNNI), or its pass takes fewer groups
         case = bld.append_basic_block(f"gemm.{t}")
         sw.add_case(ir.Constant(I64, t), case)
         bld.position_at_end(case)
@@ -207,56 +214,79 @@ def _row_sums(g: VectorIR, spec: _Spec, accs: list, term) -> ir.Value:  # noqa: 
 
 
 def _emit_gemm(g: VectorIR, spec: _Spec, bufs, qas, das, auxs, sums, i0, outs, c0,  # noqa: ANN001, PLR0913
-               na: int) -> None:
-    """``_make_gemm``'s loop over the blocks for one weight type."""
+               na: int, groups: int) -> None:
+    """``_make_gemm``'s loop over the blocks for one weight type: ``groups`` buffered groups
+    of 8 weight rows (``bufs``' rows ``k nb + b``: group k's block b) times ``na``
+    activation rows."""
     bld = g.b
+    nb = bld.sdiv(cgutils.unpack_tuple(bld, bufs.shape)[0], g.c64(groups))
     ii = [bld.add(i0, g.c64(a)) for a in range(na)]
     qp = [row_pointer(bld, qas, i, I8) for i in ii]
     dp = [row_pointer(bld, das, i, F32) for i in ii]
     rows = [ActRow(row_pointer(bld, auxs, i, F32), row_pointer(bld, sums, i, I8)) for i in ii]
     zero = ir.Constant(vec(F32, 16), [0.0] * 16)
-    facc = [[cgutils.alloca_once_value(bld, zero) for _ in range(spec.lanes)]
-            for _ in range(na)]
-    term = [cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 8), [0.0] * 8))
-            for _ in range(na)]
-    with cgutils.for_range(bld, cgutils.unpack_tuple(bld, bufs.shape)[0]) as loop:
+    facc = [[[cgutils.alloca_once_value(bld, zero) for _ in range(spec.lanes)]
+             for _ in range(na)] for _ in range(groups)]
+    term = [[cgutils.alloca_once_value(bld, ir.Constant(vec(F32, 8), [0.0] * 8))
+             for _ in range(na)] for _ in range(groups)]
+    with cgutils.for_range(bld, nb) as loop:
         b = loop.index
-        blk = row_pointer(bld, bufs, b, I8)
-        base = bld.mul(b, g.c64(spec.values))
-        acts = [partial(bcast_at, g, q, base, n=_ACT_BYTES) for q in qp]
-        starts = _block_starts(g, spec, blk)
+        blks = [row_pointer(bld, bufs, bld.add(b, bld.mul(nb, g.c64(k))), I8)
+                for k in range(groups)]
+        acts = [partial(bcast_at, g, q, bld.mul(b, g.c64(spec.values)), n=_ACT_BYTES)
+                for q in qp]
+        _emit_block(g, spec, blks, acts, [g.load_f32(p, b) for p in dp], facc)
+        for k, blk in enumerate(blks):
+            for a in range(na):
+                if spec.offset is not None:
+                    bld.store(spec.offset(g, blk, rows[a], b, g.load_f32(dp[a], b),
+                                          bld.load(term[k][a])), term[k][a])
+    for k in range(groups):
+        for a in range(na):
+            res = _row_sums(g, spec, facc[k][a], bld.load(term[k][a]))
+            for n in range(GROUP):
+                g.store_2d(outs, ii[a], bld.add(c0, g.c64(GROUP * k + n)),
+                           bld.extract_element(res, ir.Constant(I32, n)))
 
-        def scales() -> list:  # d * d_act, as every path
+
+def _emit_block(g: VectorIR, spec: _Spec, blks: list, acts: list, das: list,  # noqa: PLR0913
+                facc: list) -> None:
+    """One block of each buffered group into its float lanes ``facc[k][a][j]``: per lane
+    vector j, ``float(isum) * (d * d_act)`` added (fma) for each group k and activation
+    row a (``das``: the rows' d_act)."""
+    bld = g.b
+    starts = [_block_starts(g, spec, blk) for blk in blks]
+
+    def scales() -> list:  # d * d_act, as every path
+        out = []
+        for blk in blks:
             dw8 = load(g, blk, spec.layout.d, vec(F32, 8))
             dw16 = bld.shuffle_vector(dw8, dw8, ir.Constant(vec(I32, 16), spec.d16))
-            return [bld.fmul(dw16, splat(g, g.load_f32(dp[a], b), 16)) for a in range(na)]
+            out.append([bld.fmul(dw16, splat(g, da, 16)) for da in das])
+        return out
 
-        # (the 256-bit variant's after the integer steps: not held in registers over them)
-        dd = scales() if WIDE_GEMM else None
-        for j in range(spec.lanes):  # one lane vector at a time: few registers live
-            for a, v in enumerate(spec.isums(g, blk, acts, starts, j)):
-                dd = dd or scales()
+    # (after the integer steps where they would be held in registers over too many: the
+    # 256-bit variant's, and more than one group's)
+    dd = scales() if WIDE_GEMM and len(blks) == 1 else None
+    for j in range(spec.lanes):  # one lane vector at a time: few registers live
+        vs = (spec.isums(g, blks, acts, starts, j) if spec.groups > 1
+              else [spec.isums(g, blks[0], acts, starts[0], j)])
+        dd = dd or scales()
+        for k, row in enumerate(vs):
+            for a, v in enumerate(row):
                 f = bld.sitofp(v, vec(F32, 16))
-                bld.store(g.call("llvm.fma.v16f32", vec(F32, 16), [f, dd[a],
-                                                                   bld.load(facc[a][j])]),
-                          facc[a][j])
-        for a in range(na):
-            dab = g.load_f32(dp[a], b)
-            if spec.offset is not None:
-                bld.store(spec.offset(g, blk, rows[a], b, dab, bld.load(term[a])), term[a])
-    for a in range(na):
-        res = _row_sums(g, spec, facc[a], bld.load(term[a]))
-        for n in range(GROUP):
-            g.store_2d(outs, ii[a], bld.add(c0, g.c64(n)),
-                       bld.extract_element(res, ir.Constant(I32, n)))
+                bld.store(g.call("llvm.fma.v16f32", vec(F32, 16), [f, dd[k][a],
+                                                                   bld.load(facc[k][a][j])]),
+                          facc[k][a][j])
 
 
-def _make_gemm(na: int):  # noqa: ANN202 - a numba intrinsic
+def _make_gemm(na: int, groups: int = 1):  # noqa: ANN202 - a numba intrinsic
     """Intrinsic ``gemm(kind, buf, qa, da, aux, sums, i0, out, c0)``: ``out[i0 + a, c0 +
-    n]`` for ``a < na``, ``n < 8``: the buffered weight rows of type ``kind`` (``_pack``)
-    times activation rows ``qa`` (Q8_K or Q8_0; the bytes plus 128, ``ActivationSet.qu``,
-    for PLUS_128_KINDS), ``sums`` their i16 sums the mins multiply (``_sums_words``; else
-    unread)."""
+    n]`` for ``a < na``, ``n < 8 groups``: the ``groups`` buffered groups of 8 weight rows
+    of type ``kind`` (``_pack``; group k in ``buf``'s rows k nb..(k + 1) nb - 1) times
+    activation rows ``qa`` (Q8_K or Q8_0; the bytes plus 128, ``ActivationSet.qu``, for
+    PLUS_128_KINDS), ``sums`` their i16 sums the mins multiply (``_sums_words``; else
+    unread). Types whose pass takes fewer groups (``_Spec.groups``) are not compiled in."""
 
     @intrinsic
     def gemm(typingctx, kind, buf, qa, da, aux, sums, i0, out, c0):  # noqa: ANN001, ANN202, ARG001, PLR0913
@@ -265,7 +295,8 @@ def _make_gemm(na: int):  # noqa: ANN202 - a numba intrinsic
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
             kind_, *arrays = array_args(context, builder, signature, args)
             g = VectorIR(builder, None)
-            _switch(g, kind_, lambda spec: _emit_gemm(g, spec, *arrays, na))
+            _switch(g, kind_, lambda spec: _emit_gemm(g, spec, *arrays, na, groups),
+                    groups)
             return context.get_constant(types.int64, 0)
 
         return sig, codegen
@@ -274,6 +305,8 @@ def _make_gemm(na: int):  # noqa: ANN202 - a numba intrinsic
 
 
 _gemm_n, _gemm_1 = _make_gemm(_ROWS_AT_ONCE), _make_gemm(1)
+_gemm_n2, _gemm_12 = _make_gemm(_ROWS_AT_ONCE, 2), _make_gemm(1, 2)
+PAIR_KINDS = tuple(t for t in GEMM_KINDS if t in _TYPES and _TYPES[t].groups > 1) or (-1,)
 # each type's buffer block and weight block, by type id (constant arrays for numba)
 _BLOCK_BYTES = np.zeros(64, np.int64)
 _TYPE_SIZE = np.ones(64, np.int64)
@@ -317,16 +350,35 @@ def gemm_rows(kind, w, r0, r1, qa, da, aux, cor, qu, tbl, out):  # noqa: ANN001,
     sums = _sums_words(kind, aux, cor, n)
     if acts.shape[0] != n or (kind in _MINS_KINDS and sums.shape[0] != n):
         return r0
-    buf = np.empty((w.shape[1] // _TYPE_SIZE[kind], _BLOCK_BYTES[kind]), np.uint8)
+    nb = w.shape[1] // _TYPE_SIZE[kind]
+    buf = np.empty((2 * nb, _BLOCK_BYTES[kind]), np.uint8)
     c = r0
+    while kind in PAIR_KINDS and c + 2 * GROUP <= r1:
+        _pack(kind, w, c, tbl, buf[:nb])
+        _pack(kind, w, c + GROUP, tbl, buf[nb:])
+        _gemm_pass(kind, buf, acts, da, aux, sums, out, c, True)
+        c += 2 * GROUP
     while c + GROUP <= r1:
-        _pack(kind, w, c, tbl, buf)
-        i = 0
-        while i + _ROWS_AT_ONCE <= n:
-            _gemm_n(kind, buf, acts, da, aux, sums, i, out, c)
-            i += _ROWS_AT_ONCE
-        while i < n:
-            _gemm_1(kind, buf, acts, da, aux, sums, i, out, c)
-            i += 1
+        _pack(kind, w, c, tbl, buf[:nb])
+        _gemm_pass(kind, buf[:nb], acts, da, aux, sums, out, c, False)
         c += GROUP
     return c
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _gemm_pass(kind, buf, acts, da, aux, sums, out, c, pair):  # noqa: ANN001, ANN202, PLR0913
+    """Every activation row times the buffered groups (two if ``pair``) from column c."""
+    n = acts.shape[0]
+    i = 0
+    while i + _ROWS_AT_ONCE <= n:
+        if pair:
+            _gemm_n2(kind, buf, acts, da, aux, sums, i, out, c)
+        else:
+            _gemm_n(kind, buf, acts, da, aux, sums, i, out, c)
+        i += _ROWS_AT_ONCE
+    while i < n:
+        if pair:
+            _gemm_12(kind, buf, acts, da, aux, sums, i, out, c)
+        else:
+            _gemm_1(kind, buf, acts, da, aux, sums, i, out, c)
+        i += 1
