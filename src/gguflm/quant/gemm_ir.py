@@ -28,9 +28,12 @@ class Layout(NamedTuple):
 
 
 def layout(t: GGMLType, scale_bytes: int, extra_bytes: int, values: int = 2048) -> Layout:
-    """A buffer block: ``values`` bytes of values (256, 8 rows), the scales, d, the rest."""
-    return Layout(values + scale_bytes + 32 + extra_bytes, FORMATS[t].type_size, values,
-                  values + scale_bytes, values + scale_bytes + 32)
+    """A buffer block: ``values`` bytes of values (256, 8 rows), the scales, d, the rest,
+    padded to whole cache lines (in a 64-byte aligned buffer no vector load of a block
+    splits across two lines: a split load costs two)."""
+    used = values + scale_bytes + 32 + extra_bytes
+    return Layout(-(-used // 64) * 64, FORMATS[t].type_size, values, values + scale_bytes,
+                  values + scale_bytes + 32)
 
 
 # the float lanes' weight rows (``d16``) and the rows' lanes that ggml's horizontal sum

@@ -34,7 +34,7 @@ from .vector_ir import I8, I16, I32, WIDE, VectorIR, vec
 
 _F8, _F4, _F5 = FORMATS[GGMLType.Q8_0], FORMATS[GGMLType.Q4_0], FORMATS[GGMLType.Q5_0]
 _FN, _FX = FORMATS[GGMLType.IQ4_NL], FORMATS[GGMLType.IQ4_XS]
-L8 = Layout(544, _F8.type_size, 256, 512, 256)  # no scales: d at 256, the starts at 256
+L8 = Layout(576, _F8.type_size, 256, 512, 256)  # no scales: the starts at 256, d at 512
 L4 = L8._replace(type_size=_F4.type_size)
 L5 = L8._replace(type_size=_F5.type_size)
 LN = L8._replace(type_size=_FN.type_size)

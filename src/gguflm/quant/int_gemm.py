@@ -339,6 +339,15 @@ def _sums_words(kind, aux, cor, n):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True)
+def _aligned_blocks(n, size):  # noqa: ANN001, ANN202
+    """An (n, size) uint8 buffer whose data starts on a cache line (numba's arrays start
+    on 32 bytes at times): with ``size`` a multiple of 64, every block's vectors do."""
+    raw = np.empty(n * size + 64, np.uint8)
+    off = (64 - raw.ctypes.data % 64) % 64
+    return raw[off:off + n * size].reshape((n, size))
+
+
+@njit(cache=True, nogil=True)
 def gemm_rows(kind, w, r0, r1, qa, da, aux, cor, qu, tbl, out):  # noqa: ANN001, ANN201
     """The hot loop. Weight rows r0:r1 of ``w`` (R, row_bytes) u8 of type ``kind`` (one of
     GEMM_KINDS) @ activations (n, K) of its type (``ActivationSet``'s arrays: PLUS_128_KINDS
@@ -351,7 +360,7 @@ def gemm_rows(kind, w, r0, r1, qa, da, aux, cor, qu, tbl, out):  # noqa: ANN001,
     if acts.shape[0] != n or (kind in _MINS_KINDS and sums.shape[0] != n):
         return r0
     nb = w.shape[1] // _TYPE_SIZE[kind]
-    buf = np.empty((2 * nb, _BLOCK_BYTES[kind]), np.uint8)
+    buf = _aligned_blocks(2 * nb, _BLOCK_BYTES[kind])
     c = r0
     while kind in PAIR_KINDS and c + 2 * GROUP <= r1:
         _pack(kind, w, c, tbl, buf[:nb])
