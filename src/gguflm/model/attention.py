@@ -93,9 +93,9 @@ def _max_of(x, n):  # noqa: ANN001, ANN202
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
 def _attend_group(q, kt, v, slot, pos, window, scale, cap, f16, out, t, g, sinks):  # noqa: ANN001, ANN202
     """Query row t, every query head of KV head g (one fixed order of arithmetic per head,
-    whichever loop calls it). The heads sharing a KV head go together, so that the keys
-    and values they share are in cache for the next head; each head's inner loops keep
-    their sums in registers (``attention_ir``). ``sinks`` (H,) f32, or empty: each head's
+    whichever loop calls it). The heads sharing a KV head go together: the vector loops
+    (``attention_ir``) load each key and value vector once for several of them, their
+    sums kept in registers. ``sinks`` (H,) f32, or empty: each head's
     sink logit joins its softmax's max and sum, as ggml's soft_max with sinks."""
     tile_len = kt.shape[4]
     group = q.shape[1] // kt.shape[1]
