@@ -149,24 +149,38 @@ def _for_head_chunks(builder: ir.IRBuilder, heads: ir.Value, emit: object) -> No
 
 def _emit_scores(builder: ir.IRBuilder, qa: object, ka: object, oa: object, elem: ir.Type,  # noqa: PLR0913
                  hs: list, span: tuple, half: bool) -> None:
-    """``tile_scores``' steps e0 <= e < e1 for the heads ``hs``: their TILE / _LANES
-    running sums each from ``out`` (from 0.0 when ``first``), in registers over the
-    steps, stored back; ``span`` = (e0, e1, first)."""
-    e0, e1, first = span
-    qs = [_row(builder, qa, h, _F32) for h in hs]
-    ats = [[builder.bitcast(builder.gep(_row(builder, oa, h, _F32), [_c(_LANES * b)]),
-                            _VEC.as_pointer()) for b in range(TILE // _LANES)] for h in hs]
+    """``tile_scores``' steps e0 <= e < e1 for the heads ``hs`` (``_emit_sums`` over the
+    tile's key rows e); ``span`` = (e0, e1, first)."""
+    offs = [_c(_LANES * b) for b in range(TILE // _LANES)]
+    _emit_sums(builder, [_row(builder, qa, h, _F32) for h in hs],
+               [[_out_vec(builder, oa, h, o) for o in offs] for h in hs], ka, elem, offs,
+               span, half)
+
+
+def _out_vec(builder: ir.IRBuilder, oa: object, h: ir.Value, at: ir.Value) -> ir.Value:
+    """Pointer to the <_LANES x float> at element ``at`` of row h of ``oa``."""
+    return builder.bitcast(builder.gep(_row(builder, oa, h, _F32), [at]), _VEC.as_pointer())
+
+
+def _emit_sums(builder: ir.IRBuilder, xs: list, ats: list, ca: object, elem: ir.Type,  # noqa: PLR0913
+               offs: list, span: tuple, half: bool) -> None:
+    """For each head's row ``xs[k]`` (float pointer) and its output vectors ``ats[k]``:
+    ``ats[k][b] (+)= sum over i0 <= i < i1 of xs[k][i] * ca[i, offs[b]:offs[b] + _LANES]``
+    in order i, from 0.0 when ``first`` else from the partial sums there, the running
+    sums in registers; each cache vector loaded (and converted) once for all the heads.
+    ``span`` = (i0, i1, first)."""
+    i0, i1, first = span
     accs = [[cgutils.alloca_once_value(builder, _ZERO) for _ in row] for row in ats]
     for row, arow in zip(ats, accs, strict=True):
         for at, acc in zip(row, arow, strict=True):
             builder.store(builder.select(first, _ZERO, builder.load(at, align=4)), acc)
-    with cgutils.for_range_slice(builder, e0, e1, _c(1)) as (e, _):
-        k = _row(builder, ka, e, elem)
-        kvs = [_load_vec(builder, k, _c(_LANES * b), half) for b in range(TILE // _LANES)]
-        for q, arow in zip(qs, accs, strict=True):
-            qv = _splat(builder, builder.load(builder.gep(q, [e])))
-            for kv, acc in zip(kvs, arow, strict=True):
-                builder.store(builder.fadd(builder.load(acc), builder.fmul(qv, kv)), acc)
+    with cgutils.for_range_slice(builder, i0, i1, _c(1)) as (i, _):
+        c = _row(builder, ca, i, elem)
+        cvs = [_load_vec(builder, c, o, half) for o in offs]
+        for x, arow in zip(xs, accs, strict=True):
+            xv = _splat(builder, builder.load(builder.gep(x, [i])))
+            for cv, acc in zip(cvs, arow, strict=True):
+                builder.store(builder.fadd(builder.load(acc), builder.fmul(xv, cv)), acc)
     for row, arow in zip(ats, accs, strict=True):
         for at, acc in zip(row, arow, strict=True):
             builder.store(builder.load(acc), at, align=4)
@@ -184,29 +198,12 @@ _COLUMN_BLOCKS = (4, 1) if HEADS_AT_ONCE > 1 else (8, 4, 1)
 def _emit_columns(builder: ir.IRBuilder, pa: object, va: object, oa: object, elem: ir.Type,  # noqa: PLR0913
                   c0: ir.Value, nvec: int, span: tuple, half: bool, hs: list) -> None:
     """``out[h, c0 + c] (+)= sum over j0 <= j < j1 of p[h, j] * vals[j, c0 + c]`` for the
-    heads ``hs`` and the ``nvec`` vectors of _LANES columns from c0, in position order,
-    from 0.0 when ``first`` else from the partial sums in ``out``; ``span`` = (j0, j1,
-    first). Each value vector is loaded (and converted) once for all the heads."""
-    j0, j1, first = span
-    ps = [_row(builder, pa, h, _F32) for h in hs]
-    ats = [[builder.bitcast(builder.gep(_row(builder, oa, h, _F32),
-                                        [builder.add(c0, _c(_LANES * b))]), _VEC.as_pointer())
-            for b in range(nvec)] for h in hs]
-    accs = [[cgutils.alloca_once_value(builder, _ZERO) for _ in row] for row in ats]
-    for row, arow in zip(ats, accs, strict=True):
-        for at, acc in zip(row, arow, strict=True):
-            builder.store(builder.select(first, _ZERO, builder.load(at, align=4)), acc)
-    with cgutils.for_range_slice(builder, j0, j1, _c(1)) as (j, _):
-        v = _row(builder, va, j, elem)
-        vvs = [_load_vec(builder, v, builder.add(c0, _c(_LANES * b)), half)
-               for b in range(nvec)]
-        for p, arow in zip(ps, accs, strict=True):
-            pv = _splat(builder, builder.load(builder.gep(p, [j])))
-            for vv, acc in zip(vvs, arow, strict=True):
-                builder.store(builder.fadd(builder.load(acc), builder.fmul(pv, vv)), acc)
-    for row, arow in zip(ats, accs, strict=True):
-        for at, acc in zip(row, arow, strict=True):
-            builder.store(builder.load(acc), at, align=4)
+    heads ``hs`` and the ``nvec`` vectors of _LANES columns from c0, in position order
+    (``_emit_sums`` over the value rows j); ``span`` = (j0, j1, first)."""
+    offs = [builder.add(c0, _c(_LANES * b)) for b in range(nvec)]
+    _emit_sums(builder, [_row(builder, pa, h, _F32) for h in hs],
+               [[_out_vec(builder, oa, h, o) for o in offs] for h in hs], va, elem, offs,
+               span, half)
 
 
 def _emit_column(builder: ir.IRBuilder, pa: object, va: object, oa: object, elem: ir.Type,
