@@ -235,12 +235,13 @@ def _emit_gemm(g: VectorIR, spec: _Spec, bufs, qas, das, auxs, sums, i0, outs, c
                 for k in range(groups)]
         acts = [partial(bcast_at, g, q, bld.mul(b, g.c64(spec.values)), n=_ACT_BYTES)
                 for q in qp]
-        _emit_block(g, spec, blks, acts, [g.load_f32(p, b) for p in dp], facc)
+        das = [g.load_f32(p, b) for p in dp]
+        _emit_block(g, spec, blks, acts, das, facc)
         for k, blk in enumerate(blks):
             for a in range(na):
                 if spec.offset is not None:
-                    bld.store(spec.offset(g, blk, rows[a], b, g.load_f32(dp[a], b),
-                                          bld.load(term[k][a])), term[k][a])
+                    bld.store(spec.offset(g, blk, rows[a], b, das[a], bld.load(term[k][a])),
+                              term[k][a])
     for k in range(groups):
         for a in range(na):
             res = _row_sums(g, spec, facc[k][a], bld.load(term[k][a]))
@@ -360,7 +361,7 @@ def gemm_rows(kind, w, r0, r1, qa, da, aux, cor, qu, tbl, out):  # noqa: ANN001,
     if acts.shape[0] != n or (kind in _MINS_KINDS and sums.shape[0] != n):
         return r0
     nb = w.shape[1] // _TYPE_SIZE[kind]
-    buf = _aligned_blocks(2 * nb, _BLOCK_BYTES[kind])
+    buf = _aligned_blocks((2 if kind in PAIR_KINDS else 1) * nb, _BLOCK_BYTES[kind])
     c = r0
     while kind in PAIR_KINDS and c + 2 * GROUP <= r1:
         _pack(kind, w, c, tbl, buf[:nb])
