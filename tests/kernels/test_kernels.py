@@ -162,6 +162,8 @@ def test_activation_quantizers_match_twins(quant, twin, qk: int) -> None:  # noq
     x[1, :256] = 0  # an all-zero block
     x[2, 3] = 1e-7  # tiny values: fp16 subnormal scales
     x[2, 4:32] = 0
+    x[0, 40], x[0, 300] = -9.0, 9.0  # magnitudes tied in a block: the first one's sign
+    x[0, 260], x[0, 290] = 9.0, -9.0
     qa = np.empty(x.shape, np.int8)
     da = np.empty((3, 512 // qk), np.float32)
     aux = np.empty((3, 512 // 32), np.float32)
@@ -171,6 +173,42 @@ def test_activation_quantizers_match_twins(quant, twin, qk: int) -> None:  # noq
     np.testing.assert_array_equal(da, td)
     np.testing.assert_array_equal(aux, taux)
     assert np.abs(qa.astype(np.int32)).max() == 127
+
+
+def _ggml_block_max(block: np.ndarray) -> tuple[float, float]:
+    """ggml's scan: (amax, the first value with it), ``ax > amax`` skipping NaNs."""
+    amax = vmax = np.float32(0)
+    for v in block:
+        if abs(v) > amax:
+            amax, vmax = abs(v), v
+    return amax, vmax
+
+
+def test_activation_quantizers_scan_as_ggml_with_nan_and_inf() -> None:
+    """The quantizers' block maximum (integer lanes over the floats' bits) is ggml's
+    float scan's, NaNs and infinities included."""
+    x = _x(4, 512, seed=9)
+    x[0, 3], x[0, 7] = np.nan, np.inf  # a NaN before an infinity, both in one block
+    x[1, 300], x[1, 301] = -np.inf, np.nan
+    x[2, 10:40] = np.nan  # a Q8_0 block of NaNs and zeros
+    x[2, 32:40] = 0
+    x[3, :256] = -0.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        qa = np.empty(x.shape, np.int8)
+        dk, auxk = np.empty((4, 2), np.float32), np.empty((4, 16), np.float32)
+        kernels.quantize_q8_k(x, qa, dk, auxk)
+        d0, aux0 = np.empty((4, 16), np.float32), np.empty((4, 16), np.float32)
+        kernels.quantize_q8_0(x, np.empty(x.shape, np.int8), d0, aux0)
+    for i in range(4):
+        for b in range(2):
+            amax, vmax = _ggml_block_max(x[i, 256 * b:256 * (b + 1)])
+            with np.errstate(divide="ignore"):  # an infinity's scale: 1 / -0.0
+                want = np.float32(0) if amax == 0 else np.float32(1) / (np.float32(-127) / vmax)
+            assert np.array_equal(dk[i, b], want, equal_nan=True), (i, b)
+        for b in range(16):
+            amax, _ = _ggml_block_max(x[i, 32 * b:32 * (b + 1)])
+            want = np.float16(amax / np.float32(127)).astype(np.float32)
+            assert np.array_equal(d0[i, b], want, equal_nan=True), (i, b)
 
 
 def test_q8_0_scales_are_fp16_values() -> None:

@@ -43,6 +43,42 @@ def _round_f16(v: np.ndarray) -> None:
         v[i] = round_f16(v[i])
 
 
+_MAGNITUDE = np.int32(0x7FFFFFFF)  # a float32's bits less its sign
+_INF_BITS = np.int32(0x7F800000)  # above it: NaN
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _magnitude(bits):  # noqa: ANN001, ANN202
+    """A float32's magnitude as int32 bits, which order as the magnitudes do; NaN's 0 (no
+    ``>`` comparison takes a NaN)."""
+    v = np.int32(bits & _MAGNITUDE)  # (int32 throughout: 16 lanes a vector, not 8)
+    return v if v <= _INF_BITS else np.int32(0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _largest(seg):  # noqa: ANN001, ANN202
+    """The largest magnitude of the float32 bits ``seg``, as bits (0 for none but zeros
+    and NaNs): float32's ``max(amax, abs(x))`` in index order, the same value."""
+    m = np.int32(0)
+    for j in range(seg.shape[0]):
+        m = max(m, _magnitude(seg[j]))
+    return m
+
+
+@njit(cache=True, nogil=True)
+def _first_largest(seg):  # noqa: ANN001, ANN202
+    """(magnitude bits, index) of the first value of the float32 bits ``seg`` whose
+    magnitude is the largest, what ggml's ``if (ax > amax)`` scan finds; 0 for no nonzero
+    (non-NaN) value. Integer max and min over the whole block: the compiler runs both in
+    vector lanes, which a float comparison chain's order forbids."""
+    m = _largest(seg)
+    n = np.int32(seg.shape[0])
+    first = n
+    for j in range(seg.shape[0]):
+        first = min(first, np.int32(j) if _magnitude(seg[j]) == m else n)
+    return m, first
+
+
 @njit(cache=True, nogil=True)
 def quantize_q8_0(x: np.ndarray, qa: np.ndarray, da: np.ndarray, sa: np.ndarray) -> None:
     """The hot loop (Q8_0/Q8_1). x (n, K) f32 -> qa (n, K) i8, da (n, K/32) f32 (fp16
@@ -55,11 +91,14 @@ def quantize_q8_0(x: np.ndarray, qa: np.ndarray, da: np.ndarray, sa: np.ndarray)
     """
     n, k = x.shape
     nb = k // 32
+    mags = np.empty(nb, np.int32)  # each block's largest magnitude (``_largest``), as bits
+    amaxs = mags.view(np.float32)
     for i in range(n):
+        bits = x[i].view(np.int32)
         for b in range(nb):
-            amax = np.float32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[i, b * 32 + j]))
+            mags[b] = _largest(bits[b * 32:(b + 1) * 32])
+        for b in range(nb):
+            amax = amaxs[b]
             d = amax / np.float32(127.0)
             inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
             s = 0
@@ -73,40 +112,35 @@ def quantize_q8_0(x: np.ndarray, qa: np.ndarray, da: np.ndarray, sa: np.ndarray)
         _round_f16(sa[i])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")  # 1 / -0.0 is -inf, not an exception
 def quantize_q8_k(x: np.ndarray, qa: np.ndarray, da: np.ndarray, bsum: np.ndarray) -> None:
     """The hot loop (Q8_K). x (n, K) f32 -> qa (n, K) i8, da (n, K/256) f32, bsum (n, K/32)
     f32 (integer sums of each 32 values: Q8_K's 16-value bsums in pairs, as the Q4_K/Q5_K
     minimums use them).
 
-    ggml's quantize_row_q8_K: scale from the signed value of largest magnitude,
-    iscale = -127/max, q = min(127, nearest_int(iscale * x)), d = 1/iscale.
+    ggml's quantize_row_q8_K: scale from the signed value of largest magnitude (the first
+    one, ``_first_largest``), iscale = -127/max, q = min(127, nearest_int(iscale * x)),
+    d = 1/iscale.
     """
     n, k = x.shape
     nb = k // 256
     for i in range(n):
+        r, qr = x[i], qa[i]
+        bits = r.view(np.int32)
         for b in range(nb):
-            amax = np.float32(0.0)
-            vmax = np.float32(0.0)
-            for j in range(256):
-                ax = abs(x[i, b * 256 + j])
-                if ax > amax:
-                    amax = ax
-                    vmax = x[i, b * 256 + j]
+            amax, first = _first_largest(bits[b * 256:(b + 1) * 256])
             if amax == 0:
-                for j in range(256):
-                    qa[i, b * 256 + j] = 0
-                for j in range(8):
-                    bsum[i, b * 8 + j] = 0
+                qr[b * 256:(b + 1) * 256] = 0
+                bsum[i, b * 8:(b + 1) * 8] = 0
                 da[i, b] = 0
                 continue
-            iscale = np.float32(-127.0) / vmax
+            iscale = np.float32(-127.0) / r[b * 256 + first]
             for g in range(8):
-                s = 0
+                s = np.int32(0)
+                o = b * 256 + g * 32
                 for j in range(32):
-                    e = b * 256 + g * 32 + j
-                    q = min(127, np.int32(np.rint(iscale * x[i, e])))
-                    qa[i, e] = q
+                    q = min(np.int32(127), np.int32(np.rint(iscale * r[o + j])))
+                    qr[o + j] = np.int8(q)
                     s += q
                 bsum[i, b * 8 + g] = s
             da[i, b] = np.float32(1.0) / iscale
