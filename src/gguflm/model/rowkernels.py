@@ -20,15 +20,33 @@ def rmsnorm_rows(x, w, eps, out):  # noqa: ANN001, ANN201
     """x (T, n) f32, w (n,) f32, eps f32 -> out (T, n) f32: ``(x * scale) * w`` with
     ``scale = 1 / sqrt(float32(sum(x * x) / n) + eps)``, the squares (rounded to float32)
     summed in float64 in index order."""
-    n = x.shape[1]
-    for t in range(x.shape[0]):
+    n, rows = x.shape[1], x.shape[0]
+    t = 0
+    while t + 4 <= rows:  # four rows' sums side by side: each an ordered chain of adds
+        s0 = s1 = s2 = s3 = 0.0  # whose latency, one row alone, bounds the loop
+        for i in range(n):
+            s0 += np.float64(x[t, i] * x[t, i])
+            s1 += np.float64(x[t + 1, i] * x[t + 1, i])
+            s2 += np.float64(x[t + 2, i] * x[t + 2, i])
+            s3 += np.float64(x[t + 3, i] * x[t + 3, i])
+        for r, s in ((t, s0), (t + 1, s1), (t + 2, s2), (t + 3, s3)):
+            _scaled_row(x, w, eps, s, r, out)
+        t += 4
+    for r in range(t, rows):
         s = 0.0
         for i in range(n):
-            s += np.float64(x[t, i] * x[t, i])
-        mean = np.float32(s / n)
-        scale = np.float32(1.0) / np.float32(np.sqrt(mean + eps))
-        for i in range(n):
-            out[t, i] = (x[t, i] * scale) * w[i]
+            s += np.float64(x[r, i] * x[r, i])
+        _scaled_row(x, w, eps, s, r, out)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _scaled_row(x, w, eps, s, t, out):  # noqa: ANN001, ANN202, PLR0913
+    """out[t] = (x[t] * scale) * w, ``scale`` from row t's float64 sum of squares s."""
+    n = x.shape[1]
+    mean = np.float32(s / n)
+    scale = np.float32(1.0) / np.float32(np.sqrt(mean + eps))
+    for i in range(n):
+        out[t, i] = (x[t, i] * scale) * w[i]
 
 
 def rmsnorm_twin(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
