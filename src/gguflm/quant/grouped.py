@@ -18,7 +18,6 @@ from . import jitcache  # noqa: F401 - stamps the cached kernels below (before a
 from .act_quant import activation_sets as int_activation_sets
 from .float_tiles import f16_matmul_rows, rounded_bf16, rounded_f16
 from .kerneltypes import COMPILED_TYPES  # noqa: F401 - the types these products take
-from .products import activation_sets_for_par as int_activation_sets_par
 from .products import run_item as int_run_item
 from .products import work_items
 
@@ -39,13 +38,6 @@ def activation_sets(kinds, count, x):  # noqa: ANN001, ANN201
     ``kinds`` multiply: the integer kernels' two 8-bit sets (``kernels._activation_sets``;
     empty sets when no weight needs them), x rounded to float16 (no rows when no weight
     is F16) and to bfloat16 (no rows when none is BF16)."""
-    return _activation_sets(kinds, count, x, False)
-
-
-@njit(cache=True, nogil=True)
-def _activation_sets(kinds, count, x, par):  # noqa: ANN001, ANN202
-    # ``activation_sets``; a batch's 8-bit sets quantized on all threads if ``par``
-    # (``products.activation_sets_for_par``: the same arrays)
     first = -1
     f16 = bf16 = False
     for m in range(count):
@@ -60,9 +52,7 @@ def _activation_sets(kinds, count, x, par):  # noqa: ANN001, ANN202
         if ints[m] == F16_KIND or ints[m] == BF16_KIND:
             ints[m] = first if first >= 0 else Q8_0_KIND
     # no integer weight: the sets of no rows (the integer products never run)
-    xi = x if first >= 0 else x[:0]
-    a32, ak = (int_activation_sets_par(ints, count, xi) if par
-               else int_activation_sets(ints, count, xi))
+    a32, ak = int_activation_sets(ints, count, x if first >= 0 else x[:0])
     xh = rounded_f16(x) if f16 else x[:0]
     xb = rounded_bf16(x) if bf16 else x[:0]
     return a32, ak, xh, xb
@@ -102,8 +92,7 @@ def _run_items_par(kinds, ws, a32, ak, xh, xb, tbl, outs, items):  # noqa: ANN00
 
 @njit(cache=True, nogil=True)
 def matmul_par(kinds, ws, x, tbl, outs, count, threads):  # noqa: ANN001, ANN201
-    """``matmul_serial``'s products with their row ranges run in parallel (and a batch's
-    rows quantized in parallel)."""
-    a32, ak, xh, xb = _activation_sets(kinds, count, x, True)
+    """``matmul_serial``'s products with their row ranges run in parallel."""
+    a32, ak, xh, xb = activation_sets(kinds, count, x)
     _run_items_par(kinds, ws, a32, ak, xh, xb, tbl, outs,
                    work_items(ws, count, x.shape[0], threads))
