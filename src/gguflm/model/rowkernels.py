@@ -39,7 +39,7 @@ def rmsnorm_rows(x, w, eps, out):  # noqa: ANN001, ANN201
         _scaled_row(x, w, eps, s, r, out)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _scaled_row(x, w, eps, s, t, out):  # noqa: ANN001, ANN202, PLR0913
     """out[t] = (x[t] * scale) * w, ``scale`` from row t's float64 sum of squares s."""
     n = x.shape[1]

@@ -47,7 +47,7 @@ _MAGNITUDE = np.int32(0x7FFFFFFF)  # a float32's bits less its sign
 _INF_BITS = np.int32(0x7F800000)  # above it: NaN
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _magnitude(bits):  # noqa: ANN001, ANN202
     """A float32's magnitude as int32 bits, which order as the magnitudes do; NaN's 0 (no
     ``>`` comparison takes a NaN)."""
@@ -55,10 +55,10 @@ def _magnitude(bits):  # noqa: ANN001, ANN202
     return v if v <= _INF_BITS else np.int32(0)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _largest(seg):  # noqa: ANN001, ANN202
     """The largest magnitude of the float32 bits ``seg``, as bits (0 for none but zeros
-    and NaNs): float32's ``max(amax, abs(x))`` in index order, the same value."""
+    and NaNs)."""
     m = np.int32(0)
     for j in range(seg.shape[0]):
         m = max(m, _magnitude(seg[j]))
@@ -91,14 +91,11 @@ def quantize_q8_0(x: np.ndarray, qa: np.ndarray, da: np.ndarray, sa: np.ndarray)
     """
     n, k = x.shape
     nb = k // 32
-    mags = np.empty(nb, np.int32)  # each block's largest magnitude (``_largest``), as bits
-    amaxs = mags.view(np.float32)
     for i in range(n):
-        bits = x[i].view(np.int32)
         for b in range(nb):
-            mags[b] = _largest(bits[b * 32:(b + 1) * 32])
-        for b in range(nb):
-            amax = amaxs[b]
+            amax = np.float32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x[i, b * 32 + j]))
             d = amax / np.float32(127.0)
             inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
             s = 0
