@@ -185,8 +185,8 @@ def _ggml_block_max(block: np.ndarray) -> tuple[float, float]:
 
 
 def test_activation_quantizers_scan_as_ggml_with_nan_and_inf() -> None:
-    """The quantizers' block maximum (integer lanes over the floats' bits) is ggml's
-    float scan's, NaNs and infinities included."""
+    """The quantizers' block maximum (Q8_K's by integer lanes over the floats' bits) is
+    ggml's float scan's, NaNs and infinities included."""
     x = _x(4, 512, seed=9)
     x[0, 3], x[0, 7] = np.nan, np.inf  # a NaN before an infinity, both in one block
     x[1, 300], x[1, 301] = -np.inf, np.nan

@@ -56,22 +56,14 @@ def _magnitude(bits):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True)
-def _largest(seg):  # noqa: ANN001, ANN202
-    """The largest magnitude of the float32 bits ``seg``, as bits (0 for none but zeros
-    and NaNs)."""
-    m = np.int32(0)
-    for j in range(seg.shape[0]):
-        m = max(m, _magnitude(seg[j]))
-    return m
-
-
-@njit(cache=True, nogil=True)
 def _first_largest(seg):  # noqa: ANN001, ANN202
     """(magnitude bits, index) of the first value of the float32 bits ``seg`` whose
     magnitude is the largest, what ggml's ``if (ax > amax)`` scan finds; 0 for no nonzero
     (non-NaN) value. Integer max and min over the whole block: the compiler runs both in
     vector lanes, which a float comparison chain's order forbids."""
-    m = _largest(seg)
+    m = np.int32(0)
+    for j in range(seg.shape[0]):
+        m = max(m, _magnitude(seg[j]))
     n = np.int32(seg.shape[0])
     first = n
     for j in range(seg.shape[0]):
@@ -125,8 +117,8 @@ def quantize_q8_k(x: np.ndarray, qa: np.ndarray, da: np.ndarray, bsum: np.ndarra
         r, qr = x[i], qa[i]
         bits = r.view(np.int32)
         for b in range(nb):
-            amax, first = _first_largest(bits[b * 256:(b + 1) * 256])
-            if amax == 0:
+            mag, first = _first_largest(bits[b * 256:(b + 1) * 256])
+            if mag == 0:
                 qr[b * 256:(b + 1) * 256] = 0
                 bsum[i, b * 8:(b + 1) * 8] = 0
                 da[i, b] = 0
